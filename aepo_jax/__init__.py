@@ -1,0 +1,3 @@
+"""aepo-jax: Agentic Entropy-Balanced Policy Optimization and baselines in JAX."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Agent side: tag protocol, trajectories and the multi-turn loop."""
