@@ -1,0 +1,1 @@
+"""Generated environments; `synthetic_facts` is the embedded default of `make demo`."""
