@@ -1,0 +1,42 @@
+"""The pytree a training run carries and checkpoints (DESIGN.md, Trainer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+
+@struct.dataclass
+class TrainState:
+    """Everything the jitted step reads and writes.
+
+    Attributes:
+      step: int32 scalar, number of optimiser updates applied.
+      params: float32 master parameters (an `nnx.State` from `nnx.split`).
+      opt_state: optax state for `params`.
+      rng: uint32[2] raw PRNG key data (saved by orbax as a plain array).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+    @classmethod
+    def create(cls, params: Any, tx: optax.GradientTransformation, seed: int) -> "TrainState":
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            rng=jax.random.key_data(jax.random.key(seed)),
+        )
+
+    def next_rng(self) -> tuple["TrainState", jax.Array]:
+        """Split the carried key: returns (state with the new key, a fresh subkey)."""
+        key = jax.random.wrap_key_data(self.rng)
+        key, sub = jax.random.split(key)
+        return self.replace(rng=jax.random.key_data(key)), sub

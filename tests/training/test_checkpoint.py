@@ -1,0 +1,129 @@
+"""Orbax checkpoints: exact round trip, keep-N, and a SIGKILL mid-save."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.optimizer import make_optimizer
+from aepo_jax.training.train_state import TrainState
+
+
+class _TwoLayer(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(6, 8, rngs=rngs)
+        self.norm = nnx.RMSNorm(8, rngs=rngs)
+
+
+def _state(seed: int = 0) -> TrainState:
+    _, params = nnx.split(_TwoLayer(nnx.Rngs(seed)))
+    tx, _ = make_optimizer(1e-2, total_steps=10)
+    state = TrainState.create(params, tx, seed=seed)
+    grads = jax.tree.map(jnp.ones_like, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state, step=state.step + 1)
+
+
+def test_round_trip_restores_identical_structure_values_and_data_position(tmp_path):
+    state = _state()
+    with Checkpointer(str(tmp_path)) as ckpt:
+        ckpt.save(1, state, {"epoch": 0, "next_index": 7})
+    with Checkpointer(str(tmp_path)) as ckpt:
+        zeros = jax.tree.map(jnp.zeros_like, state)
+        restored, position = ckpt.restore(zeros)
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    assert isinstance(restored.opt_state, tuple)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert position == {"epoch": 0, "next_index": 7}
+
+
+def test_keeps_only_newest_n_steps(tmp_path):
+    state = _state()
+    with Checkpointer(str(tmp_path), keep=2) as ckpt:
+        for step in range(1, 5):
+            ckpt.save(step, state.replace(step=jnp.int32(step)))
+            ckpt.wait_until_finished()
+        assert ckpt.all_steps() == [3, 4]
+        restored, _ = ckpt.restore(state)
+    assert int(restored.step) == 4
+
+
+def test_restore_onto_requested_sharding(tmp_path):
+    state = _state()
+    with Checkpointer(str(tmp_path)) as ckpt:
+        ckpt.save(1, state)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    shardings = jax.tree.map(lambda _: replicated, state)
+    with Checkpointer(str(tmp_path)) as ckpt:
+        restored, _ = ckpt.restore(state, shardings=shardings)
+    leaf = jax.tree.leaves(restored.params)[0]
+    assert leaf.sharding == replicated
+    assert len(leaf.devices()) == 8
+
+
+_SAVER = textwrap.dedent(
+    """
+    import sys, time
+    import jax.numpy as jnp
+    from aepo_jax.training.checkpoint import Checkpointer
+    directory = sys.argv[1]
+    ckpt = Checkpointer(directory, keep=5)
+    small = {"w": jnp.full((4, 4), 1.5, jnp.float32), "step": jnp.int32(1)}
+    ckpt.save(1, small, {"next_index": 11})
+    ckpt.wait_until_finished()
+    print("STEP1_DONE", flush=True)
+    # ~200 MB so that the save of step 2 takes long enough to be interrupted.
+    big = {"w": jnp.full((4, 4), 2.5, jnp.float32), "step": jnp.int32(2),
+           "blobs": [jnp.full((1024, 1024, 8), float(i), jnp.float32) for i in range(6)]}
+    ckpt.save(2, big, {"next_index": 22})
+    print("STEP2_STARTED", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _tmp_dirs_of_step2(directory: str) -> list[str]:
+    return [n for n in os.listdir(directory) if n.startswith("2") and n != "2"]
+
+
+def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SAVER, directory], stdout=subprocess.PIPE, text=True, env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "STEP1_DONE"
+        deadline = time.time() + 120
+        while not _tmp_dirs_of_step2(directory):
+            assert time.time() < deadline, "step-2 save never started"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not os.path.exists(os.path.join(directory, "2")), "save finished before the kill"
+    assert _tmp_dirs_of_step2(directory), "the interrupted save should leave only a temporary dir"
+
+    target = {"w": jnp.zeros((4, 4), jnp.float32), "step": jnp.int32(0)}
+    with Checkpointer(directory, keep=5) as ckpt:
+        assert ckpt.latest_step() == 1
+        restored, position = ckpt.restore(target)
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 4), 1.5, np.float32))
+    assert int(restored["step"]) == 1
+    assert position == {"next_index": 11}
