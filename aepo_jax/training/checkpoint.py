@@ -11,7 +11,7 @@ optax tuples come back as tuples and arrays land on the requested devices.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Self
 
 import jax
 import orbax.checkpoint as ocp
@@ -91,7 +91,7 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -27,7 +27,7 @@ class TrainState:
     rng: jax.Array
 
     @classmethod
-    def create(cls, params: Any, tx: optax.GradientTransformation, seed: int) -> "TrainState":
+    def create(cls, params: Any, tx: optax.GradientTransformation, seed: int) -> TrainState:
         return cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -35,7 +35,7 @@ class TrainState:
             rng=jax.random.key_data(jax.random.key(seed)),
         )
 
-    def next_rng(self) -> tuple["TrainState", jax.Array]:
+    def next_rng(self) -> tuple[TrainState, jax.Array]:
         """Split the carried key: returns (state with the new key, a fresh subkey)."""
         key = jax.random.wrap_key_data(self.rng)
         key, sub = jax.random.split(key)
