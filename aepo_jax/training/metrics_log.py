@@ -1,0 +1,117 @@
+"""Per-step metrics to `WORKDIR/metrics.jsonl`, the console and (optionally)
+TensorBoard (DESIGN.md, Trainer). Only process 0 writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, Self
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def to_python_scalar(value: Any) -> Any:
+    """jax / numpy scalars -> float or int; NaN and inf -> None (valid JSON)."""
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    array = np.asarray(value)
+    if array.ndim != 0:
+        raise ValueError(f"metric values must be scalars, got shape {array.shape}")
+    if np.issubdtype(array.dtype, np.integer):
+        return int(array)
+    number = float(array)
+    return number if math.isfinite(number) else None
+
+
+def _open_tensorboard(logdir: str) -> Any | None:
+    """A SummaryWriter from tensorboardX or torch if either is importable."""
+    for module in ("tensorboardX", "torch.utils.tensorboard"):
+        try:
+            writer_module = __import__(module, fromlist=["SummaryWriter"])
+            return writer_module.SummaryWriter(logdir)
+        except Exception:  # noqa: BLE001, S112 - TensorBoard is optional.
+            continue
+    return None
+
+
+class MetricsLogger:
+    """Appends one JSON object per step and prints a compact console line."""
+
+    def __init__(self, workdir: str, console: bool = True, tensorboard: bool = True, process_index: int = 0):
+        self.active = process_index == 0
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self.console = console and self.active
+        self._file = None
+        self._tb = None
+        if self.active:
+            os.makedirs(workdir, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            if tensorboard:
+                self._tb = _open_tensorboard(os.path.join(workdir, "tensorboard"))
+
+    @property
+    def has_tensorboard(self) -> bool:
+        return self._tb is not None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Record `metrics` for `step`; returns the JSON-ready record."""
+        record = {"step": int(step)}
+        record.update({k: to_python_scalar(v) for k, v in metrics.items() if k != "step"})
+        if not self.active:
+            return record
+        self._file.write(json.dumps(record, sort_keys=False) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, record["step"])
+        if self.console:
+            print(format_console_line(record), flush=True)
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_CONSOLE_KEYS = ("loss", "reward_mean", "accuracy", "entropy_mean", "tool_calls_mean", "kl", "grad_norm",
+                 "learning_rate", "tokens_per_s", "step_time_s")
+
+
+def format_console_line(record: Mapping[str, Any]) -> str:
+    """`step 3 | loss 0.123 | reward_mean 0.5 | ...` with the headline metrics."""
+    parts = [f"step {record['step']}"]
+    for key in _CONSOLE_KEYS:
+        value = record.get(key)
+        if isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        elif isinstance(value, int):
+            parts.append(f"{key} {value}")
+    return " | ".join(parts)
+
+
+def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:
+    """All records of a run's metrics.jsonl, in order."""
+    path = workdir_or_file
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no metrics file at {path}")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

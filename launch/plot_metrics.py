@@ -1,0 +1,69 @@
+"""Draw a run's training curves to PNG: `python -m launch.plot_metrics WORKDIR`.
+
+Panels: reward, policy entropy, tool calls, branch concentration (the share of
+branches on the top-3 trajectories of each group, spec §2.4). A panel whose
+metrics a run did not log is drawn empty with a note, so the figure always
+has the same layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from aepo_jax.training.metrics_log import read_metrics
+
+# (title, candidate metric keys: every one present is drawn)
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("reward_mean", "accuracy")),
+    ("policy entropy", ("entropy_mean",)),
+    ("tool calls per trajectory", ("tool_calls_mean", "rollout/tool_calls_per_traj", "tool_calls_per_traj")),
+    ("branch concentration (top-3 share)", ("branch_top3_fraction", "rollout/branch_top3_fraction",
+                                             "top3_branch_fraction")),
+)
+
+
+def plot_run(workdir: str, out_path: str | None = None) -> str:
+    """Plot `workdir/metrics.jsonl`; returns the PNG path (default WORKDIR/curves.png)."""
+    records = read_metrics(workdir)
+    if not records:
+        raise ValueError(f"{workdir}/metrics.jsonl has no records")
+    out_path = out_path or os.path.join(workdir, "curves.png")
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (title, keys) in zip(axes.ravel(), PANELS):
+        drawn = False
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="." if len(points) < 50 else None, label=key)
+                drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", help="run directory holding metrics.jsonl")
+    parser.add_argument("--out", default=None, help="PNG path (default WORKDIR/curves.png)")
+    args = parser.parse_args(argv)
+    print(plot_run(args.workdir, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Metrics JSONL logging and the plotting script."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aepo_jax.training.metrics_log import MetricsLogger, read_metrics, to_python_scalar
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_jsonl_has_one_object_per_step_with_python_scalars(tmp_path, capsys):
+    with MetricsLogger(str(tmp_path), tensorboard=False) as log:
+        log.log(1, {"loss": jnp.float32(0.5), "reward_mean": np.float64(0.25), "tool_calls_mean": 2})
+        log.log(2, {"loss": jnp.float32(jnp.nan), "reward_mean": 1.0})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {"step": 1, "loss": 0.5, "reward_mean": 0.25, "tool_calls_mean": 2},
+        {"step": 2, "loss": None, "reward_mean": 1.0},
+    ]
+    assert "step 1 | loss 0.5 | reward_mean 0.25" in capsys.readouterr().out
+
+
+def test_non_zero_process_writes_nothing(tmp_path):
+    with MetricsLogger(str(tmp_path / "w"), process_index=1) as log:
+        log.log(1, {"loss": 1.0})
+    assert not os.path.exists(tmp_path / "w")
+
+
+def test_array_metric_is_rejected():
+    with pytest.raises(ValueError, match="must be scalars"):
+        to_python_scalar(np.zeros(3))
+
+
+def test_plot_metrics_writes_png(tmp_path):
+    with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as log:
+        for step in range(1, 6):
+            log.log(step, {"reward_mean": step / 5, "entropy_mean": 1.0 / step, "tool_calls_mean": 1.5,
+                           "branch_top3_fraction": 0.9})
+    assert len(read_metrics(str(tmp_path))) == 5
+    out = subprocess.run([sys.executable, "-m", "launch.plot_metrics", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    png = tmp_path / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
+
+
+def test_plot_metrics_missing_file_is_a_clear_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "launch.plot_metrics", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0
+    assert "no metrics file" in out.stderr
