@@ -1,0 +1,100 @@
+"""Multi-host start-up: `jax.distributed.initialize()` when launched on several
+hosts (DESIGN.md, Configs and launch).
+
+The same command runs on one CPU, a GPU node or a TPU pod slice: on one host
+nothing is initialised; on several, every host calls this before touching any
+device and then feeds the data shard of its `process_index`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jax
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class MultiHostLaunch:
+    """What the environment says about this launch.
+
+    `coordinator_address`, `num_processes`, `process_id` are None when the
+    cluster is left to JAX's own auto-detection (TPU pods, SLURM, Open MPI).
+    """
+
+    reason: str
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError as err:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from err
+
+
+def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | None:
+    """Return how this process was launched on several hosts, or None for one host.
+
+    Recognised, in order: explicit `JAX_COORDINATOR_ADDRESS` + `JAX_NUM_PROCESSES`
+    (+ `JAX_PROCESS_ID`), a multi-worker Cloud TPU slice (`TPU_WORKER_HOSTNAMES`
+    with several entries), SLURM (`SLURM_NTASKS` > 1), Open MPI
+    (`OMPI_COMM_WORLD_SIZE` > 1).
+    """
+    env = os.environ if env is None else env
+    address = env.get("JAX_COORDINATOR_ADDRESS") or None
+    num = _int_env(env, "JAX_NUM_PROCESSES")
+    if address is not None or num is not None:
+        if address is None or num is None:
+            raise ValueError("set both JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES for a multi-host launch")
+        if num < 1:
+            raise ValueError(f"JAX_NUM_PROCESSES must be >= 1, got {num}")
+        if num == 1:
+            return None
+        pid = _int_env(env, "JAX_PROCESS_ID")
+        if pid is None:
+            raise ValueError("JAX_PROCESS_ID is required with JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES > 1")
+        if not 0 <= pid < num:
+            raise ValueError(f"JAX_PROCESS_ID={pid} outside [0, {num})")
+        return MultiHostLaunch("env", address, num, pid)
+    workers = [w for w in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
+    if len(workers) > 1:
+        return MultiHostLaunch("tpu_pod")
+    if (_int_env(env, "SLURM_NTASKS") or 1) > 1:
+        return MultiHostLaunch("slurm")
+    if (_int_env(env, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
+        return MultiHostLaunch("mpi")
+    return None
+
+
+def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Initialise JAX's multi-host runtime when needed; returns (process_index, process_count).
+
+    Args:
+      mode: "auto" (initialise when `detect_multihost` finds several hosts),
+        "on"/True (always; JAX auto-detects the cluster if the environment
+        gives no coordinator), "off"/False (never).
+      env: environment to read (default `os.environ`).
+    """
+    if isinstance(mode, bool):
+        mode = "on" if mode else "off"
+    if mode not in MODES:
+        raise ValueError(f"distributed mode must be one of {MODES}, got {mode!r}")
+    launch = None if mode == "off" else detect_multihost(env)
+    if mode == "on" and launch is None:
+        launch = MultiHostLaunch("flag")
+    if launch is not None and not jax.distributed.is_initialized():
+        jax.distributed.initialize(
+            coordinator_address=launch.coordinator_address,
+            num_processes=launch.num_processes,
+            process_id=launch.process_id,
+        )
+    return jax.process_index(), jax.process_count()

@@ -1,0 +1,77 @@
+"""Multi-host detection, and a real two-process `jax.distributed` start on loopback."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from aepo_jax.parallel.distributed import detect_multihost, maybe_initialize_distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_single_host_environments_need_no_initialisation():
+    assert detect_multihost({}) is None
+    assert detect_multihost({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "1"}) is None
+    assert detect_multihost({"TPU_WORKER_HOSTNAMES": "localhost"}) is None
+    assert detect_multihost({"SLURM_NTASKS": "1"}) is None
+    assert maybe_initialize_distributed("auto", env={}) == (0, 1)
+    assert maybe_initialize_distributed(False, env={"SLURM_NTASKS": "4"}) == (0, 1)
+
+
+def test_multi_host_environments_are_recognised():
+    launch = detect_multihost({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",
+                               "JAX_PROCESS_ID": "3"})
+    assert (launch.reason, launch.coordinator_address, launch.num_processes, launch.process_id) == (
+        "env", "10.0.0.1:1234", 4, 3)
+    assert detect_multihost({"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"}).reason == "tpu_pod"
+    assert detect_multihost({"SLURM_NTASKS": "16"}).reason == "slurm"
+    assert detect_multihost({"OMPI_COMM_WORLD_SIZE": "2"}).reason == "mpi"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"JAX_COORDINATOR_ADDRESS": "h:1"}, "set both"),
+        ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"}, "JAX_PROCESS_ID is required"),
+        ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"}, "outside"),
+        ({"SLURM_NTASKS": "many"}, "not an integer"),
+    ],
+)
+def test_inconsistent_environment_is_a_clear_error(env, message):
+    with pytest.raises(ValueError, match=message):
+        detect_multihost(env)
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="distributed mode"):
+        maybe_initialize_distributed("sometimes", env={})
+
+
+_WORKER = (
+    "from aepo_jax.parallel.distributed import maybe_initialize_distributed\n"
+    "import jax\n"
+    "index, count = maybe_initialize_distributed('auto')\n"
+    "print('RESULT', index, count, jax.device_count(), flush=True)\n"
+)
+
+
+def test_two_processes_initialise_on_loopback():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for pid in range(2):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER], env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
+    # each process sees its own index, two processes, and all four devices of the job
+    assert sorted(results) == ["RESULT 0 2 4", "RESULT 1 2 4"]
