@@ -1,0 +1,150 @@
+"""Hugging Face `tokenizer.json` tokenizers (through the `tokenizers` package).
+
+Also the base of `GGUFTokenizer`, which builds the same kind of
+`tokenizers.Tokenizer` from GGUF metadata instead of a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.tokenizers.chat import (
+    CHATML,
+    ChatFormat,
+    Message,
+    chat_format_from_template,
+)
+
+# Tried in order when tokenizer_config.json names no EOS token.
+_EOS_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<eos>")
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` behind the `Tokenizer` protocol.
+
+    Args:
+      backend: the `tokenizers.Tokenizer`.
+      eos_token / bos_token / pad_token: special token strings (must be in the
+        vocabulary); pad defaults to EOS, BOS may be None.
+      chat_format: how chats render; defaults to ChatML.
+      add_agent_tokens: register the agent tags (spec section 4) as special
+        tokens; see `add_special_tokens` for what that does to the vocabulary.
+    """
+
+    def __init__(
+        self,
+        backend,
+        *,
+        eos_token: str,
+        bos_token: str | None = None,
+        pad_token: str | None = None,
+        chat_format: ChatFormat | None = None,
+        add_agent_tokens: bool = False,
+    ):
+        self.backend = backend
+        self.base_vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.eos_id: int = self._require_id(eos_token, "EOS")
+        self.bos_id: int | None = None if bos_token is None else self._require_id(bos_token, "BOS")
+        self.pad_id: int = self.eos_id if pad_token is None else self._require_id(pad_token, "pad")
+        self.chat_format = chat_format or CHATML
+        self.num_added = 0
+        if add_agent_tokens:
+            self.add_special_tokens(AGENT_SPECIAL_TOKENS)
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | os.PathLike,
+        *,
+        chat_format: ChatFormat | None = None,
+        add_agent_tokens: bool = False,
+    ) -> HFTokenizer:
+        """Load `tokenizer.json` (a file, or a directory holding it).
+
+        Special tokens and the chat template come from `tokenizer_config.json`
+        beside it when present; the template is used if it is a simple ChatML
+        or Llama-3 one (see `chat_format_from_template`), else ChatML.
+        """
+        import tokenizers
+
+        path = Path(path)
+        json_path = path / "tokenizer.json" if path.is_dir() else path
+        if not json_path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {json_path}")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(json_path))
+        except Exception as err:  # the Rust side raises plain Exception
+            raise ValueError(f"cannot read {json_path} as a Hugging Face tokenizer: {err}") from err
+        config_path = json_path.parent / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        vocab = backend.get_vocab(with_added_tokens=True)
+        eos = _token_string(config.get("eos_token")) or next((t for t in _EOS_CANDIDATES if t in vocab), None)
+        if eos is None:
+            raise ValueError(f"{json_path}: no EOS token (set eos_token in tokenizer_config.json)")
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        return cls(
+            backend,
+            eos_token=eos,
+            bos_token=_token_string(config.get("bos_token")),
+            pad_token=_token_string(config.get("pad_token")),
+            chat_format=chat_format or chat_format_from_template(template),
+            add_agent_tokens=add_agent_tokens,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, including added special tokens."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def _require_id(self, token: str, what: str) -> int:
+        idx = self.backend.token_to_id(token)
+        if idx is None:
+            raise ValueError(f"{what} token {token!r} is not in the vocabulary")
+        return idx
+
+    def add_special_tokens(self, tokens: Sequence[str]) -> int:
+        """Register `tokens` as special tokens, each then encoded as one id.
+
+        Tokens missing from the vocabulary get new ids appended after it, so
+        `vocab_size` grows: a model's embedding (and untied output) must then be
+        resized to `vocab_size` rows. Returns how many ids were appended; the
+        running total is `num_added`.
+        """
+        from tokenizers import AddedToken
+
+        before = self.vocab_size
+        self.backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+        added = self.vocab_size - before
+        self.num_added += added
+        return added
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (special-token strings map to their ids), no BOS/EOS added."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens included as their strings."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_to_id(self, piece: str) -> int | None:
+        return self.backend.token_to_id(piece)
+
+    def id_to_token(self, idx: int) -> str | None:
+        return self.backend.id_to_token(int(idx))
+
+    def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the chat rendered with `self.chat_format`."""
+        return self.chat_format.render_ids(messages, add_generation_prompt, self.encode, self.eos_id)
+
+
+def _token_string(value) -> str | None:
+    """A special token from tokenizer_config.json: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
