@@ -1,0 +1,309 @@
+"""The host-side Sampler: token ids in, tokens with log-probs and entropies out.
+
+It owns the jitted programs (one per shape bucket) and the bookkeeping around
+them: bucketing, padding rows, cache growth, PRNG keys, counters. All
+arithmetic happens in `programs.py`, `layout.py` and `token_distribution.py`.
+
+Consumption rule: `generate` and `append` donate the arrays of the state they
+receive (the cache is updated in place); use only the state they return.
+`fork` and `concat` copy and leave their inputs usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import secrets
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from aepo_jax.models import KVCache
+from aepo_jax.sampling.buckets import bucket_batch, bucket_length
+from aepo_jax.sampling.layout import concat_rows, grow_slots, shift_cursor, take_rows
+from aepo_jax.sampling.params import SamplingParams
+from aepo_jax.sampling.programs import decode_loop, forward_block
+from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
+from aepo_jax.sampling.stopping import STOP_REASON_NAMES, build_stop_table
+
+MIN_CACHE_SLOTS = 128  # smallest cache bucket
+MIN_BLOCK = 8  # smallest prompt / append block bucket
+MIN_NEW_TOKENS = 16  # smallest output-length bucket
+
+
+class Sampler:
+    """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
+
+    Args:
+      graphdef: the model's nnx GraphDef (`nnx.split(model)`).
+      state: the model's parameter state.
+      eos_ids: ids that end a row (stop reason "eos").
+      pad_id: id written for padding (never attended to).
+      stop_sequences: token-id sequences that end a row right after their last token.
+      params: default SamplingParams.
+      max_cache_len: cache slots a row may never exceed (growth beyond raises).
+      mesh: optional mesh; the batch is sharded over its `data` axis. Pass
+        parameters already sharded (`aepo_jax.parallel.shard_state`).
+      seed: base of the internal key stream used when generate gets no key.
+        Default: drawn from the OS, so two Samplers (and two calls) never
+        share samples unless a key is passed explicitly.
+      cache_dtype: dtype of the KV cache (default: the model's compute dtype).
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        state: nnx.State,
+        *,
+        eos_ids: Sequence[int] = (),
+        pad_id: int = 0,
+        stop_sequences: Sequence[Sequence[int]] = (),
+        params: SamplingParams | None = None,
+        max_cache_len: int = 4096,
+        mesh: jax.sharding.Mesh | None = None,
+        seed: int | None = None,
+        cache_dtype: jnp.dtype | None = None,
+    ):
+        self._graphdef = graphdef
+        self._params_state = state
+        self.config = nnx.merge(graphdef, state).config
+        self.pad_id = int(pad_id)
+        self.params = params if params is not None else SamplingParams()
+        self.max_cache_len = int(max_cache_len)
+        self.mesh = mesh
+        self._cache_dtype = cache_dtype if cache_dtype is not None else self.config.dtype
+        self._stop_table = build_stop_table(stop_sequences, eos_ids)
+        self._seed = int(seed) if seed is not None else secrets.randbits(31)
+        self._calls = 0
+        self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
+        self._data_size = 1 if mesh is None else int(mesh.shape.get("data", 1))
+        self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
+
+        def forward(params, tokens, positions, mask, cache):
+            model = nnx.merge(graphdef, params)
+            return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
+
+        self._block_program = jax.jit(functools.partial(forward_block, forward), donate_argnums=(1,))
+        self._decode_program = jax.jit(
+            functools.partial(decode_loop, forward),
+            static_argnames=("max_steps", "sampling", "pad_id"),
+            donate_argnums=(1,),
+        )
+        self._grow_program = jax.jit(grow_slots, static_argnums=(1,), donate_argnums=(0,))
+        self._shift_program = jax.jit(shift_cursor)
+        self._take_program = jax.jit(take_rows)
+        self._concat_program = jax.jit(concat_rows)
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Real tokens run through the model so far, by kind (prefill, append, decode)."""
+        return dict(self._counters)
+
+    def compiled_programs(self) -> int:
+        """How many programs the sampler's jitted functions hold (for jit-cache checks)."""
+        programs = (self._block_program, self._decode_program, self._grow_program,
+                    self._shift_program, self._take_program, self._concat_program)
+        return sum(p._cache_size() for p in programs)
+
+    def set_params(self, state: nnx.State) -> None:
+        """Uses new policy parameters (same tree and shapes) from the next call on; no recompile."""
+        old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params_state)
+        new = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+        if jax.tree.structure(old) != jax.tree.structure(new) or jax.tree.leaves(old) != jax.tree.leaves(new):
+            raise ValueError("set_params: the new state's tree, shapes or dtypes differ from the sampler's")
+        self._params_state = state
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> DecodeState:
+        """Runs the prompts (ragged id lists, each non-empty) into a fresh cache, left-padded."""
+        if len(prompts) == 0:
+            raise ValueError("prefill needs at least one prompt")
+        for row, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prefill: prompt {row} is empty")
+        batch = bucket_batch(len(prompts), self._data_size)
+        block = bucket_length(max(len(p) for p in prompts), MIN_BLOCK)
+        self._check_capacity(block)
+        arrays = self._empty_arrays(batch, bucket_length(block, MIN_CACHE_SLOTS))
+        state = DecodeState(arrays, len(prompts))
+        state = self._run_block(state, prompts, block)
+        self._counters["prefill_tokens"] += sum(len(p) for p in prompts)
+        return state
+
+    def append(self, state: DecodeState, token_lists: Sequence[Sequence[int]]) -> DecodeState:
+        """Feeds ragged token lists (one per real row, [] for none) into the cache in one forward."""
+        if len(token_lists) != state.num_rows:
+            raise ValueError(f"append got {len(token_lists)} token lists for {state.num_rows} rows")
+        longest = max((len(t) for t in token_lists), default=0)
+        if longest == 0:
+            return state
+        block = bucket_length(longest, MIN_BLOCK)
+        state = self._ensure_room(state, block)
+        state = self._run_block(state, token_lists, block)
+        self._counters["append_tokens"] += sum(len(t) for t in token_lists)
+        return state
+
+    def generate(
+        self,
+        state: DecodeState,
+        max_new_tokens: int | Sequence[int],
+        rng: jax.Array | None = None,
+        params: SamplingParams | None = None,
+    ) -> tuple[DecodeState, SampleOutput]:
+        """Samples up to max_new_tokens per row (int, or one budget per real row).
+
+        Rows stop at an EOS id, right after a stop sequence, or at their budget.
+        Every returned token is in the returned state's cache. With `rng=None`
+        the key is `fold_in(PRNGKey(seed), call_number)`, different for every
+        call; each row gets its own key split from the call's key.
+        """
+        sampling = params if params is not None else self.params
+        budgets = self._budgets(state, max_new_tokens)
+        longest = int(budgets.max())
+        steps = bucket_length(max(longest, 1), MIN_NEW_TOKENS)
+        state = self._ensure_room(state, longest)
+        key = rng if rng is not None else jax.random.fold_in(jax.random.key(self._seed), self._calls)
+        self._calls += 1
+        if jnp.issubdtype(key.dtype, jnp.uint32):
+            key = jax.random.wrap_key_data(key)
+        row_keys = jax.random.split(key, state.batch_size)
+        with self._mesh_context():
+            arrays, out = self._decode_program(
+                self._params_state, state.arrays, row_keys, self._place(jnp.asarray(budgets)),
+                self._stop_table, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
+            )
+        out = jax.device_get(out)
+        n, width = state.num_rows, max(longest, 0)
+        result = SampleOutput(
+            tokens=out.tokens[:n, :width],
+            logp=out.logp[:n, :width],
+            logp_truncated=out.logp_truncated[:n, :width],
+            entropy=out.entropy[:n, :width],
+            num_tokens=out.num_tokens[:n],
+            stop_reason=[STOP_REASON_NAMES[int(r)] for r in out.stop_reason[:n]],
+            stop_sequence_index=out.stop_sequence_index[:n],
+        )
+        self._counters["decode_tokens"] += int(result.num_tokens.sum())
+        return DecodeState(arrays, n), result
+
+    def fork(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
+        """A new state whose row i is a copy of row rows[i] (same prefix, same cursor)."""
+        rows = [int(r) for r in rows]
+        if not rows:
+            raise ValueError("fork needs at least one row")
+        bad = [r for r in rows if not 0 <= r < state.num_rows]
+        if bad:
+            raise ValueError(f"fork: rows {bad} are outside [0, {state.num_rows})")
+        return DecodeState(self._gather(state.arrays, rows), len(rows))
+
+    def concat(self, states: Sequence[DecodeState]) -> DecodeState:
+        """Rows of all states in order, in one state.
+
+        States may differ in cursor and cache length: each is first given the
+        largest slot count, then its slots are shifted right so that all
+        cursors equal the largest one (the vacated front slots are invalid).
+        Keys are stored rotated, so shifting slots changes no logits.
+        """
+        if not states:
+            raise ValueError("concat needs at least one state")
+        length = max(s.cache_length for s in states)
+        cursor = max(s.cursor for s in states)
+        aligned, rows, offset = [], [], 0
+        for s in states:
+            arrays = s.arrays
+            if s.cache_length < length:
+                arrays = grow_slots(arrays, length)
+            if s.cursor < cursor:
+                arrays = self._shift_program(arrays, jnp.int32(cursor))
+            aligned.append(arrays)
+            rows.extend(range(offset, offset + s.num_rows))
+            offset += s.batch_size
+        stacked = aligned[0]
+        for arrays in aligned[1:]:
+            stacked = self._concat_program(stacked, arrays)
+        return DecodeState(self._gather(stacked, rows), len(rows))
+
+    # ----------------------------------------------------------------- internals
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def _place(self, tree):
+        """Shards every batch-leading leaf over the mesh's data axis (scalars replicated)."""
+        if self.mesh is None:
+            return tree
+        batch = NamedSharding(self.mesh, PartitionSpec("data"))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.tree.map(lambda x: jax.device_put(x, batch if x.ndim else replicated), tree)
+
+    def _empty_arrays(self, batch: int, length: int) -> DecodeArrays:
+        cache = KVCache.init(self.config, batch=batch, length=length, dtype=self._cache_dtype)
+        arrays = DecodeArrays(
+            cache=cache,
+            slot_valid=jnp.zeros((batch, length), bool),
+            next_position=jnp.zeros((batch,), jnp.int32),
+            last_logits=jnp.zeros((batch, self.config.vocab_size), jnp.float32),
+        )
+        return self._place(arrays)
+
+    def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
+        """Takes `rows` and pads the batch to its bucket with copies of the first row."""
+        batch = bucket_batch(len(rows), self._data_size)
+        index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
+        with self._mesh_context():
+            return self._place(self._take_program(arrays, jnp.asarray(index)))
+
+    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int) -> DecodeState:
+        tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
+        valid = np.zeros((state.batch_size, block), bool)
+        for row, ids in enumerate(token_lists):
+            self._check_ids(ids, f"row {row}")
+            if len(ids):
+                tokens[row, block - len(ids):] = ids
+                valid[row, block - len(ids):] = True
+        with self._mesh_context():
+            arrays = self._block_program(
+                self._params_state, state.arrays, self._place(jnp.asarray(tokens)), self._place(jnp.asarray(valid))
+            )
+        return DecodeState(arrays, state.num_rows)
+
+    def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:
+        """Grows the cache (to the next bucket) when `needed` more slots do not fit."""
+        end = state.cursor + needed
+        self._check_capacity(end)
+        if end <= state.cache_length:
+            return state
+        with self._mesh_context():
+            arrays = self._grow_program(state.arrays, min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len))
+        return DecodeState(arrays, state.num_rows)
+
+    def _check_capacity(self, slots: int) -> None:
+        if slots > self.max_cache_len:
+            raise ValueError(
+                f"the cache would need {slots} slots but max_cache_len is {self.max_cache_len}; "
+                "raise max_cache_len or start a new state"
+            )
+
+    def _budgets(self, state: DecodeState, max_new_tokens: int | Sequence[int]) -> np.ndarray:
+        if isinstance(max_new_tokens, int | np.integer):
+            per_row = [int(max_new_tokens)] * state.num_rows
+        else:
+            per_row = [int(b) for b in max_new_tokens]
+            if len(per_row) != state.num_rows:
+                raise ValueError(f"generate got {len(per_row)} budgets for {state.num_rows} rows")
+        if any(b < 0 for b in per_row):
+            raise ValueError(f"max_new_tokens must be >= 0, got {per_row}")
+        budgets = np.zeros((state.batch_size,), np.int32)
+        budgets[: state.num_rows] = per_row
+        return budgets
+
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        vocab = self.config.vocab_size
+        bad = [int(t) for t in ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"{what}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")

@@ -1,0 +1,99 @@
+"""What crosses jit between sampler calls (DecodeState) and what a generate returns (SampleOutput)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import numpy as np
+
+
+@flax.struct.dataclass
+class DecodeArrays:
+    """The device half of a decode state: a pytree of arrays, donated to jitted calls.
+
+    All rows share one write cursor (`cache.index`, lockstep writes); which
+    slots hold real tokens differs per row (left padding, ragged appends,
+    rows that finished early), recorded in `slot_valid`.
+
+    Attributes:
+      cache: the model's KVCache, k/v per layer [B, S, KVH, Dh], index int32[].
+      slot_valid: bool[B, S], True where the slot holds a real token of the row.
+      next_position: int32[B], rotary position of the row's next token.
+      last_logits: float32[B, V], logits for the row's next token.
+    """
+
+    cache: object
+    slot_valid: jax.Array
+    next_position: jax.Array
+    last_logits: jax.Array
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """A batch of sequences in progress: device arrays plus the number of real rows.
+
+    The batch axis is bucketed (a power of two, a multiple of the mesh's data
+    axis); rows at and after `num_rows` are padding that never generates.
+    `num_rows` is static and is kept out of the jitted programs so that
+    different row counts within a bucket share one compiled program.
+    """
+
+    arrays: DecodeArrays
+    num_rows: int = flax.struct.field(pytree_node=False)
+
+    @property
+    def batch_size(self) -> int:
+        """Bucketed batch size B (>= num_rows)."""
+        return self.arrays.slot_valid.shape[0]
+
+    @property
+    def cache_length(self) -> int:
+        """Bucketed number of cache slots S."""
+        return self.arrays.slot_valid.shape[1]
+
+    @property
+    def cursor(self) -> int:
+        """Next slot every row writes to (the cache index)."""
+        return int(self.arrays.cache.index)
+
+    @property
+    def last_logits(self) -> jax.Array:
+        """float32[num_rows, V] logits for each real row's next token."""
+        return self.arrays.last_logits[: self.num_rows]
+
+    @property
+    def next_position(self) -> np.ndarray:
+        """int32[num_rows]: number of real tokens in each row (its next rotary position)."""
+        return np.asarray(self.arrays.next_position[: self.num_rows])
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Host-side result of one generate call, one row per real row.
+
+    Attributes:
+      tokens: int32[B, N] generated ids, pad_id after num_tokens.
+      logp: float32[B, N] log-prob under the full-vocabulary softmax at the
+        sampling temperature (spec section 1). This is the one the trainer uses
+        as `logp_old`: it is what the trainer's own forward recomputes.
+      logp_truncated: float32[B, N] log-prob under the top-k / top-p distribution
+        the token was actually drawn from (equals `logp` without truncation).
+      entropy: float32[B, N] full-vocabulary entropy at the sampling temperature.
+      num_tokens: int32[B] tokens generated per row.
+      stop_reason: per row "eos", "stop" or "length".
+      stop_sequence_index: int32[B], which stop sequence matched, -1 if none.
+    """
+
+    tokens: np.ndarray
+    logp: np.ndarray
+    logp_truncated: np.ndarray
+    entropy: np.ndarray
+    num_tokens: np.ndarray
+    stop_reason: list[str]
+    stop_sequence_index: np.ndarray
+
+    def row_tokens(self, row: int) -> list[int]:
+        """The ids generated for one row, without padding."""
+        return self.tokens[row, : self.num_tokens[row]].tolist()
