@@ -1,0 +1,22 @@
+"""Decoder-only transformers (Llama-3, SmolLM2, Qwen2.5, Qwen3), their configs, KV cache and checkpoint I/O."""
+
+from aepo_jax.models.config import (
+    PRESETS,
+    ModelConfig,
+    config_from_hf,
+    config_to_hf,
+    get_preset,
+)
+from aepo_jax.models.decoder import Decoder, DecoderBlock
+from aepo_jax.models.kv_cache import KVCache
+
+__all__ = [
+    "PRESETS",
+    "Decoder",
+    "DecoderBlock",
+    "KVCache",
+    "ModelConfig",
+    "config_from_hf",
+    "config_to_hf",
+    "get_preset",
+]

@@ -1,0 +1,97 @@
+"""Grouped-query self-attention with rotary positions, optional q/k/v bias and per-head q/k RMSNorm.
+
+Scores and softmax are computed in float32 whatever the activation dtype.
+The mask is explicit (bool, True = may attend), so causal, left-padded,
+cached and tree-packed attention are all the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from aepo_jax.models.config import ModelConfig
+from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical_param
+
+
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(Dh), masked) v with KV heads shared by groups of query heads.
+
+    Args:
+      q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH).
+      mask: bool[B, T, S], True where query t may attend key s.
+
+    Returns:
+      [B, T, H, Dh]. A query row whose mask is all False returns zeros (not NaN).
+    """
+    batch, length, n_heads, head_dim = q.shape
+    n_kv_heads = k.shape[2]
+    q = q.reshape(batch, length, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, T, KVH, G, Dh]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)  # [B, KVH, G, T, S]
+    scores = scores.astype(jnp.float32) / math.sqrt(head_dim)
+    allowed = mask[:, None, None, :, :]  # [B, 1, 1, T, S]
+    # A finite floor (not -inf) keeps fully-masked rows NaN-free; they are zeroed below.
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(allowed, probs, 0.0).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, KVH, G, Dh]
+    return out.reshape(batch, length, n_heads, head_dim)
+
+
+class Attention(nnx.Module):
+    """Projections q/k/v/o, rotary on q and k, and masked attention over (optionally cached) keys."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
+        d, h, kvh, dh = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+        pdt = config.param_dtype
+        self.dtype: Any = config.dtype
+        self.q_proj = logical_param(rngs, fan_in_normal(d), (d, h, dh), ("embed", "heads", "head_dim"), pdt)
+        self.k_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
+        self.v_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
+        self.o_proj = logical_param(rngs, fan_in_normal(h * dh), (h, dh, d), ("heads", "head_dim", "embed"), pdt)
+        if config.qkv_bias:
+            zeros = nnx.initializers.zeros
+            self.q_bias = logical_param(rngs, zeros, (h, dh), ("heads", "head_dim"), pdt)
+            self.k_bias = logical_param(rngs, zeros, (kvh, dh), ("kv_heads", "head_dim"), pdt)
+            self.v_bias = logical_param(rngs, zeros, (kvh, dh), ("kv_heads", "head_dim"), pdt)
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(dh, config.rms_eps, pdt, rngs=rngs)
+            self.k_norm = RMSNorm(dh, config.rms_eps, pdt, rngs=rngs)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _project(self, x: jax.Array, kernel: nnx.Param, bias: nnx.Param | None) -> jax.Array:
+        out = jnp.einsum("btd,dhk->bthk", x, kernel[...].astype(self.dtype))  # [B, T, heads, Dh]
+        return out if bias is None else out + bias[...].astype(self.dtype)
+
+    def __call__(
+        self,
+        x: jax.Array,  # [B, T, D]
+        positions: jax.Array,  # int32[B, T]
+        mask: jax.Array,  # bool[B, T, S]
+        inv_freq: jax.Array,  # float32[Dh/2]
+        cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same)
+        cache_index: jax.Array | None = None,  # int32 scalar
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        q = self._project(x, self.q_proj, self.q_bias)  # [B, T, H, Dh]
+        k = self._project(x, self.k_proj, self.k_bias)  # [B, T, KVH, Dh]
+        v = self._project(x, self.v_proj, self.v_bias)  # [B, T, KVH, Dh]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, positions, inv_freq)
+        k = apply_rotary(k, positions, inv_freq)
+        if cache_kv is not None:
+            cache_k, cache_v = cache_kv
+            start = (0, cache_index, 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)  # [B, S, KVH, Dh]
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+            k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
+            cache_kv = (cache_k, cache_v)
+        out = masked_attention(q, k, v, mask)  # [B, T, H, Dh]
+        return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype)), cache_kv
