@@ -33,7 +33,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def pass_at_k_table(correct: Sequence[Sequence[bool]], ks: Sequence[int] | None = None) -> dict[int, float]:
+def pass_at_k_table(
+    correct: Sequence[Sequence[bool]], ks: Sequence[int] | None = None
+) -> dict[int, float]:
     """Mean pass@k over questions for each k (default: every k up to the smallest n).
 
     Args:
@@ -48,9 +50,13 @@ def pass_at_k_table(correct: Sequence[Sequence[bool]], ks: Sequence[int] | None 
     ks = list(range(1, n_min + 1)) if ks is None else list(ks)
     for k in ks:
         if not 1 <= k <= n_min:
-            raise ValueError(f"k={k} is outside 1..{n_min} (the smallest number of samples per question)")
+            raise ValueError(
+                f"k={k} is outside 1..{n_min} (the smallest number of samples per question)"
+            )
     return {
-        k: sum(pass_at_k(len(s), sum(bool(x) for x in s), k) for s in correct) / len(correct) for k in ks
+        k: sum(pass_at_k(len(s), sum(bool(x) for x in s), k) for s in correct)
+        / len(correct)
+        for k in ks
     }
 
 
@@ -94,7 +100,9 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def _report(name: str, results: Sequence[QuestionResult], ks: Sequence[int] | None) -> DatasetReport:
+def _report(
+    name: str, results: Sequence[QuestionResult], ks: Sequence[int] | None
+) -> DatasetReport:
     n_min = min(len(r.correct) for r in results)
     use_ks = [k for k in ks if k <= n_min] if ks is not None else None
     return DatasetReport(
@@ -109,8 +117,11 @@ def _report(name: str, results: Sequence[QuestionResult], ks: Sequence[int] | No
     )
 
 
-def build_reports(results: Sequence[QuestionResult], ks: Sequence[int] | None = None,
-                  overall: bool = True) -> list[DatasetReport]:
+def build_reports(
+    results: Sequence[QuestionResult],
+    ks: Sequence[int] | None = None,
+    overall: bool = True,
+) -> list[DatasetReport]:
     """One report per data source (sorted by name), plus an `all` row over every question."""
     if not results:
         raise ValueError("build_reports needs at least one QuestionResult")
@@ -130,12 +141,24 @@ def _columns(reports: Sequence[DatasetReport]) -> list[int]:
 def report_rows(reports: Sequence[DatasetReport]) -> tuple[list[str], list[list[str]]]:
     """Header and rows (strings; pass@k and F1 in percent) shared by the table and the CSV."""
     ks = _columns(reports)
-    header = ["dataset", "questions", "n", *[f"pass@{k}" for k in ks], "f1", "tool_calls", "resp_len"]
+    header = [
+        "dataset",
+        "questions",
+        "n",
+        *[f"pass@{k}" for k in ks],
+        "f1",
+        "tool_calls",
+        "resp_len",
+    ]
     rows = []
     for r in reports:
         cells = [r.dataset, str(r.num_questions), str(r.samples_per_question)]
         cells += [f"{100 * r.pass_at_k[k]:.1f}" if k in r.pass_at_k else "" for k in ks]
-        cells += [f"{100 * r.mean_f1:.1f}", f"{r.tool_calls_per_question:.2f}", f"{r.mean_response_length:.1f}"]
+        cells += [
+            f"{100 * r.mean_f1:.1f}",
+            f"{r.tool_calls_per_question:.2f}",
+            f"{r.mean_response_length:.1f}",
+        ]
         rows.append(cells)
     return header, rows
 
@@ -144,15 +167,23 @@ def format_report_table(reports: Sequence[DatasetReport]) -> str:
     """A fixed-width console table of the reports."""
     header, rows = report_rows(reports)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in [header, *rows]]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def write_report_json(reports: Sequence[DatasetReport], path: str | Path) -> None:
     """Write the reports as a JSON list (pass@k keys become strings "1", "2", ...)."""
-    payload = [{**asdict(r), "pass_at_k": {str(k): v for k, v in r.pass_at_k.items()}} for r in reports]
+    payload = [
+        {**asdict(r), "pass_at_k": {str(k): v for k, v in r.pass_at_k.items()}}
+        for r in reports
+    ]
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 
 

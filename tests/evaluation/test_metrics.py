@@ -30,7 +30,9 @@ def test_pass_at_k_matches_subset_enumeration(n):
     for c in range(n + 1):
         flags = [True] * c + [False] * (n - c)
         for k in range(1, n + 1):
-            assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(flags, k)), abs=1e-12)
+            assert pass_at_k(n, c, k) == pytest.approx(
+                float(brute_force_pass_at_k(flags, k)), abs=1e-12
+            )
 
 
 def test_pass_at_k_stable_for_large_n():
@@ -49,7 +51,9 @@ def test_pass_at_1_is_mean_correctness():
     assert table[4] == pytest.approx(2 / 3)
 
 
-@pytest.mark.parametrize("args", [(0, 0, 1), (3, 4, 1), (3, 1, 0), (3, 1, 4), (3, -1, 1)])
+@pytest.mark.parametrize(
+    "args", [(0, 0, 1), (3, 4, 1), (3, 1, 0), (3, 1, 4), (3, -1, 1)]
+)
 def test_pass_at_k_rejects_bad_arguments(args):
     with pytest.raises(ValueError):
         pass_at_k(*args)
@@ -92,7 +96,16 @@ def test_report_writers_round_trip(tmp_path):
     assert read_report_json(tmp_path / "r.json") == reports
     write_report_csv(reports, tmp_path / "r.csv")
     rows = list(csv.reader((tmp_path / "r.csv").read_text().splitlines()))
-    assert rows[0] == ["dataset", "questions", "n", "pass@1", "pass@2", "f1", "tool_calls", "resp_len"]
+    assert rows[0] == [
+        "dataset",
+        "questions",
+        "n",
+        "pass@1",
+        "pass@2",
+        "f1",
+        "tool_calls",
+        "resp_len",
+    ]
     assert rows[1][:5] == ["hotpotqa", "2", "2", "25.0", "50.0"]
     table = format_report_table(reports)
     assert table.splitlines()[0].split() == rows[0]

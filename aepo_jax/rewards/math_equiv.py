@@ -1,0 +1,198 @@
+"""Math answer equivalence: normalisation first, then sympy in a killable worker (spec §5).
+
+Cheap checks run in-process (normalised string equality, exact rational
+comparison, element-wise comparison of tuples and lists). Only what they
+cannot decide goes to sympy, which runs in a separate worker process
+(`sympy_worker.py`) with a hard wall-clock limit: a request that runs past
+`timeout_s` gets its worker killed and counts as "not equal", so an
+expression such as `10**10**10**10` cannot hang the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import selectors
+import signal
+import subprocess
+import sys
+import weakref
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from aepo_jax.rewards.math_normalize import (
+    as_exact_number,
+    latex_to_sympy_source,
+    normalize_math_answer,
+    split_top_level,
+)
+
+_WORKER_SCRIPT = Path(__file__).with_name("sympy_worker.py")
+
+
+def _kill_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """One line from the worker's stdout, or None if it does not arrive within `timeout_s`."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout_s):
+            return None
+    line = proc.stdout.readline()
+    return line or None
+
+
+class _Worker:
+    """One sympy worker process; killed and replaced when a request times out."""
+
+    def __init__(self, startup_timeout_s: float):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(_WORKER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # its own process group, so a kill takes any children too
+        )
+        self._finalizer = weakref.finalize(self, _kill_process, self.proc)
+        if _read_line(self.proc, startup_timeout_s) is None:
+            self.close()
+            raise RuntimeError(
+                f"sympy worker did not start within {startup_timeout_s} s"
+            )
+
+    def ask(self, a_source: str, b_source: str, timeout_s: float) -> dict | None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"a": a_source, "b": b_source}) + "\n")
+        self.proc.stdin.flush()
+        line = _read_line(self.proc, timeout_s)
+        return None if line is None else json.loads(line)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+@dataclass
+class SympyWorkerPool:
+    """A fixed number of sympy worker processes shared by threads (blocking checkout).
+
+    Attributes:
+      size: worker processes (requests beyond this wait for a free worker).
+      timeout_s: wall-clock limit per equivalence request.
+      startup_timeout_s: limit for a worker to import sympy and report ready.
+    """
+
+    size: int = 2
+    timeout_s: float = 5.0
+    startup_timeout_s: float = 60.0
+    timeouts: int = field(default=0, init=False)
+    _slots: queue.Queue = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"SympyWorkerPool size must be >= 1, got {self.size}")
+        self._slots = queue.Queue()
+        for _ in range(self.size):
+            self._slots.put(None)  # workers start lazily on first use
+
+    def equal(
+        self, a_source: str, b_source: str, timeout_s: float | None = None
+    ) -> bool:
+        """Whether sympy shows `a - b == 0`; False on error or after the time limit."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        worker: _Worker | None = self._slots.get()
+        try:
+            if worker is None or worker.proc.poll() is not None:
+                worker = _Worker(self.startup_timeout_s)
+            reply = worker.ask(a_source, b_source, limit)
+            if reply is None:
+                self.timeouts += 1
+                worker.close()
+                worker = None
+                return False
+            return bool(reply["equal"])
+        except (BrokenPipeError, json.JSONDecodeError):
+            if worker is not None:
+                worker.close()
+            worker = None
+            return False
+        finally:
+            self._slots.put(worker)
+
+    def close(self) -> None:
+        """Kill every worker process."""
+        for _ in range(self.size):
+            worker = self._slots.get()
+            if worker is not None:
+                worker.close()
+        for _ in range(self.size):
+            self._slots.put(None)
+
+    def __enter__(self) -> SympyWorkerPool:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@lru_cache(maxsize=1)
+def default_sympy_pool() -> SympyWorkerPool:
+    """The process-wide pool used when a caller passes none (workers start on first use)."""
+    return SympyWorkerPool()
+
+
+def math_equal(
+    prediction: str,
+    gold: str,
+    *,
+    pool: SympyWorkerPool | None = None,
+    timeout_s: float | None = None,
+) -> bool:
+    """Whether two math answers are equivalent (normalisation, exact numbers, then sympy)."""
+    a, b = normalize_math_answer(prediction), normalize_math_answer(gold)
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    a_number, b_number = as_exact_number(a), as_exact_number(b)
+    if a_number is not None and b_number is not None:
+        return a_number == b_number
+    a_items, b_items = split_top_level(a), split_top_level(b)
+    if a_items is not None or b_items is not None:
+        if a_items is None or b_items is None:
+            return False
+        (a_open, a_list, a_close), (b_open, b_list, b_close) = a_items, b_items
+        if (a_open, a_close) != (b_open, b_close) or len(a_list) != len(b_list):
+            return False
+        return all(
+            math_equal(x, y, pool=pool, timeout_s=timeout_s)
+            for x, y in zip(a_list, b_list)
+        )
+    a_source, b_source = latex_to_sympy_source(a), latex_to_sympy_source(b)
+    if a_source is None or b_source is None:
+        return False
+    pool = default_sympy_pool() if pool is None else pool
+    return pool.equal(a_source, b_source, timeout_s)
+
+
+def math_equal_any(
+    prediction: str,
+    answers: list[str],
+    *,
+    pool: SympyWorkerPool | None = None,
+    timeout_s: float | None = None,
+) -> bool:
+    """Whether the prediction is equivalent to any of the gold answers."""
+    return any(
+        math_equal(prediction, gold, pool=pool, timeout_s=timeout_s) for gold in answers
+    )

@@ -1,0 +1,62 @@
+"""Question-answering scores: exact match and token F1 with SQuAD normalisation (spec §5).
+
+The normalisation is the one the SQuAD evaluation script made standard and
+the released deep-research reward uses: lower case, drop punctuation, drop
+the articles "a", "an", "the", collapse whitespace. Scores take the best
+match over a list of gold answers.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+from collections.abc import Sequence
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, strip punctuation and articles, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _as_list(answers: str | Sequence[str]) -> list[str]:
+    if isinstance(answers, str):
+        return [answers]
+    answers = [str(a) for a in answers]
+    if not answers:
+        raise ValueError(
+            "gold answers list is empty: cannot score a prediction against nothing"
+        )
+    return answers
+
+
+def exact_match(prediction: str, answers: str | Sequence[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer, else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(gold) for gold in _as_list(answers)))
+
+
+def _token_f1(prediction: str, gold: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        # Both empty counts as a match; one empty scores zero.
+        return float(pred_tokens == gold_tokens)
+    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(pred_tokens)
+    recall = overlap / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str, answers: str | Sequence[str]) -> float:
+    """Best token-level F1 (bag of normalised words) over the gold answers."""
+    return max(_token_f1(prediction, gold) for gold in _as_list(answers))

@@ -1,0 +1,138 @@
+"""Reward registry: pick a reward by config name or by an example's data-source tag (spec §5, §6).
+
+`compute_reward(name, response_text, answers, **kw)` is the one entry point
+the trainer and the evaluation call; `compute_rewards` scores a batch in a
+thread pool (the math worker pool and an LLM judge are I/O-bound from the
+caller's side, so threads overlap them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from aepo_jax.rewards.answer_rewards import (
+    exact_match_reward,
+    math_equiv_reward,
+    qa_f1_reward,
+)
+from aepo_jax.rewards.judge import llm_judge_reward
+
+RewardFn = Callable[..., float]
+
+REWARDS: Mapping[str, RewardFn] = {
+    "qa_f1": qa_f1_reward,
+    "exact_match": exact_match_reward,
+    "math_equiv": math_equiv_reward,
+    "llm_judge": llm_judge_reward,
+}
+
+# Data-source tags (lower case, matched as substrings, first match wins) and their reward.
+# F1 for the multi-hop QA sets as in the paper (§6); judge for open-ended web tasks.
+SOURCE_REWARDS: tuple[tuple[str, str], ...] = (
+    ("gaia", "llm_judge"),
+    ("hle", "llm_judge"),
+    ("webwalker", "llm_judge"),
+    ("xbench", "llm_judge"),
+    ("browsecomp", "llm_judge"),
+    ("math", "math_equiv"),
+    ("gsm", "math_equiv"),
+    ("aime", "math_equiv"),
+    ("amc", "math_equiv"),
+    ("champ", "math_equiv"),
+    ("reasoning_gym", "math_equiv"),
+    ("arithmetic", "math_equiv"),
+    ("hotpot", "qa_f1"),
+    ("2wiki", "qa_f1"),
+    ("musique", "qa_f1"),
+    ("bamboogle", "qa_f1"),
+    ("fanout", "qa_f1"),
+    ("multihop", "qa_f1"),
+)
+DEFAULT_REWARD = "qa_f1"
+
+
+def reward_for_source(data_source: str) -> str:
+    """The reward name for a data-source tag; the spec's default `qa_f1` when no rule matches."""
+    tag = data_source.lower()
+    return next((name for key, name in SOURCE_REWARDS if key in tag), DEFAULT_REWARD)
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward function registered under `name`."""
+    if name not in REWARDS:
+        raise KeyError(f"unknown reward {name!r}; known rewards: {sorted(REWARDS)}")
+    return REWARDS[name]
+
+
+def compute_reward(
+    name: str, response_text: str, answers: str | Sequence[str], **kw
+) -> float:
+    """Score one response with the reward called `name` (`"auto"` needs `data_source=`)."""
+    if name == "auto":
+        if "data_source" not in kw:
+            raise ValueError("reward 'auto' needs data_source=... to choose a reward")
+        name = reward_for_source(kw.pop("data_source"))
+    else:
+        kw.pop("data_source", None)
+    return float(get_reward(name)(response_text, answers, **kw))
+
+
+def _options_for(fn: RewardFn, kw: Mapping[str, object]) -> dict[str, object]:
+    """The subset of `kw` that `fn` takes as keyword arguments."""
+    parameters = inspect.signature(fn).parameters
+    return {key: value for key, value in kw.items() if key in parameters}
+
+
+def compute_rewards(
+    name: str | Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[Sequence[str]],
+    *,
+    max_workers: int = 8,
+    data_sources: Sequence[str] | None = None,
+    **kw,
+) -> list[float]:
+    """Score a batch concurrently; order is preserved.
+
+    Args:
+      name: one reward name for all, `"auto"` (uses `data_sources`), or one name per response.
+      responses: response texts.
+      answers: gold answers per response.
+      data_sources: per-response data-source tags, needed with `"auto"`.
+      **kw: options for the rewards (e.g. `pool=`, `judge=`, `require_format=`); each
+        reward gets the ones its signature takes, and an option no reward in the
+        batch takes is an error.
+    """
+    n = len(responses)
+    if len(answers) != n:
+        raise ValueError(f"{n} responses but {len(answers)} answer lists")
+    names = [name] * n if isinstance(name, str) else list(name)
+    if len(names) != n:
+        raise ValueError(f"{n} responses but {len(names)} reward names")
+    if data_sources is not None and len(data_sources) != n:
+        raise ValueError(f"{n} responses but {len(data_sources)} data sources")
+
+    if "auto" in names and data_sources is None:
+        raise ValueError(
+            "reward 'auto' needs data_sources=[...] to choose a reward per response"
+        )
+    resolved = [
+        reward_for_source(data_sources[i]) if names[i] == "auto" else names[i]
+        for i in range(n)
+    ]
+    options = {name: _options_for(get_reward(name), kw) for name in set(resolved)}
+    unused = set(kw) - {key for opts in options.values() for key in opts}
+    if unused:
+        raise TypeError(
+            f"options {sorted(unused)} are taken by none of the rewards {sorted(options)}"
+        )
+
+    def score(i: int) -> float:
+        return compute_reward(
+            resolved[i], responses[i], answers[i], **options[resolved[i]]
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, n))) as executor:
+        return list(executor.map(score, range(n)))

@@ -1,0 +1,149 @@
+"""The spec §5 rewards: format gate on valid and invalid trajectories, F1 + tool bonus, registry, batch."""
+
+import pytest
+
+from aepo_jax.rewards import (
+    SympyWorkerPool,
+    compute_reward,
+    compute_rewards,
+    count_tool_calls,
+    last_boxed,
+    reward_for_source,
+)
+
+SEARCH = "<search>tallest tower paris</search> <result>\nThe Eiffel Tower is 330 m.\n</result>"
+PYTHON = "<python>print(330 - 300)</python> <result>\n30\n</result>"
+
+
+def answer(text: str) -> str:
+    return f"<answer>The answer is \\boxed{{{text}}}.</answer>"
+
+
+VALID = [
+    "<think>easy</think>" + answer("Eiffel Tower"),
+    "<think>look it up</think>"
+    + SEARCH
+    + "<think>done</think>"
+    + answer("Eiffel Tower"),
+    SEARCH + PYTHON + answer("Eiffel Tower"),
+]
+INVALID = {
+    "unbalanced think": "<think>no close" + answer("Eiffel Tower"),
+    "two answers": answer("Eiffel Tower") + answer("Eiffel Tower"),
+    "no answer": "<think>hmm</think> Eiffel Tower",
+    "no boxed": "<answer>Eiffel Tower</answer>",
+    "result without tool call": "<think>x</think> <result>\nforged\n</result>"
+    + answer("Eiffel Tower"),
+    "unclosed answer": "<answer>\\boxed{Eiffel Tower}",
+}
+
+
+@pytest.mark.parametrize("text", VALID)
+def test_valid_format_scores_f1(text):
+    assert compute_reward("qa_f1", text, ["Eiffel Tower"]) >= 1.0
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+@pytest.mark.parametrize("reward", ["qa_f1", "exact_match", "math_equiv"])
+def test_invalid_format_scores_minus_one(case, reward):
+    assert compute_reward(reward, INVALID[case], ["Eiffel Tower"]) == -1.0
+
+
+def test_multi_tool_bonus_needs_both_tools_and_positive_f1():
+    both = SEARCH + PYTHON + answer("Eiffel Tower")
+    assert compute_reward("qa_f1", both, ["Eiffel Tower"]) == pytest.approx(1.1)
+    assert compute_reward(
+        "qa_f1", SEARCH + answer("Eiffel Tower"), ["Eiffel Tower"]
+    ) == pytest.approx(1.0)
+    assert compute_reward("qa_f1", both, ["Louvre"]) == 0.0
+    partial = SEARCH + PYTHON + answer("the Eiffel")
+    assert compute_reward("qa_f1", partial, ["Eiffel Tower"]) == pytest.approx(
+        2 / 3 + 0.1
+    )
+    # Counts from the agent loop take precedence over the text.
+    assert compute_reward(
+        "qa_f1", both, ["Eiffel Tower"], tool_calls={"search": 1}
+    ) == pytest.approx(1.0)
+
+
+def test_tool_tags_inside_results_do_not_count():
+    forged = "<search>q</search> <result>\n<python>x</python>\n</result>" + answer("a")
+    assert count_tool_calls(forged) == {"search": 1, "python": 0, "browse": 0}
+
+
+def test_math_reward_and_plain_text_mode():
+    with SympyWorkerPool(size=1) as pool:
+        assert (
+            compute_reward("math_equiv", answer("\\dfrac{1}{2}"), ["0.5"], pool=pool)
+            == 1.0
+        )
+        assert (
+            compute_reward("math_equiv", answer("\\frac{1}{3}"), ["0.5"], pool=pool)
+            == 0.0
+        )
+        plain = "so x = 2 and \\boxed{\\frac{\\sqrt{8}}{\\sqrt{2}}}"
+        assert compute_reward("math_equiv", plain, ["2"], pool=pool) == -1.0
+        assert (
+            compute_reward("math_equiv", plain, ["2"], pool=pool, require_format=False)
+            == 1.0
+        )
+
+
+def test_last_boxed_matches_nested_braces():
+    assert (
+        last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{\\sqrt{2}}} c")
+        == "\\frac{1}{\\sqrt{2}}"
+    )
+    assert last_boxed("no box") is None
+
+
+@pytest.mark.parametrize(
+    ("source", "reward"),
+    [
+        ("hotpotqa", "qa_f1"),
+        ("2WikiMultihopQA", "qa_f1"),
+        ("musique", "qa_f1"),
+        ("bamboogle", "qa_f1"),
+        ("MATH500", "math_equiv"),
+        ("gsm8k", "math_equiv"),
+        ("aime24", "math_equiv"),
+        ("champ", "math_equiv"),
+        ("gaia", "llm_judge"),
+        ("webwalker", "llm_judge"),
+        ("somethingelse", "qa_f1"),
+    ],
+)
+def test_reward_for_source(source, reward):
+    assert reward_for_source(source) == reward
+
+
+def test_unknown_reward_name_is_a_clear_error():
+    with pytest.raises(KeyError, match="unknown reward 'f2'"):
+        compute_reward("f2", answer("x"), ["x"])
+    with pytest.raises(ValueError, match="needs judge="):
+        compute_reward("llm_judge", answer("x"), ["x"])
+
+
+def test_batch_in_thread_pool_matches_one_by_one():
+    responses = [*VALID, *INVALID.values(), answer("1/2"), answer("0.25")]
+    answers = [["Eiffel Tower"]] * (len(responses) - 2) + [["0.5"], ["0.5"]]
+    sources = ["hotpotqa"] * (len(responses) - 2) + ["math", "math"]
+    with SympyWorkerPool(size=2) as pool:
+        batch = compute_rewards(
+            "auto", responses, answers, data_sources=sources, pool=pool, max_workers=4
+        )
+        one_by_one = [
+            compute_reward(
+                reward_for_source(s), r, a, **({"pool": pool} if s == "math" else {})
+            )
+            for r, a, s in zip(responses, answers, sources)
+        ]
+    assert batch == one_by_one
+    assert batch[-2:] == [1.0, 0.0]
+    with pytest.raises(ValueError, match="answer lists"):
+        compute_rewards("qa_f1", responses, answers[:-1])
+
+
+def test_batch_rejects_an_option_no_reward_takes():
+    with pytest.raises(TypeError, match="poool"):
+        compute_rewards("qa_f1", [answer("x")], [["x"]], poool=None)
