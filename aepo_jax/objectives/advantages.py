@@ -1,0 +1,204 @@
+"""Group and batch advantage estimators of spec §3.2, plus DAPO's reward shaping and filter.
+
+Inputs are plain arrays the rollout produces: `rewards [B]` (one outcome
+reward per trajectory), `group_ids [B]` (any ints; equal ids = same prompt, so
+tree branches belong to their prompt's group) and `mask [B, T]`. Groups are
+found with a `[B, B]` same-group matrix, so ids need no remapping and
+everything is jit-compatible. Token advantages are `[B, T]`, zero where
+`mask == 0`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+GROUP_STD_EPS = 1e-6  # spec §3.2: A = (R - mean) / (std + 1e-6)
+WHITEN_EPS = 1e-8
+ENTROPY_ADV_SCOPES = ("batch", "group")
+
+
+def _float(x: jax.Array) -> jax.Array:
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return x.astype(jnp.float32)
+
+
+def same_group_matrix(group_ids: jax.Array) -> jax.Array:
+    """`[B, B]` float, 1 where rows i and j belong to the same prompt group."""
+    group_ids = jnp.asarray(group_ids)
+    if group_ids.ndim != 1:
+        raise ValueError(f"group_ids must be [B], got shape {group_ids.shape}")
+    return (group_ids[:, None] == group_ids[None, :]).astype(jnp.float32)
+
+
+def group_mean_std(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-row group mean, unbiased group std (0 for a group of one) and group size. Each `[B]`."""
+    rewards = _float(rewards)
+    if rewards.ndim != 1 or rewards.shape != jnp.shape(group_ids):
+        raise ValueError(f"rewards must be [B] like group_ids, got {rewards.shape} and "
+                         f"{jnp.shape(group_ids)}")
+    same = same_group_matrix(group_ids).astype(rewards.dtype)  # [B, B]
+    size = jnp.sum(same, axis=1)  # [B]
+    mean = same @ rewards / size
+    sq_dev = same * jnp.square(rewards[None, :] - mean[:, None])  # [B, B]
+    var = jnp.sum(sq_dev, axis=1) / jnp.maximum(size - 1.0, 1.0)
+    return mean, jnp.sqrt(var), size
+
+
+def broadcast_to_tokens(sequence_values: jax.Array, mask: jax.Array) -> jax.Array:
+    """`[B]` per-trajectory values -> `[B, T]`, zero on masked tokens."""
+    mask = _float(mask)
+    return sequence_values[:, None].astype(mask.dtype) * mask
+
+
+def group_relative_advantages(rewards: jax.Array, group_ids: jax.Array,
+                              normalize_std: bool = True) -> jax.Array:
+    """Per-trajectory GRPO advantage `(R - mean_g R) / (std_g R + 1e-6)`, `[B]`.
+
+    Unbiased std; a group of one gets 0 (its mean is its own reward).
+    `normalize_std=False` is Dr. GRPO's `R - mean_g R`.
+    """
+    mean, std, _ = group_mean_std(rewards, group_ids)
+    centered = _float(rewards) - mean
+    return centered / (std + GROUP_STD_EPS) if normalize_std else centered
+
+
+def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """GRPO group advantages broadcast to every valid token. Returns `[B, T]`."""
+    return broadcast_to_tokens(group_relative_advantages(rewards, group_ids), mask)
+
+
+def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """Dr. GRPO: `R - mean_g R`, no std division. Returns `[B, T]`."""
+    return broadcast_to_tokens(group_relative_advantages(rewards, group_ids, False), mask)
+
+
+def masked_whiten(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Whiten over valid tokens of the whole batch: `(x - mean) / sqrt(var + 1e-8)`, unbiased var.
+
+    Returns `[B, T]`, zero where masked.
+    """
+    values, mask = _float(values), _float(mask)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    mean = jnp.sum(values * mask) / count
+    var = jnp.sum(jnp.square(values - mean) * mask) / jnp.maximum(count - 1.0, 1.0)
+    return (values - mean) * jax.lax.rsqrt(var + WHITEN_EPS) * mask
+
+
+def last_valid_token_onehot(mask: jax.Array) -> jax.Array:
+    """`[B, T]` one-hot of each row's last `mask == 1` position (all zero for an empty row)."""
+    mask = _float(mask)
+    positions = jnp.arange(mask.shape[-1])
+    last = jnp.max(jnp.where(mask > 0, positions, -1), axis=-1)  # [B]
+    return (positions[None, :] == last[:, None]).astype(mask.dtype)
+
+
+def reinforce_pp_advantages(
+    rewards: jax.Array,
+    mask: jax.Array,
+    kl: jax.Array | None = None,
+    kl_coef: float = 0.0,
+) -> jax.Array:
+    """Reinforce++: return-to-go (discount 1) of token rewards, whitened over the batch.
+
+    Token reward = outcome reward at the last valid token, minus
+    `kl_coef * kl` on every valid token when `kl` is given (`kl_in_reward`).
+
+    Args:
+      rewards: `[B]` outcome rewards.
+      mask: `[B, T]` policy-token mask.
+      kl: `[B, T]` per-token KL of the sampling policy to the reference, or None.
+      kl_coef: weight of the KL penalty inside the reward.
+    """
+    mask = _float(mask)
+    token_rewards = _float(rewards)[:, None] * last_valid_token_onehot(mask)  # [B, T]
+    if kl is not None:
+        token_rewards = token_rewards - kl_coef * jax.lax.stop_gradient(_float(kl)) * mask
+    returns = jnp.flip(jnp.cumsum(jnp.flip(token_rewards, -1), axis=-1), -1)  # [B, T]
+    return masked_whiten(returns, mask)
+
+
+def reinforce_pp_baseline_advantages(rewards: jax.Array, group_ids: jax.Array,
+                                     mask: jax.Array) -> jax.Array:
+    """Reinforce++-baseline: `R - mean_g R` broadcast to tokens, then batch whitening."""
+    return masked_whiten(dr_grpo_advantages(rewards, group_ids, mask), mask)
+
+
+def entropy_aware_advantages(
+    advantages: jax.Array,
+    entropy: jax.Array,
+    mask: jax.Array,
+    coef: float = 0.2,
+    scope: str = "batch",
+    group_ids: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """AEPO entropy-aware reshape: `A_t * (1 + a * z_t)` (spec §3.2).
+
+    `z_t = (H_t - mean H) / std H` over valid tokens of the batch
+    (`scope="batch"`) or of the token's prompt group (`scope="group"`); std is
+    unbiased, and a std of 0 (or a single token) counts as 1. `H` is detached.
+
+    Returns:
+      `([B, T] advantages, metrics)` with the batch entropy mean and std used.
+    """
+    if scope not in ENTROPY_ADV_SCOPES:
+        raise ValueError(f"unknown entropy_adv_scope {scope!r}; known: {list(ENTROPY_ADV_SCOPES)}")
+    advantages, mask = _float(advantages), _float(mask)
+    entropy = jax.lax.stop_gradient(_float(entropy))
+    if scope == "batch":
+        count = jnp.sum(mask)
+        mean = jnp.sum(entropy * mask) / jnp.maximum(count, 1.0)
+        sq_dev_sum = jnp.sum(jnp.square(entropy - mean) * mask)
+    else:
+        if group_ids is None:
+            raise ValueError("entropy_adv_scope='group' needs group_ids")
+        same = same_group_matrix(group_ids).astype(mask.dtype)  # [B, B]
+        count = same @ jnp.sum(mask, -1)  # [B], valid tokens in each row's group
+        mean = same @ jnp.sum(entropy * mask, -1) / jnp.maximum(count, 1.0)  # [B]
+        # rows of one group share one mean, so per-row squared deviations add up
+        sq_dev_sum = same @ jnp.sum(jnp.square(entropy - mean[:, None]) * mask, -1)  # [B]
+    std = jnp.sqrt(sq_dev_sum / jnp.maximum(count - 1.0, 1.0))
+    std = jnp.where(std > 0, std, 1.0)
+    if scope == "group":
+        mean, std = mean[:, None], std[:, None]  # [B, 1]
+    z = (entropy - mean) / std  # [B, T]
+    metrics = {
+        "entropy_adv_h_mean": jnp.mean(mean),
+        "entropy_adv_h_std": jnp.mean(std),
+        "entropy_adv_z_abs_mean": jnp.sum(jnp.abs(z) * mask) / jnp.maximum(jnp.sum(mask), 1.0),
+    }
+    return advantages * (1.0 + coef * z) * mask, metrics
+
+
+def overlong_penalty(
+    response_lengths: jax.Array,
+    max_response_len: int,
+    buffer_len: int,
+    penalty_factor: float = 1.0,
+) -> jax.Array:
+    """DAPO overlong shaping, added to the reward (spec §3.2). `[B]`.
+
+    `0` if `L <= Lmax - Lc`; `((Lmax - Lc) - L) / Lc` inside the buffer (which
+    reaches `-1` at `L = Lmax`); `-1` beyond `Lmax`; all times `penalty_factor`.
+    """
+    if not 0 < buffer_len <= max_response_len:
+        raise ValueError(f"need 0 < buffer_len <= max_response_len, got {buffer_len}, "
+                         f"{max_response_len}")
+    lengths = _float(response_lengths)
+    expected = max_response_len - buffer_len
+    penalty = jnp.clip((expected - lengths) / buffer_len, -1.0, 0.0)
+    return penalty_factor * penalty
+
+
+def dynamic_sampling_keep(rewards: jax.Array, group_ids: jax.Array) -> jax.Array:
+    """DAPO dynamic-sampling filter: bool `[B]`, False for rows whose group's rewards are all equal.
+
+    Such groups (including groups of one) give every token zero advantage; the
+    rollout drops them and samples more prompts (spec §3.2).
+    """
+    rewards = _float(rewards)
+    same = same_group_matrix(group_ids) > 0  # [B, B]
+    differs = rewards[:, None] != rewards[None, :]
+    return jnp.any(same & differs, axis=1)
