@@ -1,0 +1,408 @@
+"""The multi-turn agent loop: rounds of decode, tool calls, append, branch and top-up.
+
+One round (DESIGN.md "Agent loop", spec sections 2 and 4):
+1. decode every active row to a stop (a tool closing tag, EOS or its budget);
+2. rows that were waiting on a branch decision for the tool result they got in
+   the previous round now know the entropy of the first K tokens after it: ask
+   the branch policy, and fork the decode state of that row *as it was right
+   after the tool result* (a snapshot taken then), so nothing is re-prefilled;
+3. parse the tool calls, run them concurrently through the tool registry,
+   append the tokenised results (mask 0) with the generator's `append`;
+4. drop finished rows, add the round's branches, and start one new global
+   trajectory for each prompt that has no active trajectory and fewer than `k`
+   (top-up); repeat until no row is active.
+Token-in, token-out: trajectories hold exactly the sampled ids and the
+tokenised tool results; nothing is re-tokenised.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from aepo_jax.agent import tags
+from aepo_jax.agent.generator import Generator, forward_tokens
+from aepo_jax.agent.protocol import ToolCall, format_tool_result, parse_last_tool_call
+from aepo_jax.agent.trajectory import (
+    END_ANSWER,
+    END_CONTEXT,
+    END_EOS,
+    END_LENGTH,
+    END_TOOL_LIMIT,
+    Segment,
+    ToolStep,
+    Trajectory,
+)
+from aepo_jax.rollout.entropy import (
+    ENTROPY_MEASURES,
+    segment_entropy,
+    top10_sum_entropy,
+)
+
+BRANCH_BY = ("fork", "prefill")
+
+
+class TextTokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ToolRunner(Protocol):
+    def run_many(self, calls: Sequence[ToolCall]) -> list[Any]: ...  # objects with .text and .ok
+
+
+class BranchPolicy(Protocol):
+    """What a tree strategy tells the loop (implemented in `aepo_jax.rollout`)."""
+
+    def branch_count(self, traj: Trajectory, entropy_now: float, rng: np.random.Generator) -> int:
+        """New trajectories to fork at `traj`'s latest tool result (0: no branch)."""
+        ...
+
+    def end_round(self, new_trajectories: Sequence[int]) -> None:
+        """Told, per prompt, how many trajectories the round just created."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Limits of spec section 4 and the entropy window of section 1."""
+
+    max_tool_calls: int = 6
+    max_response_tokens: int = 4096
+    max_context_len: int = 8192
+    entropy_tokens: int = 20
+    entropy_measure: str = "exact_mean"
+    branch_by: str = "fork"  # "prefill" re-prefills each branch (benchmark baseline only)
+
+    def __post_init__(self) -> None:
+        for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tool_calls < 0:
+            raise ValueError(f"LoopConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if self.entropy_measure not in ENTROPY_MEASURES:
+            raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
+        if self.branch_by not in BRANCH_BY:
+            raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
+
+
+@dataclass
+class RolloutEvent:
+    """A trajectory coming into existence: for the budget invariants and statistics."""
+
+    round: int
+    prompt_index: int
+    traj_id: int
+    kind: str  # "initial", "branch" or "topup"
+    active_before: int  # active trajectories of that prompt when it was created
+
+
+@dataclass
+class LoopResult:
+    groups: list[list[Trajectory]]
+    events: list[RolloutEvent] = field(default_factory=list)
+    rounds: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # forward tokens computed during this run
+    repacks: int = 0  # times the active rows were re-prefilled to make cache room
+
+
+class AgentLoop:
+    """Drives a `Generator` and a tool registry through rounds; see the module docstring."""
+
+    def __init__(
+        self, generator: Generator, tokenizer: TextTokenizer, tools: ToolRunner, config: LoopConfig | None = None
+    ) -> None:
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.config = config or LoopConfig()
+
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        k: int | Sequence[int],
+        initial: int | Sequence[int],
+        *,
+        rng: np.random.Generator,
+        key: jax.Array,
+        policy: BranchPolicy | None = None,
+        existing: Sequence[Sequence[Trajectory]] | None = None,
+    ) -> LoopResult:
+        """Roll out until every prompt has `k` finished trajectories.
+
+        Args:
+          prompts: token ids per prompt (already rendered with the chat template).
+          k: group size per prompt (an int for all).
+          initial: global trajectories to start per prompt before the first round.
+          rng: numpy Generator for every branch decision (alpha draws).
+          key: jax PRNG key, split once per generate call.
+          policy: branch policy; None means no branching (independent sampling).
+          existing: finished trajectories already in each group (AEPO's reused
+            pre-monitoring sample); they count towards `k` and never branch.
+        """
+        num = len(prompts)
+        ks = _per_prompt(k, num, "k")
+        inits = _per_prompt(initial, num, "initial")
+        prompts = [list(map(int, p)) for p in prompts]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) >= self.config.max_context_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, no room under max_context_len={self.config.max_context_len}")
+        groups: list[list[Trajectory]] = [list(g) for g in existing] if existing is not None else [[] for _ in range(num)]
+        if len(groups) != num:
+            raise ValueError(f"existing has {len(groups)} groups for {num} prompts")
+        for i in range(num):
+            if len(groups[i]) + inits[i] > ks[i]:
+                raise ValueError(f"prompt {i}: {len(groups[i])} existing + {inits[i]} initial exceeds k={ks[i]}")
+        start_id = 1 + max((t.traj_id for g in groups for t in g), default=-1)
+        run = _Run(self, prompts, ks, groups, policy, rng, key, itertools.count(start_id))
+        return run.execute(inits)
+
+
+def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
+    values = [int(value)] * num if isinstance(value, int | np.integer) else [int(v) for v in value]
+    if len(values) != num or any(v < 0 for v in values):
+        raise ValueError(f"{name} must be a non-negative int or one per prompt ({num}), got {value}")
+    return values
+
+
+class _Run:
+    """State of one `AgentLoop.run` call."""
+
+    def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids) -> None:
+        self.loop, self.gen, self.cfg = loop, loop.generator, loop.config
+        self.prompts, self.ks, self.groups, self.policy = prompts, ks, groups, policy
+        self.rng, self.key, self.ids = rng, key, ids
+        self.events: list[RolloutEvent] = []
+        self.round = 0
+        self.rows: list[Trajectory] = []  # row i of self.state
+        self.state: Any = None
+        self.pending: dict[int, int] = {}  # traj_id -> row in self.snapshot (awaiting a branch decision)
+        self.snapshot: Any = None
+        self.counters_start = dict(self.gen.counters)
+        self.repacks = 0
+
+    # ----- trajectory creation -------------------------------------------------------------
+    def _active(self, prompt: int) -> int:
+        return sum(1 for t in self.groups[prompt] if not t.finished)
+
+    def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
+        if not prompt_indices:
+            return
+        trajs = []
+        for p in prompt_indices:
+            tid = next(self.ids)
+            self.events.append(RolloutEvent(self.round, p, tid, kind, self._active(p)))
+            traj = Trajectory(traj_id=tid, prompt_index=p, prompt_ids=list(self.prompts[p]), root_id=tid)
+            self.groups[p].append(traj)
+            trajs.append(traj)
+        self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs)
+
+    def _add_rows(self, state: Any, trajs: list[Trajectory]) -> None:
+        self.state = state if self.state is None else self.gen.concat([self.state, state])
+        self.rows.extend(trajs)
+
+    # ----- one round -----------------------------------------------------------------------
+    def execute(self, inits: list[int]) -> LoopResult:
+        self._new_globals([p for p, n in enumerate(inits) for _ in range(n)], "initial")
+        self._top_up()
+        while self.rows:
+            self.round += 1
+            outputs = self._decode()
+            children = self._decide_branches()
+            self._run_tools(outputs)
+            new_per_prompt = [0] * len(self.prompts)
+            self._compact()
+            for child_state, child_trajs in children:
+                self._add_rows(child_state, child_trajs)
+                for t in child_trajs:
+                    new_per_prompt[t.prompt_index] += 1
+            before = len(self.events)
+            self._top_up()
+            for e in self.events[before:]:
+                new_per_prompt[e.prompt_index] += 1
+            if self.policy is not None:
+                self.policy.end_round(new_per_prompt)
+        counters = {name: int(v - self.counters_start.get(name, 0)) for name, v in self.gen.counters.items()}
+        counters["forward_tokens"] = forward_tokens(counters)
+        return LoopResult(self.groups, self.events, self.round, counters, self.repacks)
+
+    def _limit(self, traj: Trajectory) -> int:
+        return min(self.cfg.max_response_tokens - len(traj.response_ids), self.cfg.max_context_len - traj.total_length)
+
+    def _cache_room(self) -> int | None:
+        """Slots left in the generator's lockstep cache, if it reports them (the real Sampler does)."""
+        capacity = getattr(self.gen, "max_cache_len", None)
+        cursor = getattr(self.state, "cursor", None)
+        return None if capacity is None or cursor is None else int(capacity) - int(cursor)
+
+    def _repack_if_needed(self, needed: int) -> None:
+        """Re-prefill the active rows when the shared cache cursor has no room for `needed` more slots.
+
+        Rows share one write cursor, which only grows (concat aligns to the
+        largest); over many rounds it can outrun the cache even though every
+        row is within its own context limit. Re-prefilling the rows' exact ids
+        packs them again; its cost shows in the prefill counter.
+        """
+        room = self._cache_room()
+        if room is None or room >= needed:
+            return
+        self.state = self.gen.prefill([t.prompt_ids + t.response_ids for t in self.rows])
+        self.repacks += 1
+
+    def _decode(self) -> list[tuple[list[int], str]]:
+        """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row."""
+        self.key, sub = jax.random.split(self.key)
+        limits = [self._limit(t) for t in self.rows]
+        self._repack_if_needed(max(limits))
+        room = self._cache_room()
+        if room is not None:
+            limits = [max(0, min(n, room)) for n in limits]
+        self.state, out = self.gen.generate(self.state, limits, sub)
+        results = []
+        top = getattr(out, "top_logprobs", None)
+        for i, traj in enumerate(self.rows):
+            n = int(out.num_tokens[i])
+            ids = [int(x) for x in out.tokens[i, :n]]
+            start = len(traj.response_ids)
+            traj.add_generated(ids, out.logp[i, :n].tolist(), out.entropy[i, :n].tolist())
+            if n > 0:
+                h = self._segment_entropy(traj.entropy[start:], None if top is None else top[i, :n])
+                after_tool = bool(traj.tool_steps) and traj.tool_steps[-1].result_end == start
+                traj.segments.append(Segment(start, start + n, h, after_tool))
+                if traj.h_init is None:
+                    traj.h_init = h
+            results.append((ids, str(out.stop_reason[i])))
+        return results
+
+    def _segment_entropy(self, token_entropy: list[float], top_logprobs: np.ndarray | None) -> float:
+        if self.cfg.entropy_measure == "exact_mean":
+            return segment_entropy(token_entropy, self.cfg.entropy_tokens)
+        if top_logprobs is None:
+            raise ValueError("entropy_measure='top10_sum' needs the generator to return top_logprobs [B, N, 10]")
+        return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
+
+    def _decide_branches(self) -> list[tuple[Any, list[Trajectory]]]:
+        """Branch decisions for rows that got a tool result last round (spec 2.2 step 3)."""
+        if self.policy is None or not self.pending:
+            self.pending, self.snapshot = {}, None
+            return []
+        fork_rows: list[int] = []
+        children: list[Trajectory] = []
+        for traj in self.rows:
+            if traj.traj_id not in self.pending:
+                continue
+            branch_point = traj.tool_steps[-1].result_end if traj.tool_steps else -1
+            segment = traj.segments[-1] if traj.segments else None
+            if segment is None or segment.start != branch_point:
+                continue  # nothing was generated after the tool result: no entropy to judge
+            wanted = self.policy.branch_count(traj, segment.entropy, self.rng)
+            budget = self.ks[traj.prompt_index] - len(self.groups[traj.prompt_index])
+            count = max(0, min(wanted, budget))
+            traj.decisions.append((branch_point, count > 0))
+            for _ in range(count):
+                tid = next(self.ids)
+                self.events.append(RolloutEvent(self.round, traj.prompt_index, tid, "branch", self._active(traj.prompt_index)))
+                child = traj.branch(tid, branch_point)
+                self.groups[traj.prompt_index].append(child)
+                children.append(child)
+                fork_rows.append(self.pending[traj.traj_id])
+        snapshot, self.pending, self.snapshot = self.snapshot, {}, None
+        if not children:
+            return []
+        if self.cfg.branch_by == "fork":
+            return [(self.gen.fork(snapshot, fork_rows), children)]
+        return [(self.gen.prefill([c.prompt_ids + c.response_ids for c in children]), children)]
+
+    def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
+        """Classify each row's stop, run the tool calls concurrently, append their results."""
+        calls: list[tuple[int, ToolCall]] = []
+        malformed: dict[int, str] = {}
+        for i, (ids, stop) in enumerate(outputs):
+            traj = self.rows[i]
+            text = self.loop.tokenizer.decode(ids)
+            if stop == "eos":
+                traj.stop_reason = END_ANSWER if tags.ANSWER_CLOSE in text else END_EOS
+            elif stop == "length":
+                traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
+            elif stop != "stop":
+                raise ValueError(f"generator returned unknown stop_reason {stop!r}")
+            elif _ends_with_answer(text):
+                traj.stop_reason = END_ANSWER
+            elif traj.num_tool_calls >= self.cfg.max_tool_calls:
+                traj.stop_reason = END_TOOL_LIMIT
+            else:
+                call = parse_last_tool_call(text)
+                if call is None:
+                    malformed[i] = "error: the segment ended at a tool closing tag without a complete tool call"
+                else:
+                    calls.append((i, call))
+        results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
+        done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
+        for (i, call), res in zip(calls, results, strict=True):
+            done[i] = (call, str(res.text), bool(res.ok))
+        to_append: list[list[int]] = [[] for _ in self.rows]
+        appended: list[int] = []
+        for i in sorted(done):
+            call, result_text, ok = done[i]
+            traj = self.rows[i]
+            result_ids = list(self.loop.tokenizer.encode(format_tool_result(result_text)))
+            if len(traj.response_ids) + len(result_ids) >= self.cfg.max_response_tokens:
+                traj.stop_reason = END_LENGTH
+                continue
+            if traj.total_length + len(result_ids) >= self.cfg.max_context_len:
+                traj.stop_reason = END_CONTEXT
+                continue
+            start = len(traj.response_ids)
+            traj.add_tool_result(result_ids)
+            tag = call.tag if call is not None else "invalid"
+            content = call.content if call is not None else ""
+            traj.tool_steps.append(ToolStep(tag, content, result_text, ok, start, start + len(result_ids)))
+            to_append[i] = result_ids
+            appended.append(i)
+        if appended:
+            self._repack_if_needed(_next_power_of_two(max(len(to_append[i]) for i in appended)))
+            self.state = self.gen.append(self.state, to_append)
+            if self.policy is not None and self.cfg.branch_by == "fork":
+                self.snapshot = self.gen.fork(self.state, appended)
+            if self.policy is not None:
+                self.pending = {self.rows[i].traj_id: slot for slot, i in enumerate(appended)}
+
+    def _compact(self) -> None:
+        """Drop finished rows (and rows with no budget left) from the decode state."""
+        for traj in self.rows:
+            if not traj.finished and self._limit(traj) <= 0:
+                out_of_response = len(traj.response_ids) >= self.cfg.max_response_tokens
+                traj.stop_reason = END_LENGTH if out_of_response else END_CONTEXT
+        keep = [i for i, t in enumerate(self.rows) if not t.finished]
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.state, self.rows = None, []
+            return
+        self.state = self.gen.fork(self.state, keep)
+        self.rows = [self.rows[i] for i in keep]
+
+    def _top_up(self) -> None:
+        """One new global per prompt with no active trajectory and fewer than k (spec 2.2 step 4)."""
+        short = [p for p in range(len(self.prompts)) if self._active(p) == 0 and len(self.groups[p]) < self.ks[p]]
+        self._new_globals(short, "topup")
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _ends_with_answer(text: str) -> bool:
+    """True when the last tag of the segment closes an answer (a stop at `</answer>`)."""
+    return text.rstrip().endswith(tags.ANSWER_CLOSE)
+

@@ -1,0 +1,1 @@
+"""Rollout strategies (spec section 2): independent sampling, ARPO and AEPO trees."""

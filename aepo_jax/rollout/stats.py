@@ -1,0 +1,114 @@
+"""Tree statistics every rollout reports (spec section 2.4), plus forward-token accounting.
+
+The collapse measure is `top3_branch_fraction`: for each prompt, the branches
+forked by its three most-branched trajectories, summed over prompts and divided
+by all branches (ARPO's paper value: 93.4%). "Forked by" is the trajectory
+that took the branch decision, i.e. the child's `parent_id`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from aepo_jax.agent.trajectory import Trajectory
+
+
+@dataclass
+class RolloutStats:
+    num_prompts: int
+    trajectories_per_prompt: float
+    num_global: int
+    num_branch: int
+    branches_per_trajectory: float  # children forked per trajectory
+    top3_branch_fraction: float  # nan when there are no branches
+    longest_branch_run: int  # longest chain of consecutive branch decisions
+    tool_calls_per_trajectory: float
+    mean_segment_entropy: float  # over each trajectory's own segments (nan if none)
+    num_topups: int  # globals started after the initial ones
+    end_reasons: dict[str, int] = field(default_factory=dict)
+    global_budgets: list[int] | None = None  # AEPO's m per prompt
+    branch_decisions: int = 0
+    rounds: int = 0
+    repacks: int = 0
+    prefill_tokens: int = 0
+    append_tokens: int = 0
+    decode_tokens: int = 0
+    forward_tokens: int = 0  # computed by the generator, pre-monitoring included
+    trajectory_tokens: int = 0  # prompt + response tokens over the finished trajectories
+    branch_prefix_tokens: int = 0  # what re-prefilling every branch's prefix would add
+
+    @property
+    def forward_to_trajectory_ratio(self) -> float:
+        return self.forward_tokens / max(self.trajectory_tokens, 1)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["forward_to_trajectory_ratio"] = self.forward_to_trajectory_ratio
+        return d
+
+
+def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]]) -> float:
+    """Fraction of all branches forked by the three most-branched trajectories of each prompt."""
+    top, total = 0, 0
+    for group in groups:
+        per_parent = Counter(t.parent_id for t in group if not t.is_global)
+        counts = sorted(per_parent.values(), reverse=True)
+        top += sum(counts[:3])
+        total += sum(counts)
+    return top / total if total else float("nan")
+
+
+def longest_run(flags: Sequence[bool]) -> int:
+    best = run = 0
+    for flag in flags:
+        run = run + 1 if flag else 0
+        best = max(best, run)
+    return best
+
+
+def compute_stats(
+    groups: Sequence[Sequence[Trajectory]],
+    runs: Sequence[object] = (),
+    global_budgets: Sequence[int] | None = None,
+    decisions: Sequence[dict] | None = None,
+) -> RolloutStats:
+    """Statistics of one batch of groups; `runs` are the loop results whose counters and events to add up."""
+    trajs = [t for g in groups for t in g]
+    if not trajs:
+        raise ValueError("compute_stats needs at least one trajectory")
+    branches = [t for t in trajs if not t.is_global]
+    own_entropy = [s.entropy for t in trajs for s in t.segments if t.branch_point is None or s.start >= t.branch_point]
+    counters: Counter = Counter()
+    rounds = repacks = topups = 0
+    for run in runs:
+        counters.update(run.counters)
+        rounds += run.rounds
+        repacks += run.repacks
+        topups += sum(1 for e in run.events if e.kind == "topup")
+    return RolloutStats(
+        num_prompts=len(groups),
+        trajectories_per_prompt=len(trajs) / len(groups),
+        num_global=len(trajs) - len(branches),
+        num_branch=len(branches),
+        branches_per_trajectory=len(branches) / len(trajs),
+        top3_branch_fraction=top3_branch_fraction(groups),
+        longest_branch_run=max(longest_run(t.lineage) for t in trajs),
+        tool_calls_per_trajectory=float(np.mean([t.num_tool_calls for t in trajs])),
+        mean_segment_entropy=float(np.mean(own_entropy)) if own_entropy else float("nan"),
+        num_topups=topups,
+        end_reasons=dict(Counter(str(t.stop_reason) for t in trajs)),
+        global_budgets=list(global_budgets) if global_budgets is not None else None,
+        branch_decisions=len(decisions) if decisions is not None else 0,
+        rounds=rounds,
+        repacks=repacks,
+        prefill_tokens=int(counters["prefill_tokens"]),
+        append_tokens=int(counters["append_tokens"]),
+        decode_tokens=int(counters["decode_tokens"]),
+        forward_tokens=int(counters["forward_tokens"]),
+        trajectory_tokens=sum(t.total_length for t in trajs),
+        branch_prefix_tokens=sum(len(t.prompt_ids) + int(t.branch_point) for t in branches),
+    )

@@ -1,0 +1,187 @@
+"""The three rollout strategies behind one interface (spec section 2).
+
+    groups, stats = rollout(prompts, k, loop=loop, config=RolloutConfig(strategy="aepo"), rng=rng, key=key)
+
+`groups[i]` holds exactly `k` finished trajectories of prompt `i`, one
+advantage group; `stats` are the tree statistics of spec section 2.4.
+- `independent`: `k` global samples per prompt (2.1).
+- `arpo`: `initial_rollouts` globals, entropy-change branching, top-ups (2.2).
+- `aepo`: ARPO plus entropy pre-monitoring for the global budget and the
+  consecutive-branch penalty (2.3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from aepo_jax.agent.loop import AgentLoop, LoopResult
+from aepo_jax.agent.trajectory import Trajectory
+from aepo_jax.rollout.branching import PENALTY_SCOPES, decide_branch
+from aepo_jax.rollout.budget import global_sample_budget, premonitor_tool_entropy
+from aepo_jax.rollout.entropy import ENTROPY_MEASURES
+from aepo_jax.rollout.stats import RolloutStats, compute_stats
+
+STRATEGIES = ("independent", "arpo", "aepo")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Strategy parameters; names and defaults follow spec sections 2.2-2.3 and 7."""
+
+    strategy: str = "aepo"
+    initial_rollouts: int | None = None  # ARPO's m (and AEPO's without dynamic_budget); None: k // 2
+    entropy_weight: float = 0.2  # gamma
+    branch_threshold: float = 0.5  # tau
+    branch_width: int = 2  # Z: a branch decision forks Z - 1 new trajectories
+    entropy_tokens: int = 20  # K
+    entropy_measure: str = "exact_mean"  # or "top10_sum" (released code; needs top-10 log-probs)
+    dynamic_budget: bool = True  # AEPO entropy pre-monitoring
+    beta: float = 0.5
+    premonitor_reuse: bool = True  # keep the pre-monitoring sample as the first global
+    penalty_slope: float = 0.05
+    penalty_scope: str = "lineage"  # or "prompt" (released code)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown rollout strategy {self.strategy!r}; choose from {STRATEGIES}")
+        if self.penalty_scope not in PENALTY_SCOPES:
+            raise ValueError(f"unknown penalty_scope {self.penalty_scope!r}; choose from {PENALTY_SCOPES}")
+        if self.entropy_measure not in ENTROPY_MEASURES:
+            raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
+        if self.branch_width < 1:
+            raise ValueError(f"branch_width must be >= 1, got {self.branch_width}")
+        if self.entropy_tokens < 1:
+            raise ValueError(f"entropy_tokens must be >= 1, got {self.entropy_tokens}")
+        if self.penalty_slope < 0:
+            raise ValueError(f"penalty_slope must be >= 0, got {self.penalty_slope}")
+        if self.initial_rollouts is not None and self.initial_rollouts < 1:
+            raise ValueError(f"initial_rollouts must be >= 1, got {self.initial_rollouts}")
+
+    def initial_for(self, k: int) -> int:
+        """Global samples when the budget is fixed: `initial_rollouts`, default `k // 2` (at least 1)."""
+        m = self.initial_rollouts if self.initial_rollouts is not None else k // 2
+        if m > k:
+            raise ValueError(f"initial_rollouts={m} exceeds k={k}")
+        return max(1, m)
+
+
+class EntropyBranchPolicy:
+    """ARPO/AEPO branch decisions (spec 2.2 step 3, 2.3); ARPO is `penalty_slope = 0`.
+
+    Keeps a log of every decision (`log`: dicts with traj_id, prompt_index,
+    consecutive, entropy_change, probability, branched) for statistics and tests.
+    """
+
+    def __init__(
+        self,
+        num_prompts: int,
+        entropy_weight: float,
+        branch_threshold: float,
+        branch_width: int,
+        penalty_slope: float = 0.0,
+        penalty_scope: str = "lineage",
+    ) -> None:
+        if penalty_scope not in PENALTY_SCOPES:
+            raise ValueError(f"unknown penalty_scope {penalty_scope!r}; choose from {PENALTY_SCOPES}")
+        self.entropy_weight = entropy_weight
+        self.branch_threshold = branch_threshold
+        self.branch_width = branch_width
+        self.penalty_slope = penalty_slope
+        self.penalty_scope = penalty_scope
+        self.prompt_counters = [0] * num_prompts
+        self.log: list[dict] = []
+
+    def branch_count(self, traj: Trajectory, entropy_now: float, rng: np.random.Generator) -> int:
+        if traj.h_init is None:
+            raise ValueError(f"trajectory {traj.traj_id} has no H_init: its first segment was never measured")
+        if self.penalty_scope == "lineage":
+            consecutive = traj.consecutive_branchings
+        else:
+            consecutive = self.prompt_counters[traj.prompt_index]
+        change = entropy_now - traj.h_init
+        branched, p = decide_branch(
+            rng, change, self.entropy_weight, self.branch_threshold, consecutive, self.penalty_slope
+        )
+        self.log.append(
+            {"traj_id": traj.traj_id, "prompt_index": traj.prompt_index, "consecutive": consecutive,
+                 "entropy_change": change, "probability": p, "branched": branched}
+        )
+        return self.branch_width - 1 if branched else 0
+
+    def end_round(self, new_trajectories: Sequence[int]) -> None:
+        """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0."""
+        self.prompt_counters = [c + 1 if n > 0 else 0 for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
+
+
+def rollout(
+    prompts: Sequence[Sequence[int]],
+    k: int,
+    *,
+    loop: AgentLoop,
+    config: RolloutConfig,
+    rng: np.random.Generator,
+    key: jax.Array,
+) -> tuple[list[list[Trajectory]], RolloutStats]:
+    """Roll out `k` finished trajectories per prompt with the configured strategy.
+
+    Args:
+      prompts: prompt token ids (rendered with the chat template).
+      k: group size.
+      loop: the agent loop (generator, tokenizer, tools, limits).
+      config: strategy and its parameters.
+      rng: numpy Generator for every branch decision.
+      key: jax PRNG key for sampling.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not prompts:
+        raise ValueError("rollout needs at least one prompt")
+    loop = AgentLoop(
+        loop.generator,
+        loop.tokenizer,
+        loop.tools,
+        dataclasses.replace(loop.config, entropy_tokens=config.entropy_tokens, entropy_measure=config.entropy_measure),
+    )
+    num = len(prompts)
+    runs: list[LoopResult] = []
+    budgets: list[int] | None = None
+    existing = None
+    if config.strategy == "independent":
+        initial = [k] * num
+        policy = None
+    else:
+        slope = config.penalty_slope if config.strategy == "aepo" else 0.0
+        scope = config.penalty_scope if config.strategy == "aepo" else "lineage"
+        policy = EntropyBranchPolicy(num, config.entropy_weight, config.branch_threshold, config.branch_width, slope, scope)
+        initial = [config.initial_for(k)] * num
+        if config.strategy == "aepo" and config.dynamic_budget:
+            key, sub = jax.random.split(key)
+            pre = loop.run(prompts, 1, 1, rng=rng, key=sub)
+            runs.append(pre)
+            budgets = [premonitor_budget(g[0], k, config.beta) for g in pre.groups]
+            if config.premonitor_reuse:
+                existing = pre.groups
+                initial = [m - 1 for m in budgets]
+            else:
+                initial = list(budgets)
+    main = loop.run(prompts, k, initial, rng=rng, key=key, policy=policy, existing=existing)
+    runs.append(main)
+    for i, group in enumerate(main.groups):
+        if len(group) != k or not all(t.finished for t in group):
+            raise RuntimeError(f"prompt {i} ended with {len(group)} trajectories, expected {k} finished ones")
+    stats = compute_stats(main.groups, runs, global_budgets=budgets, decisions=getattr(policy, "log", None))
+    return main.groups, stats
+
+
+def premonitor_budget(traj: Trajectory, k: int, beta: float) -> int:
+    """AEPO's `m` from one complete pre-monitoring trajectory (spec 2.3)."""
+    if not traj.segments:
+        raise ValueError(f"pre-monitoring trajectory {traj.traj_id} generated nothing")
+    h_root = traj.segments[0].entropy
+    h_tool = premonitor_tool_entropy(h_root, [s.entropy for s in traj.segments if s.after_tool])
+    return global_sample_budget(k, h_root, h_tool, beta)
