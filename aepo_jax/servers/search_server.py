@@ -35,7 +35,7 @@ class _SearchHandler(BaseHTTPRequestHandler):
     server: _SearchServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base-class signature
+    def log_message(self, format: str, *args: object) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
@@ -57,10 +57,10 @@ class _SearchHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error}"})
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         self._handle(self._get)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+    def do_POST(self) -> None:
         self._handle(self._post)
 
     def _get(self) -> object:

@@ -1,0 +1,64 @@
+"""LLM-as-judge client (spec §5): ask an OpenAI-compatible `/v1/chat/completions` for a yes/no equivalence verdict."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from aepo_jax.tools.http_client import HttpError, request_with_retries
+
+JUDGE_PROMPT = """You are grading an answer to a question.
+Question: {question}
+Reference answer(s): {gold}
+Candidate answer: {prediction}
+Does the candidate answer mean the same as a reference answer? Reply with exactly one word: yes or no."""
+
+_VERDICT = re.compile(r"\b(yes|no|correct|incorrect|true|false)\b", re.IGNORECASE)
+_POSITIVE = {"yes", "correct", "true"}
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True for yes, False for no (first verdict word wins), None when the reply has neither."""
+    match = _VERDICT.search(text or "")
+    if match is None:
+        return None
+    return match.group(1).lower() in _POSITIVE
+
+
+class LLMJudgeClient:
+    """Judges answer equivalence with a chat model behind an OpenAI-compatible HTTP endpoint.
+
+    Args:
+      url: server base URL (`.../v1/chat/completions` is appended unless already there).
+      model: model name sent in the request.
+      api_key: optional bearer token.
+    """
+
+    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: tuple[float, float] = (2.0, 60.0),
+                 retries: int = 2, backoff_seconds: float = 0.5, max_tokens: int = 8):
+        url = url.rstrip("/")
+        self.endpoint = url if url.endswith("/chat/completions") else url + "/v1/chat/completions"
+        self.model, self.timeout, self.retries = model, timeout, retries
+        self.backoff_seconds, self.max_tokens = backoff_seconds, max_tokens
+        self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def complete(self, prompt: str) -> str:
+        """The assistant message for one user prompt. Raises HttpError saying what failed."""
+        payload = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                   "temperature": 0.0, "max_tokens": self.max_tokens}
+        response = request_with_retries(self.session, "POST", self.endpoint, json=payload, timeout=self.timeout,
+                                        retries=self.retries, backoff_seconds=self.backoff_seconds)
+        if response.status_code != 200:
+            raise HttpError(f"judge answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            return response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise HttpError(f"judge sent an unexpected response: {response.text[:200]}") from error
+
+    def judge(self, question: str, gold: list[str], prediction: str) -> bool | None:
+        """Whether `prediction` matches one of `gold`; None if the reply has no verdict. Raises HttpError."""
+        prompt = JUDGE_PROMPT.format(question=question, gold=" | ".join(gold), prediction=prediction)
+        return parse_verdict(self.complete(prompt))

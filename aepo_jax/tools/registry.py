@@ -1,0 +1,48 @@
+"""Tool registry: tag name -> tool; runs calls one at a time or concurrently (DESIGN "Agent loop")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from aepo_jax.agent.protocol import ToolCall
+from aepo_jax.tools.base import Tool, ToolResult
+
+
+class ToolRegistry:
+    """Maps tag names (`search`, `python`, `browse`) to tools. `run` and `run_many` never raise.
+
+    Args:
+      tools: tag -> tool.
+      max_workers: threads for `run_many`.
+    """
+
+    def __init__(self, tools: Mapping[str, Tool], max_workers: int = 16):
+        self.tools = dict(tools)
+        self.max_workers = max_workers
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
+
+    def run(self, call: ToolCall | None) -> ToolResult:
+        """Run one call; a malformed call, unknown tag or crashing tool becomes result text."""
+        start = time.monotonic()
+        if not isinstance(call, ToolCall):
+            return ToolResult("Tool call failed: no complete tool call was found.", False, 0.0, "bad_call")
+        tool = self.tools.get(call.tag)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(f"Tool call failed: unknown tool <{call.tag}> (available: {known}).", False, 0.0,
+                              "bad_call")
+        try:
+            return tool.run(call.content)
+        except Exception as error:  # noqa: BLE001 - a tool bug must not take the rollout down (spec §4)
+            return ToolResult(f"Tool <{call.tag}> failed: {error.__class__.__name__}: {error}", False,
+                              time.monotonic() - start, "failed")
+
+    def run_many(self, calls: Sequence[ToolCall | None]) -> list[ToolResult]:
+        """Run calls concurrently on the registry's thread pool; results in the order of `calls`."""
+        return list(self._pool.map(self.run, calls))
+
+    def close(self) -> None:
+        """Stop the thread pool (tools own their own resources)."""
+        self._pool.shutdown(wait=True)

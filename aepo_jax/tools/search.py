@@ -1,0 +1,92 @@
+"""Search tool: query the local search server (`POST /retrieve`) and format numbered passages (spec §4).
+
+Queries are cached on disk, keyed by (server URL, query, topk), so evaluation
+is reproducible and a repeated query costs a file read. Only successful
+responses are cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import requests
+
+from aepo_jax.tools.base import ToolResult, truncate
+from aepo_jax.tools.http_client import HttpError, request_with_retries
+
+
+def format_passages(documents: list[dict[str, str]], max_result_chars: int) -> str:
+    """`Doc 1 (Title: ...) text` blocks, each truncated to `max_result_chars`."""
+    if not documents:
+        return "No results found."
+    blocks = []
+    for number, document in enumerate(documents, start=1):
+        title, _, body = document.get("contents", "").partition("\n")
+        blocks.append(truncate(f"Doc {number} (Title: {title.strip()}) {body.strip()}", max_result_chars))
+    return "\n".join(blocks)
+
+
+class SearchTool:
+    """`<search>query</search>` against a Search-R1-style retrieval server.
+
+    Args:
+      url: server base URL, e.g. `http://127.0.0.1:8000`.
+      topk: passages per query.
+      max_result_chars: characters kept per passage (spec §4 default 1000).
+      cache_dir: on-disk query cache; None disables it.
+      timeout: (connect, read) seconds. retries / backoff_seconds: see `request_with_retries`.
+    """
+
+    def __init__(self, url: str, topk: int = 3, max_result_chars: int = 1000, cache_dir: str | None = None,
+                 timeout: tuple[float, float] = (2.0, 30.0), retries: int = 2, backoff_seconds: float = 0.2):
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self.url = url.rstrip("/")
+        self.topk, self.max_result_chars, self.cache_dir = topk, max_result_chars, cache_dir
+        self.timeout, self.retries, self.backoff_seconds = timeout, retries, backoff_seconds
+        self.session = requests.Session()
+        if cache_dir:
+            os.makedirs(cache_dir, exist_ok=True)
+
+    def _cache_path(self, query: str) -> str:
+        key = json.dumps([self.url, query, self.topk], ensure_ascii=False)
+        return os.path.join(self.cache_dir, hashlib.sha256(key.encode()).hexdigest() + ".json")
+
+    def retrieve(self, query: str) -> list[dict[str, str]]:
+        """Documents for one query, from the cache or the server. Raises HttpError on failure."""
+        path = self._cache_path(query) if self.cache_dir else None
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        response = request_with_retries(
+            self.session, "POST", self.url + "/retrieve",
+            json={"queries": [query], "topk": self.topk, "return_scores": False},
+            timeout=self.timeout, retries=self.retries, backoff_seconds=self.backoff_seconds,
+        )
+        if response.status_code != 200:
+            raise HttpError(f"search server answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            documents = response.json()["result"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise HttpError(f"search server sent an unexpected response: {response.text[:200]}") from error
+        if path:
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(documents, f, ensure_ascii=False)
+            os.replace(temporary, path)
+        return documents
+
+    def run(self, content: str) -> ToolResult:
+        """Search for `content`; failures become result text, never exceptions."""
+        start = time.monotonic()
+        query = content.strip()
+        if not query:
+            return ToolResult("Search failed: the query is empty.", False, time.monotonic() - start, "bad_call")
+        try:
+            documents = self.retrieve(query)
+        except (HttpError, OSError, ValueError) as error:
+            return ToolResult(f"Search failed: {error}", False, time.monotonic() - start, "unavailable")
+        return ToolResult(format_passages(documents, self.max_result_chars), True, time.monotonic() - start, "ok")
