@@ -38,6 +38,10 @@ def _byte_level_pre_tokenizer(pre: str):
 class GGUFTokenizer(HFTokenizer):
     """The BPE tokenizer of a GGUF file, behind the `Tokenizer` protocol.
 
+    Characters whose bytes the vocabulary lacks encode to nothing (SmolLM2
+    lacks six ASCII control bytes and UTF-8 lead bytes F1/F2), as in
+    `transformers`' GGUF loader.
+
     Args:
       path: the `.gguf` file.
       chat_format: overrides the chat format read from `tokenizer.chat_template`

