@@ -1,0 +1,88 @@
+"""Tag protocol (spec §4, §5): parsing, formatting, boxed answers, format validation."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aepo_jax.agent.protocol import (
+    ToolCall,
+    extract_boxed_answer,
+    format_tool_call,
+    format_tool_result,
+    parse_last_tool_call,
+    validate_format,
+)
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS, TOOL_TAGS
+
+# Text built from tag fragments and ordinary characters, so tags really occur.
+_PIECES = st.sampled_from([*AGENT_SPECIAL_TOKENS, "\\boxed{", "{", "}", "<", ">", "/", " ", "\n", "x", "42"])
+tagged_text = st.one_of(st.text(), st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40).map("".join))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tagged_text)
+def test_nothing_raises_on_arbitrary_text(text):
+    call = parse_last_tool_call(text)
+    assert call is None or call.tag in TOOL_TAGS
+    answer = extract_boxed_answer(text)
+    assert answer is None or isinstance(answer, str)
+    ok, reason = validate_format(text)
+    assert isinstance(ok, bool) and (ok == (reason == ""))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tagged_text, st.sampled_from(TOOL_TAGS), st.text())
+def test_parse_round_trips_a_formatted_call(prefix, tag, content):
+    content = content.replace(f"<{tag}>", "").replace(f"</{tag}>", "")
+    call = ToolCall(tag, content)
+    assert parse_last_tool_call(prefix + format_tool_call(call)) == ToolCall(tag, content.strip())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=20), st.integers(0, 3))
+def test_boxed_answer_round_trips_with_nested_braces(inner, depth):
+    value = "{" * depth + inner + "}" * depth
+    assert extract_boxed_answer(f"<think>t</think><answer>so \\boxed{{{value}}}.</answer>") == value
+
+
+def test_parse_takes_the_last_complete_call_and_ignores_an_unfinished_one():
+    text = "<search>first</search> <result>\nr\n</result> <python> print(2) </python> <search>unfinished"
+    assert parse_last_tool_call(text) == ToolCall("python", "print(2)")
+    assert parse_last_tool_call("<search>no close") is None
+    assert parse_last_tool_call("just text </python>") is None
+    assert parse_last_tool_call("<browse>doc-7</browse>") == ToolCall("browse", "doc-7")
+
+
+def test_format_tool_result_is_exactly_the_spec_string():
+    assert format_tool_result("hits") == " <result>\nhits\n</result>"
+
+
+def test_boxed_answer_comes_from_the_last_answer_block():
+    assert extract_boxed_answer("<answer>\\boxed{1}</answer> <answer>\\boxed{\\frac{1}{2}}</answer>") == "\\frac{1}{2}"
+    assert extract_boxed_answer("\\boxed{5} outside any answer") is None
+    assert extract_boxed_answer("<answer>no box</answer>") is None
+    assert extract_boxed_answer("<answer>\\boxed{unclosed</answer>") is None
+
+
+GOOD = ("<think>plan</think><search>capital of France</search>" + format_tool_result("Doc 1 Paris <answer>")
+        + "<think>so</think><answer>It is \\boxed{Paris}</answer>")
+
+
+@pytest.mark.parametrize(
+    "text, reason_part",
+    [
+        ("<think>a<answer>\\boxed{1}</answer>", "<think>"),
+        ("<think>a</think></think><answer>\\boxed{1}</answer>", "<think>"),
+        ("<think>a</think>", "exactly one <answer>"),
+        ("<answer>\\boxed{1}</answer><answer>\\boxed{2}</answer>", "exactly one <answer>"),
+        ("<think>a</think> <result>\nx\n</result><answer>\\boxed{1}</answer>", "not preceded by a tool call"),
+        ("<answer>the answer is 1</answer>", "\\boxed{}"),
+    ],
+)
+def test_validate_format_rejects_each_rule_of_spec_5(text, reason_part):
+    ok, reason = validate_format(text)
+    assert not ok and reason_part in reason
+
+
+def test_validate_format_accepts_a_good_trajectory_and_ignores_tags_inside_results():
+    assert validate_format(GOOD) == (True, "")

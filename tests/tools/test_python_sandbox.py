@@ -1,0 +1,142 @@
+"""Python sandbox against hostile programs (issue 4): every one ends with a clear result inside its limits."""
+
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from aepo_jax.tools import PythonSandbox, PythonTool, SandboxLimits
+
+LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_bytes=256 << 20, file_bytes=1 << 20,
+                       max_processes=16, max_output_bytes=4096)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with PythonSandbox(LIMITS, pool_size=2) as box:
+        yield box
+
+
+def test_trivial_call_runs_and_prints(sandbox):
+    result = sandbox.run("print(1 + 1)")
+    assert (result.status, result.stdout, result.exit_code) == ("ok", "2\n", 0)
+
+
+def test_isolation_is_reported_honestly(sandbox):
+    result = sandbox.run("print('x')")
+    assert result.network_isolated == bool(sandbox.namespace_command)
+    assert result.isolation == sandbox.isolation
+
+
+def test_infinite_loop_hits_the_cpu_limit(sandbox):
+    result = sandbox.run("while True:\n    pass")
+    assert result.status == "timeout" and "limit" in result.traceback
+    assert result.seconds < LIMITS.wall_seconds + 1.5
+
+
+def test_sleeping_forever_hits_the_wall_limit(sandbox):
+    result = sandbox.run("import time\ntime.sleep(60)")
+    assert result.status == "timeout" and "wall-clock" in result.traceback
+    assert result.seconds < LIMITS.wall_seconds + 1.5
+
+
+def test_memory_bomb_fails_with_memory_error(sandbox):
+    result = sandbox.run("blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))")
+    assert result.status == "error" and "MemoryError" in result.traceback
+
+
+def test_fork_bomb_is_contained_and_cleaned_up(sandbox):
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    before = time.monotonic()
+    result = sandbox.run(code)
+    assert result.status in ("timeout", "killed")
+    assert time.monotonic() - before < LIMITS.wall_seconds + 3
+    # Nothing of it survives: a fresh call works and no bomb process is left.
+    assert sandbox.run("print('alive')").stdout == "alive\n"
+    if sandbox.cgroup_root:  # idle workers hold 2 processes (unshare, python); a surviving bomb would hold more
+        for name in os.listdir(sandbox.cgroup_root):
+            if name.startswith(f"aepo-sandbox-{os.getpid()}-"):
+                with open(os.path.join(sandbox.cgroup_root, name, "pids.current")) as f:
+                    assert int(f.read()) <= 2
+
+
+def test_huge_file_is_stopped_by_the_file_size_limit(sandbox):
+    result = sandbox.run("with open('big', 'wb') as f:\n    f.write(b'x' * (8 << 20))")
+    assert result.status == "error" and "File too large" in result.traceback
+
+
+def test_megabytes_of_output_are_truncated(sandbox):
+    result = sandbox.run("print('a' * 5_000_000)")
+    assert result.status == "ok" and result.stdout_truncated
+    assert len(result.stdout) == LIMITS.max_output_bytes
+
+
+def test_no_secret_from_the_parent_environment_leaks(sandbox, monkeypatch):
+    monkeypatch.setenv("AEPO_TEST_SECRET", "hunter2")
+    result = sandbox.run("import os\nprint(dict(os.environ))")
+    assert result.status == "ok" and "hunter2" not in result.stdout and "AEPO_TEST_SECRET" not in result.stdout
+
+
+def test_socket_to_a_local_listener_gets_nowhere(sandbox):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    try:
+        result = sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('in')")
+        if not sandbox.network_isolated:
+            pytest.skip("no network namespace on this platform; the result says so")
+        assert result.status == "error" and "OSError" in result.traceback
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_killing_the_parent_does_not_reach_the_caller(sandbox):
+    result = sandbox.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert result.status in ("ok", "killed", "error")
+    assert sandbox.run("print(3)").stdout == "3\n"  # we are still here, and so is the pool
+
+
+def test_sys_exit_and_syntax_error_are_reported(sandbox):
+    assert sandbox.run("import sys\nsys.exit(0)").status == "ok"
+    result = sandbox.run("import sys\nsys.exit(3)")
+    assert (result.status, result.exit_code) == ("error", 3)
+    result = sandbox.run("def broken(:\n    pass")
+    assert result.status == "error" and "SyntaxError" in result.traceback
+
+
+def test_exception_reports_the_last_traceback_lines(sandbox):
+    result = sandbox.run("def f():\n    raise ValueError('bad value')\nf()")
+    assert result.status == "error" and result.traceback.endswith("ValueError: bad value")
+    assert "sandbox_worker" not in result.traceback
+
+
+def test_calls_share_no_state_and_workdirs_are_removed(sandbox):
+    first = sandbox.run("import os\nopen('mark', 'w').write('1')\nGLOBAL = 1\nprint(os.getcwd())")
+    second = sandbox.run("import os\nprint(os.path.exists('mark'), 'GLOBAL' in globals(), os.getcwd())")
+    assert second.stdout.split()[:2] == ["False", "False"]
+    assert not os.path.exists(first.stdout.strip())
+
+
+def test_many_threads_call_concurrently(sandbox):
+    codes = [f"print({i} * {i})" for i in range(12)]
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(sandbox.run, codes))
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(12)]
+    assert threading.active_count() < 50
+
+
+def test_python_tool_turns_failures_into_text(sandbox):
+    tool = PythonTool(sandbox)
+    ok = tool.run("print(6 * 7)")
+    assert (ok.ok, ok.text, ok.status) == (True, "42", "ok")
+    bad = tool.run("1 / 0")
+    assert not bad.ok and "ZeroDivisionError" in bad.text and bad.status == "error"
+    slow = tool.run("import time\ntime.sleep(30)")
+    assert not slow.ok and slow.status == "timeout" and "timeout" in slow.text
