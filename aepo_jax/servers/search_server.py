@@ -57,11 +57,29 @@ class _SearchHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {error}"})
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (malformed request line, oversize headers) as JSON too."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # an unparsable request line; answer with headers anyway
+            self.request_version = "HTTP/1.0"
+        try:
+            self._send(HTTPStatus(code), {"error": message or HTTPStatus(code).phrase})
+        except (ValueError, OSError):
+            pass
+
     def do_GET(self) -> None:
         self._handle(self._get)
 
     def do_POST(self) -> None:
         self._handle(self._post)
+
+    def _method_not_allowed(self) -> None:
+        def refuse() -> object:
+            raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not supported; use GET or POST")
+
+        self._handle(refuse)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _method_not_allowed
 
     def _get(self) -> object:
         path = urllib.parse.urlsplit(self.path).path

@@ -107,7 +107,22 @@ def probe_pids_cgroup(root: str = "/sys/fs/cgroup/pids") -> str:
         os.rmdir(probe)
     except OSError:
         return ""
+    if ok:
+        _remove_stale_cgroups(root)
     return root if ok else ""
+
+
+def _remove_stale_cgroups(root: str) -> None:
+    """Remove empty worker cgroups left by sandbox owners that died without closing."""
+    for name in os.listdir(root):
+        parts = name.split("-")
+        if len(parts) != 4 or parts[:2] != ["aepo", "sandbox"] or not parts[2].isdigit():
+            continue
+        if not os.path.exists(f"/proc/{parts[2]}"):
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
 
 
 def _remove_cgroup(path: str) -> None:
