@@ -168,3 +168,32 @@ class ScriptedGenerator:
     def row_ids(state: ScriptedState, row: int) -> list[int]:
         """Everything row `row` holds (prompt, generated and appended ids), for checks."""
         return list(state.rows[row].ids)
+
+
+def tool_use_script(
+    tokenizer: ByteTokenizer,
+    tool_probability: float = 0.7,
+    max_calls: int = 4,
+    entropy: Callable[[np.random.Generator], float] | None = None,
+    tools: Sequence[str] = ("search", "python"),
+) -> Script:
+    """A script whose rows think, call a tool with `tool_probability` (at most `max_calls` times), then answer.
+
+    Every token of a segment gets the same entropy, drawn per segment from
+    `entropy(rng)` (default U(0, 2)), so a segment's entropy is known exactly.
+    """
+    result_id = tokenizer.token_to_id("<result>")
+
+    def script(ids: list[int], rng: np.random.Generator) -> ScriptedSegment:
+        calls = ids.count(result_id)
+        h = float(entropy(rng)) if entropy is not None else float(rng.uniform(0.0, 2.0))
+        think = "<think>" + "r" * int(rng.integers(1, 6)) + "</think>"
+        if calls < max_calls and rng.uniform() < tool_probability:
+            tag = tools[int(rng.integers(len(tools)))]
+            text = f"{think}<{tag}>q{calls}</{tag}>"
+        else:
+            text = think + "<answer>\\boxed{" + str(int(rng.integers(10))) + "}</answer>"
+        tokens = tokenizer.encode(text)
+        return ScriptedSegment(tokens, [h] * len(tokens), "stop")
+
+    return script

@@ -74,7 +74,7 @@ class EntropyBranchPolicy:
     """ARPO/AEPO branch decisions (spec 2.2 step 3, 2.3); ARPO is `penalty_slope = 0`.
 
     Keeps a log of every decision (`log`: dicts with traj_id, prompt_index,
-    consecutive, entropy_change, probability, branched) for statistics and tests.
+    consecutive, entropy_change, probability, branched, round) for statistics and tests.
     """
 
     def __init__(
@@ -94,6 +94,7 @@ class EntropyBranchPolicy:
         self.penalty_slope = penalty_slope
         self.penalty_scope = penalty_scope
         self.prompt_counters = [0] * num_prompts
+        self.rounds_ended = 0
         self.log: list[dict] = []
 
     def branch_count(self, traj: Trajectory, entropy_now: float, rng: np.random.Generator) -> int:
@@ -109,13 +110,14 @@ class EntropyBranchPolicy:
         )
         self.log.append(
             {"traj_id": traj.traj_id, "prompt_index": traj.prompt_index, "consecutive": consecutive,
-                 "entropy_change": change, "probability": p, "branched": branched}
+                 "entropy_change": change, "probability": p, "branched": branched, "round": self.rounds_ended + 1}
         )
         return self.branch_width - 1 if branched else 0
 
     def end_round(self, new_trajectories: Sequence[int]) -> None:
         """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0."""
         self.prompt_counters = [c + 1 if n > 0 else 0 for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
+        self.rounds_ended += 1
 
 
 def rollout(

@@ -1,0 +1,71 @@
+"""Agent prompts: the system prompt that explains the tags, rendered with the model's chat template.
+
+Both the system prompt text and whether one is used at all are configurable;
+the rendering goes through the tokenizer's own `apply_chat_template`, so the
+ids are exactly what the model sees (spec section 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from aepo_jax.agent.tags import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a research assistant that answers questions by reasoning and using tools.\n"
+    f"Think inside {THINK_OPEN} ... {THINK_CLOSE}.\n"
+    "To search the knowledge corpus, write <search>your query</search>.\n"
+    "To run Python (print what you need), write <python>your code</python>.\n"
+    "To read a whole document, write <browse>document id or url</browse>.\n"
+    f"Each tool's output comes back inside {RESULT_OPEN} ... {RESULT_CLOSE}.\n"
+    "Call one tool at a time and wait for its result.\n"
+    f"When you know the answer, write {ANSWER_OPEN}\\boxed{{your answer}}{ANSWER_CLOSE}."
+)
+
+
+class ChatTokenizer(Protocol):
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """`system_prompt=None` renders the user turn alone (for templates without a system role)."""
+
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    question_template: str = "{question}"
+
+    def __post_init__(self) -> None:
+        if "{question}" not in self.question_template:
+            raise ValueError(f"question_template must contain '{{question}}', got {self.question_template!r}")
+
+
+def build_messages(question: str, config: PromptConfig = PromptConfig()) -> list[dict[str, str]]:
+    """Chat messages for one question: optional system turn, then the user turn."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string, got {question!r}")
+    messages = []
+    if config.system_prompt:
+        messages.append({"role": "system", "content": config.system_prompt})
+    messages.append({"role": "user", "content": config.question_template.format(question=question)})
+    return messages
+
+
+def render_prompt(tokenizer: ChatTokenizer, question: str, config: PromptConfig = PromptConfig()) -> list[int]:
+    """Prompt token ids: the chat template applied to `build_messages`, with the generation prompt."""
+    return list(tokenizer.apply_chat_template(build_messages(question, config), add_generation_prompt=True))
+
+
+def render_prompts(
+    tokenizer: ChatTokenizer, questions: Sequence[str], config: PromptConfig = PromptConfig()
+) -> list[list[int]]:
+    """`render_prompt` for a batch of questions."""
+    return [render_prompt(tokenizer, q, config) for q in questions]
