@@ -1,0 +1,241 @@
+"""Rows of the dataset layouts users have, turned into our example dicts.
+
+An example is `{"id": str, "question": str, "answers": list[str],
+"data_source": str}` (docs/interfaces.md). Layouts:
+
+- `arpo`: the released ARPO/AEPO training files. The question is `question`,
+  `problem` or `prompt` (a string, or a chat message list as exported from
+  verl parquet files: the last user message is used); the gold answer(s) are
+  `answer`, `answers`, `golden_answers` or `reward_model.ground_truth`
+  (a string, a list, or `{"target": ...}`); `data_source` tags the source.
+- `gsm8k`: `question`, `answer` whose final line is `#### N`.
+- `math`: `problem`, `solution` with the answer in the last `\\boxed{}`
+  (or an explicit `answer` field).
+- `multihop`: `question`, `answer`, optional `aliases` (more gold answers).
+- `auto`: pick one of the above from the keys of each row.
+
+Files are JSONL (one object per line, also what a parquet export writes) or
+`.parquet` (read with pyarrow if installed). Errors name the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+Example = dict[str, Any]
+LAYOUTS = ("auto", "arpo", "gsm8k", "math", "multihop")
+_GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+class DatasetFormatError(ValueError):
+    """A row that does not fit its layout; the message names the file and line."""
+
+
+def decode_text(value: Any) -> str:
+    """Text from tfds (bytes) or from JSON (str): the one place where bytes become str."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalar
+        return decode_text(value.item())
+    return str(value)
+
+
+def decode_example(raw: Mapping[str, Any]) -> Example:
+    """An example as read back from tfds (bytes, numpy arrays) in our plain-Python form."""
+    return {
+        "id": decode_text(raw["id"]),
+        "question": decode_text(raw["question"]),
+        "answers": [decode_text(a) for a in raw["answers"]],
+        "data_source": decode_text(raw["data_source"]),
+    }
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number from 1, row dict) for each row of a JSONL or parquet file; blank lines skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(
+                f"reading {path} needs pyarrow; or export it to JSONL"
+            ) from exc
+        for index, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield index, row
+        return
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetFormatError(
+                    f"{path}:{line_no}: not valid JSON ({exc.msg})"
+                ) from exc
+            if not isinstance(row, dict):
+                raise DatasetFormatError(
+                    f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}"
+                )
+            yield line_no, row
+
+
+def detect_layout(row: Mapping[str, Any]) -> str:
+    """Guess the layout of one row from its keys."""
+    if "problem" in row and "solution" in row and "answer" not in row:
+        return "math"
+    if isinstance(row.get("answer"), str) and "####" in row["answer"]:
+        return "gsm8k"
+    if "aliases" in row:
+        return "multihop"
+    return "arpo"
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(m, Mapping) for m in prompt)
+    ):
+        users = [m for m in prompt if m.get("role") == "user"] or prompt
+        return str(users[-1].get("content", ""))
+    raise TypeError(
+        f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
+    )
+
+
+def _answer_list(value: Any) -> list[str]:
+    if isinstance(value, Mapping) and "target" in value:
+        value = value["target"]
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [str(value)]
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, (str, int, float)) for v in value)
+    ):
+        return [str(v) for v in value]
+    raise TypeError(
+        f"answer must be a string, a number or a non-empty list of them, got {value!r:.80}"
+    )
+
+
+def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = row.get(key)
+        if value is not None:
+            return value
+    raise KeyError(
+        f"none of the fields {list(keys)} is present (row has {sorted(row)})"
+    )
+
+
+def _arpo(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    question = _prompt_text(_first(row, ("question", "problem", "prompt")))
+    reward_model = row.get("reward_model")
+    nested = (
+        {"ground_truth": reward_model.get("ground_truth")}
+        if isinstance(reward_model, Mapping)
+        else {}
+    )
+    answers = _answer_list(
+        _first(
+            {**nested, **row}, ("answers", "golden_answers", "answer", "ground_truth")
+        )
+    )
+    return question, answers
+
+
+def _gsm8k(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    solution = str(_first(row, ("answer",)))
+    match = _GSM8K_FINAL.search(solution)
+    if not match:
+        raise ValueError("GSM8K-style answer has no '#### N' final line")
+    return str(_first(row, ("question",))), [match.group(1).replace(",", "").strip()]
+
+
+def _math(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    from aepo_jax.rewards.answer_rewards import last_boxed
+
+    problem = str(_first(row, ("problem", "question")))
+    if row.get("answer") is not None:
+        return problem, _answer_list(row["answer"])
+    boxed = last_boxed(str(_first(row, ("solution",))))
+    if boxed is None:
+        raise ValueError("MATH-style solution has no \\boxed{} answer")
+    return problem, [boxed.strip()]
+
+
+def _multihop(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    answers = _answer_list(_first(row, ("answer", "answers")))
+    aliases = _answer_list(row["aliases"]) if row.get("aliases") else []
+    answers += [alias for alias in aliases if alias not in answers]
+    return str(_first(row, ("question",))), answers
+
+
+_PARSERS = {"arpo": _arpo, "gsm8k": _gsm8k, "math": _math, "multihop": _multihop}
+
+
+def example_from_row(
+    row: Mapping[str, Any],
+    *,
+    layout: str,
+    data_source: str,
+    where: str,
+    fallback_id: str | None = None,
+) -> Example:
+    """Turn one row into an example; `where` ("file:line") goes into any error message.
+
+    Args:
+      row: the parsed JSON object.
+      layout: one of `LAYOUTS`.
+      data_source: tag used when the row has no `data_source` field.
+      where: location for error messages.
+      fallback_id: id for rows without `id`/`idx`/`extra_info.index` (default `where`).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown dataset layout {layout!r}; choose one of {LAYOUTS}")
+    chosen = detect_layout(row) if layout == "auto" else layout
+    try:
+        question, answers = _PARSERS[chosen](row)
+    except (KeyError, TypeError, ValueError) as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise DatasetFormatError(
+            f"{where}: row does not fit the {chosen!r} layout: {message}"
+        ) from exc
+    if not question.strip():
+        raise DatasetFormatError(f"{where}: empty question")
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+    row_id = row.get("id", row.get("idx", extra.get("index")))
+    return {
+        "id": str(row_id) if row_id is not None else (fallback_id or where),
+        "question": question,
+        "answers": answers,
+        "data_source": str(row.get("data_source") or data_source),
+    }
+
+
+def read_examples(
+    path: str | Path, *, layout: str = "auto", data_source: str | None = None
+) -> list[Example]:
+    """Every example of a JSONL/parquet file (data source defaults to the file's stem)."""
+    path = Path(path)
+    source = data_source or path.stem
+    return [
+        example_from_row(
+            row,
+            layout=layout,
+            data_source=source,
+            where=f"{path}:{line_no}",
+            fallback_id=f"{source}-{line_no}",
+        )
+        for line_no, row in iter_rows(path)
+    ]

@@ -1,0 +1,65 @@
+"""Build a tfds dataset from local files, then read it back in a fresh process."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aepo_jax.data.demo_datasets import DEMO_DIR
+from aepo_jax.data.records import DatasetFormatError, read_examples
+from aepo_jax.data.tfds_builder import load_prepared, prepare_local_dataset
+
+READ_BACK = """
+import json, sys
+from aepo_jax.data.tfds_builder import load_prepared
+print(json.dumps({split: load_prepared(sys.argv[1], split) for split in ("train", "test")}))
+"""
+
+
+def by_id(examples):
+    return sorted(examples, key=lambda e: e["id"])
+
+
+def test_build_then_read_back_in_a_fresh_process(tmp_path):
+    splits = {
+        "train": DEMO_DIR / "arithmetic.jsonl",
+        "test": DEMO_DIR / "fractions.jsonl",
+    }
+    builder = prepare_local_dataset("demo_math", splits, tmp_path / "tfds")
+    result = subprocess.run(
+        [sys.executable, "-c", READ_BACK, str(builder.data_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    read_back = json.loads(result.stdout.strip().splitlines()[-1])
+    for split, path in splits.items():
+        expected = read_examples(path)
+        assert len(read_back[split]) == len(expected)
+        assert by_id(read_back[split]) == by_id(expected)
+    # Preparing again reuses the files on disk.
+    again = prepare_local_dataset("demo_math", splits, tmp_path / "tfds")
+    assert by_id(load_prepared(again.data_path, "test")) == by_id(
+        read_examples(splits["test"])
+    )
+
+
+def test_missing_source_file_and_bad_row(tmp_path):
+    with pytest.raises(FileNotFoundError, match="split 'train'.*nowhere.jsonl"):
+        prepare_local_dataset(
+            "x", {"train": tmp_path / "nowhere.jsonl"}, tmp_path / "tfds"
+        )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"question": "q", "answer": "a"})
+        + "\n"
+        + json.dumps({"question": "q"})
+        + "\n"
+    )
+    with pytest.raises(DatasetFormatError, match="bad.jsonl:2"):
+        prepare_local_dataset("bad", {"train": bad}, tmp_path / "tfds")
+    with pytest.raises(FileNotFoundError, match="dataset_info.json"):
+        load_prepared(Path(tmp_path / "tfds" / "nothing"))
