@@ -8,6 +8,13 @@ from aepo_jax.models.config import (
     get_preset,
 )
 from aepo_jax.models.decoder import Decoder, DecoderBlock
+from aepo_jax.models.hf_checkpoint import (
+    hf_tensors_from_model,
+    load_hf_checkpoint,
+    model_from_hf_tensors,
+    read_safetensors,
+    save_hf_checkpoint,
+)
 from aepo_jax.models.kv_cache import KVCache
 
 __all__ = [
@@ -19,4 +26,9 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "get_preset",
+    "hf_tensors_from_model",
+    "load_hf_checkpoint",
+    "model_from_hf_tensors",
+    "read_safetensors",
+    "save_hf_checkpoint",
 ]

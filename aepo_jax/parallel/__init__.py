@@ -1,0 +1,22 @@
+"""Device meshes and logical-axis sharding of model state and batches."""
+
+from aepo_jax.parallel.mesh import MESH_AXES, make_mesh
+from aepo_jax.parallel.sharding import (
+    LOGICAL_AXIS_RULES,
+    batch_sharding,
+    logical_to_spec,
+    named_sharding,
+    shard_state,
+    state_shardings,
+)
+
+__all__ = [
+    "LOGICAL_AXIS_RULES",
+    "MESH_AXES",
+    "batch_sharding",
+    "logical_to_spec",
+    "make_mesh",
+    "named_sharding",
+    "shard_state",
+    "state_shardings",
+]

@@ -1,0 +1,46 @@
+"""Device mesh construction with the three named axes `data`, `fsdp`, `tensor`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+    """A mesh over `devices` (default: all) with axes (data, fsdp, tensor) and Auto axis types.
+
+    `shape` gives each axis size; missing axes are 1 and one axis may be -1 to
+    take the remaining devices. Auto axes let jit-compiled code propagate
+    shardings from its arguments (GSPMD), so model code needs no annotations.
+    """
+    unknown = sorted(set(shape) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}; the mesh axes are {list(MESH_AXES)}")
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = {axis: int(shape.get(axis, 1)) for axis in MESH_AXES}
+    free = [axis for axis, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {free} in {dict(shape)}")
+    bad = {axis: size for axis, size in sizes.items() if size == 0 or size < -1}
+    if bad:
+        raise ValueError(f"mesh axis sizes must be positive or -1, got {bad}")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if len(devices) % fixed:
+        raise ValueError(f"mesh shape {dict(shape)} (product {fixed}) does not divide the {len(devices)} devices")
+    if free:
+        sizes[free[0]] = len(devices) // fixed
+    elif fixed != len(devices):
+        raise ValueError(
+            f"mesh shape {dict(shape)} uses {fixed} devices but {len(devices)} are available; "
+            "use -1 on one axis to take the rest, or pass devices="
+        )
+    return jax.make_mesh(
+        tuple(sizes[axis] for axis in MESH_AXES),
+        MESH_AXES,
+        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+        devices=devices,
+    )
