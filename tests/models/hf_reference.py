@@ -8,20 +8,20 @@ LLAMA3_SCALING = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,
 }
-COMMON = dict(
-    vocab_size=97, hidden_size=64, num_hidden_layers=2, intermediate_size=96, rms_norm_eps=1e-5,
-    max_position_embeddings=128,
-)
+COMMON = {
+    "vocab_size": 97, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 128,
+}
 HF_CASES = {
-    "llama_untied_gqa_rope_scaling": (transformers.LlamaConfig, dict(
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500000.0,
-        rope_scaling=LLAMA3_SCALING)),
-    "llama_tied_mha": (transformers.LlamaConfig, dict(
-        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True, rope_theta=10000.0)),
-    "qwen2_bias_gqa": (transformers.Qwen2Config, dict(
-        num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)),
-    "qwen3_qk_norm_head_dim": (transformers.Qwen3Config, dict(
-        num_attention_heads=6, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False, rope_theta=1e6)),
+    "llama_untied_gqa_rope_scaling": (transformers.LlamaConfig, {
+        "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": False, "rope_theta": 500000.0,
+        "rope_scaling": LLAMA3_SCALING}),
+    "llama_tied_mha": (transformers.LlamaConfig, {
+        "num_attention_heads": 4, "num_key_value_heads": 4, "tie_word_embeddings": True, "rope_theta": 10000.0}),
+    "qwen2_bias_gqa": (transformers.Qwen2Config, {
+        "num_attention_heads": 4, "num_key_value_heads": 1, "tie_word_embeddings": True, "rope_theta": 1e6, "rms_norm_eps": 1e-6}),
+    "qwen3_qk_norm_head_dim": (transformers.Qwen3Config, {
+        "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 24, "tie_word_embeddings": False, "rope_theta": 1e6}),
 }
 MODEL_CLASSES = {
     transformers.LlamaConfig: transformers.LlamaForCausalLM,
