@@ -165,6 +165,8 @@ def gguf_hf_tensors(reader: Any, hf_config: dict[str, Any], path: str | os.PathL
                 raise ValueError(f"{path}: unexpected GGUF tensor {tensor.name!r} for architecture {arch!r}")
             hf_name = f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
         values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if not values.flags.writeable:  # float32 tensors come back as views of the read-only file map
+            values = values.copy()
         expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF dims are innermost first
         if values.shape != expected:
             values = values.reshape(expected)
