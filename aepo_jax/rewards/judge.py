@@ -21,10 +21,13 @@ def llm_judge_reward(
     question: str = "",
     require_format: bool = True,
 ) -> float:
-    """-1 bad format, else the judge's verdict (1.0 correct, 0.0 wrong) on the boxed answer.
+    """-1 bad format, else the judge's verdict (1.0 correct, 0.0 wrong or no verdict) on the boxed answer.
+
+    HTTP failures of the judge propagate (`aepo_jax.tools.http_client.HttpError`):
+    an unreachable judge is a configuration problem, not a wrong answer.
 
     Args:
-      judge: an `aepo_jax.tools.LLMJudgeClient` (anything with the same `judge` method).
+      judge: an `aepo_jax.tools.LLMJudgeClient` (or anything with its `judge(question, gold, prediction)`).
       question: the question text, shown to the judge.
     """
     if judge is None:
@@ -35,4 +38,5 @@ def llm_judge_reward(
     if answer is None:
         return FORMAT_PENALTY
     gold = [answers] if isinstance(answers, str) else list(answers)
-    return float(judge.judge(question=question, prediction=answer, answers=gold))
+    verdict = judge.judge(question=question, gold=gold, prediction=answer)
+    return 1.0 if verdict else 0.0  # a reply with no verdict (None) scores as wrong
