@@ -1,0 +1,65 @@
+"""Tool registry: tag dispatch, concurrency with order preserved, and every failure as result text."""
+
+import threading
+
+from tools_stub_http import closed_port_url
+
+from aepo_jax.agent.protocol import ToolCall, parse_last_tool_call
+from aepo_jax.tools import (
+    PythonSandbox,
+    PythonTool,
+    SandboxLimits,
+    SearchTool,
+    ToolRegistry,
+    ToolResult,
+)
+
+
+class BarrierTool:
+    """Returns only if `parties` calls are in flight at once: proves concurrency without timing."""
+
+    def __init__(self, parties: int):
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def run(self, content: str) -> ToolResult:
+        self.barrier.wait()
+        return ToolResult(content.upper(), True, 0.0, "ok")
+
+
+class BrokenTool:
+    def run(self, content: str) -> ToolResult:
+        raise RuntimeError("tool bug")
+
+
+def test_run_many_is_concurrent_and_keeps_order():
+    registry = ToolRegistry({"search": BarrierTool(6)}, max_workers=6)
+    calls = [ToolCall("search", f"q{i}") for i in range(6)]
+    assert [r.text for r in registry.run_many(calls)] == [f"Q{i}" for i in range(6)]
+    registry.close()
+
+
+def test_every_failure_becomes_result_text():
+    with PythonSandbox(SandboxLimits(wall_seconds=2.0, cpu_seconds=1), pool_size=1) as sandbox:
+        registry = ToolRegistry({
+            "python": PythonTool(sandbox),
+            "search": SearchTool(closed_port_url(), retries=0),
+            "browse": BrokenTool(),
+        })
+        calls = [
+            parse_last_tool_call("<python>print(sum(range(5)))</python>"),
+            parse_last_tool_call("<search>anything</search>"),
+            parse_last_tool_call("<browse>doc</browse>"),
+            ToolCall("calculator", "1+1"),
+            parse_last_tool_call("<python>unfinished"),
+            parse_last_tool_call("<python>while True: pass</python>"),
+        ]
+        results = registry.run_many(calls)
+        registry.close()
+    assert [r.status for r in results] == ["ok", "unavailable", "failed", "bad_call", "bad_call", "timeout"]
+    assert results[0].text == "10" and results[0].ok
+    assert all(not r.ok for r in results[1:])
+    assert "connection failed" in results[1].text
+    assert "RuntimeError: tool bug" in results[2].text
+    assert "unknown tool <calculator>" in results[3].text and "python" in results[3].text
+    assert "no complete tool call" in results[4].text
+    assert "limit" in results[5].text
