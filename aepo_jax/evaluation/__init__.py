@@ -1,4 +1,4 @@
-"""Evaluation: pass@k, per-dataset reports and (later) the evaluation driver (spec §6)."""
+"""Evaluation: pass@k, per-dataset reports, per-question scoring (spec §6); the driver comes later."""
 
 from aepo_jax.evaluation.metrics import (
     DatasetReport,
@@ -11,6 +11,7 @@ from aepo_jax.evaluation.metrics import (
     write_report_csv,
     write_report_json,
 )
+from aepo_jax.evaluation.scoring import score_question
 
 __all__ = [
     "DatasetReport",
@@ -20,6 +21,7 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_table",
     "read_report_json",
+    "score_question",
     "write_report_csv",
     "write_report_json",
 ]

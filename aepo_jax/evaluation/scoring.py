@@ -1,0 +1,75 @@
+"""Scoring the `n` sampled responses to one question for evaluation (spec §6).
+
+Turns response texts into a `QuestionResult`: per sample, whether it is
+correct (exact match for QA sources, math equivalence for math sources, the
+judge elsewhere, as chosen by `reward_for_source`) and the token F1 of its
+boxed answer (0 when the format is invalid), plus tool calls and length.
+The evaluation driver calls this once per question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aepo_jax.data.records import Example
+from aepo_jax.evaluation.metrics import QuestionResult
+from aepo_jax.rewards import (
+    compute_reward,
+    count_tool_calls,
+    graded_answer,
+    reward_for_source,
+    token_f1,
+)
+
+# Correctness of one sample for each reward family; QA sources count an exact match.
+_CORRECTNESS_REWARD = {"qa_f1": "exact_match"}
+
+
+def score_question(
+    example: Example,
+    responses: Sequence[str],
+    response_lengths: Sequence[int],
+    *,
+    tool_calls: Sequence[int] | None = None,
+    reward: str | None = None,
+    require_format: bool = True,
+    **reward_kw,
+) -> QuestionResult:
+    """Score the sampled responses to one example.
+
+    Args:
+      example: the question with its gold `answers` and `data_source`.
+      responses: the `n` response texts (agent trajectories, tool results included).
+      response_lengths: generated tokens per response.
+      tool_calls: tool calls per response (counted from the text when omitted).
+      reward: reward family deciding correctness (default: by data source).
+      require_format: apply the spec §5 format gate (False for plain-text models).
+      **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
+    """
+    if len(responses) != len(response_lengths):
+        raise ValueError(
+            f"{len(responses)} responses but {len(response_lengths)} lengths"
+        )
+    family = reward or reward_for_source(example["data_source"])
+    correctness = _CORRECTNESS_REWARD.get(family, family)
+    if correctness == "llm_judge":
+        reward_kw.setdefault("question", example["question"])
+    answers = example["answers"]
+    correct, f1 = [], []
+    for text in responses:
+        score = compute_reward(
+            correctness, text, answers, require_format=require_format, **reward_kw
+        )
+        correct.append(score >= 1.0)
+        answer = graded_answer(text, require_format)
+        f1.append(0.0 if answer is None else token_f1(answer, answers))
+    if tool_calls is None:
+        tool_calls = [sum(count_tool_calls(text).values()) for text in responses]
+    return QuestionResult(
+        question_id=example["id"],
+        data_source=example["data_source"],
+        correct=correct,
+        f1=f1,
+        tool_calls=list(tool_calls),
+        response_length=list(response_lengths),
+    )

@@ -1,0 +1,54 @@
+"""score_question: correctness by data source, F1 of the boxed answer, then pass@k over the result."""
+
+import pytest
+
+from aepo_jax.evaluation import build_reports, score_question
+from aepo_jax.rewards import SympyWorkerPool
+
+
+def answer(text):
+    return f"<answer>\\boxed{{{text}}}</answer>"
+
+
+def test_qa_question_counts_exact_matches_and_f1():
+    example = {
+        "id": "q",
+        "question": "Tallest?",
+        "answers": ["Eiffel Tower"],
+        "data_source": "hotpotqa",
+    }
+    responses = [
+        "<search>t</search> <result>\nx\n</result>" + answer("the Eiffel Tower"),
+        answer("Eiffel"),
+        "no answer at all",
+    ]
+    result = score_question(example, responses, [10, 20, 30])
+    assert result.correct == [True, False, False]
+    assert result.f1 == pytest.approx([1.0, 2 / 3, 0.0])
+    assert result.tool_calls == [1, 0, 0]
+    report = build_reports([result])[0]
+    assert report.pass_at_k[1] == pytest.approx(1 / 3)
+    assert report.pass_at_k[3] == pytest.approx(1.0)
+
+
+def test_math_question_uses_equivalence():
+    example = {
+        "id": "m",
+        "question": "1/2?",
+        "answers": ["0.5"],
+        "data_source": "math500",
+    }
+    with SympyWorkerPool(size=1) as pool:
+        result = score_question(
+            example,
+            [answer("\\dfrac{1}{2}"), answer("\\frac{2}{4}"), answer("2")],
+            [5, 5, 5],
+            pool=pool,
+        )
+    assert result.correct == [True, True, False]
+
+
+def test_mismatched_lengths_are_an_error():
+    example = {"id": "q", "question": "?", "answers": ["a"], "data_source": "x"}
+    with pytest.raises(ValueError, match="2 responses but 1 lengths"):
+        score_question(example, ["a", "b"], [1])
