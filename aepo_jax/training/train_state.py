@@ -40,3 +40,26 @@ class TrainState:
         key = jax.random.wrap_key_data(self.rng)
         key, sub = jax.random.split(key)
         return self.replace(rng=jax.random.key_data(key)), sub
+
+
+def train_state_shardings(state: TrainState, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh) -> TrainState:
+    """NamedShardings for every leaf of `state` (same structure).
+
+    Parameters follow the logical-axis rules of `aepo_jax.parallel`; optimiser
+    moments mirror their parameter's sharding (`optax.tree_map_params`); the
+    step, the RNG and optimiser counters are replicated.
+    """
+    from aepo_jax.parallel import state_shardings
+
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = state_shardings(state.params, mesh)
+    opt_state = optax.tree_map_params(tx, lambda _, sharding: sharding, state.opt_state, params,
+                                      transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
+
+
+def batch_shardings(batch: dict[str, Any], mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """Batch-major sharding (axis 0 over the data axes) for every array of `batch`."""
+    from aepo_jax.parallel import batch_sharding
+
+    return {key: batch_sharding(mesh, jnp.ndim(value)) for key, value in batch.items()}

@@ -1,0 +1,270 @@
+"""The jitted, sharded train steps: RL (policy loss) and SFT (next-token loss).
+
+Each step is a pure function `(TrainState, batch) -> (TrainState, metrics)`
+over a flat padded batch (see `batch.py`). Gradients are accumulated exactly
+over micro-batches: the loss denominator is computed once on the full batch
+and every micro-batch contributes `numerator_mb / D`, so the summed gradient
+equals the full-batch gradient (spec §3 aggregation, DESIGN.md Trainer).
+Mixed precision: float32 master parameters are cast to `compute_dtype`
+inside the step; gradients and optimiser state stay float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from aepo_jax.objectives.aggregation import loss_denominator
+from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
+from aepo_jax.objectives.policy_loss import policy_loss
+from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
+from aepo_jax.training.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static settings of a train step (hashable; changes recompile)."""
+
+    surrogate: str = "aepo"
+    clip_low: float | None = 0.2
+    clip_high: float | None = 0.2
+    dual_clip_c: float | None = 3.0
+    loss_agg: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    micro_batch_size: int | None = None  # None: the whole batch in one pass
+    compute_dtype: str | None = None  # "bfloat16" casts params inside the step
+    logits_chunk_size: int | None = None
+
+
+def attention_mask_from_valid(valid: jax.Array) -> jax.Array:
+    """Causal mask that also hides padding keys: bool[B, T, T].
+
+    Every query may attend to itself, so an all-padding row stays finite.
+    """
+    length = valid.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))  # [T, T]
+    keys = valid.astype(bool)[:, None, :]  # [B, 1, T]
+    return (causal[None] & keys) | jnp.eye(length, dtype=bool)[None]
+
+
+def forward_logits(graphdef: nnx.GraphDef, params: Any, batch: Batch, compute_dtype: str | None = None) -> jax.Array:
+    """Float32 logits `[B, T, V]` of the batch (params cast to `compute_dtype` first)."""
+    model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
+    mask = batch.get("attention_mask")
+    if mask is None:
+        mask = attention_mask_from_valid(batch["valid"])
+    return model(batch["input_ids"], positions=batch["positions"], attention_mask=mask)
+
+
+def _shift_right(x: jax.Array) -> jax.Array:
+    """[B, T-1] values of tokens 1..T-1 -> [B, T] with 0 for token 0."""
+    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
+
+
+def scored_tokens(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
+                  chunk_size: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Log-prob and entropy of every token, float32 `[B, T]` each.
+
+    Token `t` is scored by the logits at `t - 1`; column 0 is 0.
+    """
+    logp, entropy = token_logprobs_and_entropy(
+        logits[:, :-1], input_ids[:, 1:], temperature=temperature, chunk_size=chunk_size
+    )  # [B, T-1] each
+    return _shift_right(logp), _shift_right(entropy)
+
+
+def sequence_logprobs(
+    graphdef: nnx.GraphDef,
+    params: Any,
+    batch: Batch,
+    temperature: float = 1.0,
+    compute_dtype: str | None = None,
+    chunk_size: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Forward then `scored_tokens`: (logp, entropy), float32 `[B, T]` each."""
+    logits = forward_logits(graphdef, params, batch, compute_dtype)  # [B, T, V]
+    return scored_tokens(logits, batch["input_ids"], temperature, chunk_size)
+
+
+def _split_micro_batches(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]:
+    """[B, ...] -> [n_micro, B / n_micro, ...]; micro-batch j holds rows j, j + n, j + 2n, ...
+
+    The strided split keeps the leading (sharded) batch axis intact: row-major
+    `[B] -> [mb, n]` leaves each device's rows on that device.
+    """
+    rows = batch["input_ids"].shape[0]
+    if micro_batch_size is None or micro_batch_size >= rows:
+        return jax.tree.map(lambda x: x[None], batch), 1
+    if rows % micro_batch_size:
+        raise ValueError(f"batch of {rows} rows is not a multiple of micro_batch_size={micro_batch_size}")
+    n_micro = rows // micro_batch_size
+
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape((micro_batch_size, n_micro) + x.shape[1:])  # [mb, n, ...]
+        return jnp.swapaxes(x, 0, 1)  # [n, mb, ...]
+
+    return jax.tree.map(split, batch), n_micro
+
+
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def _accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, denominator: jax.Array,
+                          micro_batch_size: int | None) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+    """Sum of micro-batch losses and gradients, and token-weighted metric sums.
+
+    `loss_fn(params, micro_batch, denominator) -> (loss_mb, metrics_mb)` where
+    metrics are token means of the micro-batch; they are re-weighted by each
+    micro-batch's token count so the result equals the full-batch mean.
+    """
+    micro, n_micro = _split_micro_batches(batch, micro_batch_size)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def one(carry, mb):
+        loss_sum, grad_sum, metric_sum = carry
+        (loss, metrics), grads = grad_fn(params, mb, denominator)
+        tokens = jnp.sum(mb["mask"].astype(jnp.float32))
+        metric_sum = jax.tree.map(lambda s, m: s + m * tokens, metric_sum, metrics)
+        return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), metric_sum), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    metric_shapes = jax.eval_shape(lambda: loss_fn(params, first, denominator)[1])
+    zeros = (
+        jnp.zeros((), jnp.float32),
+        jax.tree.map(jnp.zeros_like, params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+    )
+    if n_micro == 1:
+        (loss, grads, metric_sum), _ = one(zeros, first)
+    else:
+        (loss, grads, metric_sum), _ = jax.lax.scan(one, zeros, micro)
+    total_tokens = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)
+    metrics = jax.tree.map(lambda s: s / total_tokens, metric_sum)
+    return loss, grads, metrics
+
+
+def _apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformation,
+                  schedule: optax.Schedule | None) -> tuple[TrainState, dict[str, jax.Array]]:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
+    if schedule is not None:
+        metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def _jit_step(step: Callable, state_sharding: Any | None, batch_sharding: Any | None) -> Callable:
+    if state_sharding is None and batch_sharding is None:
+        return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
+                   out_shardings=(state_sharding, None), donate_argnums=0)
+
+
+def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig) -> LossFn:
+    """Micro-batch policy loss: forward, log-probs at the sampling temperature, `policy_loss`."""
+
+    def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
+        logp, entropy = sequence_logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype,
+                                          cfg.logits_chunk_size)
+        loss, metrics = policy_loss(
+            cfg.surrogate, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg,
+            max_len=mb["input_ids"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
+            kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy=entropy, entropy_coef=cfg.entropy_coef,
+        )
+        metrics.pop("pg_loss", None)  # a per-micro-batch value; `loss` below is the exact total
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_rl_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    cfg: StepConfig,
+    schedule: optax.Schedule | None = None,
+    state_sharding: Any | None = None,
+    batch_sharding: Any | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """A jitted RL update on one mini-batch.
+
+    The batch needs `input_ids, positions, valid, mask, logp_old, advantages`
+    (`[B, T]`), optionally `logp_ref` (required when `kl_coef > 0`) and
+    `attention_mask` (`bool[B, T, T]`, overrides the causal+padding mask).
+    """
+    loss_fn = rl_loss_fn(graphdef, cfg)
+
+    def step(state: TrainState, batch: Batch):
+        denominator = loss_denominator(batch["mask"], cfg.loss_agg)
+        loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
+                                                     cfg.micro_batch_size)
+        state, update_metrics = _apply_update(state, grads, tx, schedule)
+        metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"]))
+        return state, metrics
+
+    return _jit_step(step, state_sharding, batch_sharding)
+
+
+def sft_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig) -> LossFn:
+    """Micro-batch next-token loss on `mask == 1` tokens (cold-start SFT)."""
+
+    def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
+        logits = forward_logits(graphdef, params, mb, cfg.compute_dtype)  # [B, T, V]
+        logp, entropy = scored_tokens(logits, mb["input_ids"], 1.0, cfg.logits_chunk_size)
+        mask = mb["mask"].astype(jnp.float32)
+        loss = -jnp.sum(logp * mask) / jnp.maximum(denominator, 1.0)
+        hits = _shift_right((jnp.argmax(logits[:, :-1], axis=-1) == mb["input_ids"][:, 1:]).astype(jnp.float32))
+        tokens = jnp.maximum(jnp.sum(mask), 1.0)
+        metrics = {"nll": -jnp.sum(logp * mask) / tokens, "entropy_mean": jnp.sum(entropy * mask) / tokens,
+                   "token_accuracy": jnp.sum(hits * mask) / tokens}
+        return loss, jax.lax.stop_gradient(metrics)
+
+    return loss_fn
+
+
+def make_sft_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    cfg: StepConfig,
+    schedule: optax.Schedule | None = None,
+    state_sharding: Any | None = None,
+    batch_sharding: Any | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """A jitted SFT update: mean next-token NLL over `mask == 1` tokens of the batch."""
+    loss_fn = sft_loss_fn(graphdef, cfg)
+
+    def step(state: TrainState, batch: Batch):
+        denominator = jnp.sum(batch["mask"].astype(jnp.float32))
+        loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
+                                                     cfg.micro_batch_size)
+        state, update_metrics = _apply_update(state, grads, tx, schedule)
+        metrics.update(update_metrics, loss=loss, train_tokens=denominator)
+        return state, metrics
+
+    return _jit_step(step, state_sharding, batch_sharding)
+
+
+def make_logprob_fn(
+    graphdef: nnx.GraphDef, cfg: StepConfig, batch_sharding: Any | None = None
+) -> Callable[[Any, Batch], tuple[jax.Array, jax.Array]]:
+    """Jitted `(params, batch) -> (logp, entropy)` `[B, T]`: reference log-probs for
+    KL, or the current policy's exact entropies for AEPO's entropy-aware advantages."""
+
+    def fn(params: Any, batch: Batch):
+        return sequence_logprobs(graphdef, params, batch, cfg.temperature, cfg.compute_dtype,
+                                 cfg.logits_chunk_size)
+
+    if batch_sharding is None:
+        return jax.jit(fn)
+    return jax.jit(fn, in_shardings=(None, batch_sharding))

@@ -1,0 +1,147 @@
+"""The RL and SFT train steps: exact micro-batch accumulation, 8-device sharding
+equal to one device, and losses against an independent float64 reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from aepo_jax.objectives import policy_loss
+from aepo_jax.parallel import make_mesh
+from aepo_jax.training.optimizer import make_optimizer
+from aepo_jax.training.train_state import TrainState, batch_shardings, train_state_shardings
+from aepo_jax.training.train_step import (
+    StepConfig,
+    forward_logits,
+    make_rl_train_step,
+    make_sft_train_step,
+    sequence_logprobs,
+)
+from tests.training.fixtures import synthetic_rl_batch, tiny_model, with_logp_old_near_current
+
+
+@pytest.fixture(scope="module")
+def setup():
+    graphdef, params = tiny_model()
+    batch = with_logp_old_near_current(graphdef, params, synthetic_rl_batch(rows=8, max_len=16))
+    tx, schedule = make_optimizer(1e-2, total_steps=10, weight_decay=0.1, grad_clip_norm=1.0)
+    return graphdef, params, batch, tx, schedule
+
+
+# Plain SGD with lr 1 makes `params - new_params` the gradient itself, so equality
+# of updated parameters is equality of gradients (Adam's first step, g / |g|,
+# would amplify float32 rounding of near-zero gradients).
+SGD = optax.sgd(1.0)
+
+
+def _run(step_fn, params, tx, batch):
+    state = TrainState.create(jax.tree.map(jnp.array, params), tx, seed=0)
+    new_state, metrics = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()})
+    return new_state, jax.tree.map(np.asarray, metrics)
+
+
+def _assert_updates_close(new_a, new_b, old, rtol=1e-4):
+    """Parameter deltas agree to float32 accumulation error, relative to the largest delta."""
+    for a, b, p in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), jax.tree.leaves(old)):
+        da, db = np.asarray(a) - np.asarray(p), np.asarray(b) - np.asarray(p)
+        scale = max(np.abs(db).max(), 1e-12)
+        np.testing.assert_allclose(da, db, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("surrogate, loss_agg", [("aepo", "token_mean"), ("gspo", "seq_mean_token_mean")])
+def test_micro_batch_accumulation_equals_full_batch(setup, surrogate, loss_agg):
+    graphdef, params, batch, tx, schedule = setup
+    full_cfg = StepConfig(surrogate=surrogate, loss_agg=loss_agg, clip_low=None, clip_high=None)
+    full, full_m = _run(make_rl_train_step(graphdef, SGD, full_cfg), params, SGD, batch)
+    micro_cfg = StepConfig(surrogate=surrogate, loss_agg=loss_agg, clip_low=None, clip_high=None, micro_batch_size=2)
+    micro, micro_m = _run(make_rl_train_step(graphdef, SGD, micro_cfg), params, SGD, batch)
+    np.testing.assert_allclose(micro_m["loss"], full_m["loss"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(micro_m["grad_norm"], full_m["grad_norm"], rtol=1e-5)
+    np.testing.assert_allclose(micro_m["clip_frac_upper"], full_m["clip_frac_upper"], rtol=1e-5, atol=1e-7)
+    _assert_updates_close(micro.params, full.params, params)
+    assert full_m["grad_norm"] > 0
+
+
+def test_step_loss_equals_policy_loss_of_an_independent_forward(setup):
+    graphdef, params, batch, tx, schedule = setup
+    cfg = StepConfig(surrogate="aepo", temperature=0.7)
+    _, metrics = _run(make_rl_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
+    logp, entropy = sequence_logprobs(graphdef, params, batch, temperature=0.7)
+    want, want_metrics = policy_loss("aepo", logp=logp, logp_old=batch["logp_old"], advantages=batch["advantages"],
+                                     mask=batch["mask"], clip_low=0.2, clip_high=0.2, dual_clip_c=3.0)
+    np.testing.assert_allclose(metrics["loss"], float(want), rtol=1e-5)
+    # the jitter moves some ratios out of the clip range, so the test exercises clipping
+    assert 0 < metrics["clip_frac_upper"] + metrics["clip_frac_lower"] < 1
+    np.testing.assert_allclose(metrics["preserved_grad_frac"], want_metrics["preserved_grad_frac"], rtol=1e-5)
+    assert float(metrics["learning_rate"]) == pytest.approx(1e-2)
+
+
+def test_sharded_step_on_8_devices_equals_one_device(setup):
+    graphdef, params, batch, tx, schedule = setup
+    cfg = StepConfig(surrogate="aepo", micro_batch_size=4)
+    single, single_m = _run(make_rl_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
+    single_sgd, _ = _run(make_rl_train_step(graphdef, SGD, cfg), params, SGD, batch)
+
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    state = TrainState.create(jax.tree.map(jnp.array, params), tx, seed=0)
+    state_sh = train_state_shardings(state, tx, mesh)
+    batch_sh = batch_shardings(batch, mesh)
+    state = jax.device_put(state, state_sh)
+    device_batch = jax.device_put({k: jnp.asarray(v) for k, v in batch.items()}, batch_sh)
+    step = make_rl_train_step(graphdef, tx, cfg, schedule, state_sharding=state_sh, batch_sharding=batch_sh)
+    sharded, sharded_m = step(state, device_batch)
+
+    np.testing.assert_allclose(np.asarray(sharded_m["loss"]), single_m["loss"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(sharded_m["grad_norm"]), single_m["grad_norm"], rtol=1e-5)
+    # AdamW update: agree except where float32 rounding of a ~0 gradient flips g / |g|
+    for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params)):
+        close = np.isclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert close.mean() > 0.999
+    # SGD update: gradients agree everywhere
+    sgd_state = jax.device_put(TrainState.create(jax.tree.map(jnp.array, params), SGD, seed=0),
+                               train_state_shardings(TrainState.create(params, SGD, 0), SGD, mesh))
+    sgd_step = make_rl_train_step(graphdef, SGD, cfg, state_sharding=train_state_shardings(sgd_state, SGD, mesh),
+                                  batch_sharding=batch_sh)
+    sharded_sgd, _ = sgd_step(sgd_state, device_batch)
+    _assert_updates_close(sharded_sgd.params, single_sgd.params, params)
+    sharded_leaves = [x for x in jax.tree.leaves(sharded.params) if len(x.sharding.device_set) == 8
+                      and not x.sharding.is_fully_replicated]
+    assert sharded_leaves, "no parameter was actually split over the mesh"
+    mu = jax.tree.leaves(sharded.opt_state)
+    assert any(not x.sharding.is_fully_replicated for x in mu if hasattr(x, "sharding"))
+
+
+def test_sft_loss_is_masked_next_token_nll_float64_reference(setup):
+    graphdef, params, batch, tx, schedule = setup
+    cfg = StepConfig(micro_batch_size=4)
+    _, metrics = _run(make_sft_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
+    logits = np.asarray(forward_logits(graphdef, params, batch), np.float64)  # [B, T, V]
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    ids, mask = batch["input_ids"], batch["mask"]
+    nll, count = 0.0, 0.0
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if mask[b, t]:
+                nll -= log_softmax[b, t - 1, ids[b, t]]
+                count += 1
+    np.testing.assert_allclose(metrics["loss"], nll / count, rtol=1e-5)
+    assert 0 <= metrics["token_accuracy"] <= 1
+
+
+def test_bf16_compute_step_stays_float32_and_close(setup):
+    graphdef, params, batch, tx, schedule = setup
+    f32, f32_m = _run(make_rl_train_step(graphdef, tx, StepConfig(), schedule), params, tx, batch)
+    bf16, bf16_m = _run(make_rl_train_step(graphdef, tx, StepConfig(compute_dtype="bfloat16"), schedule),
+                        params, tx, batch)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16.params))
+    assert all(x.dtype in (jnp.float32, jnp.int32) for x in jax.tree.leaves(bf16.opt_state))
+    np.testing.assert_allclose(bf16_m["loss"], f32_m["loss"], rtol=0.1, atol=0.02)
+
+
+def test_uneven_micro_batch_is_a_clear_error(setup):
+    graphdef, params, batch, tx, schedule = setup
+    step = make_rl_train_step(graphdef, tx, StepConfig(micro_batch_size=3), schedule)
+    with pytest.raises(ValueError, match="not a multiple of micro_batch_size=3"):
+        _run(step, params, tx, batch)
