@@ -11,6 +11,7 @@ from aepo_jax.data.records import (
 from aepo_jax.data.tfds_builder import (
     LocalQaConfig,
     LocalQaDataset,
+    load_local_examples,
     load_prepared,
     prepare_local_dataset,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "LocalQaDataset",
     "PromptPipeline",
     "decode_example",
+    "load_local_examples",
     "load_prepared",
     "prepare_local_dataset",
     "read_examples",

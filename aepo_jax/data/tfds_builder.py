@@ -150,3 +150,31 @@ def load_prepared(dataset_path: str | Path, split: str = "train") -> list[Exampl
         )
     source = sources[split]
     return [decode_example(source[i]) for i in range(len(source))]
+
+
+def load_local_examples(
+    path: str | Path,
+    data_dir: str | Path,
+    *,
+    name: str | None = None,
+    layout: str = "auto",
+    data_source: str | None = None,
+) -> list[Example]:
+    """One-call path for configs: prepare a single-file dataset through tfds and read it back.
+
+    Args:
+      path: JSONL or parquet file.
+      data_dir: tfds data directory (prepared once, reused afterwards).
+      name: config name (default: the file's stem).
+      layout: row layout (`records.LAYOUTS`).
+      data_source: tag for rows without their own (default: the name).
+    """
+    path = Path(path)
+    builder = prepare_local_dataset(
+        name or path.stem,
+        {"train": path},
+        data_dir,
+        layout=layout,
+        data_source=data_source,
+    )
+    return load_prepared(builder.data_path, "train")

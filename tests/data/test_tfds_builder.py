@@ -9,7 +9,11 @@ import pytest
 
 from aepo_jax.data.demo_datasets import DEMO_DIR
 from aepo_jax.data.records import DatasetFormatError, read_examples
-from aepo_jax.data.tfds_builder import load_prepared, prepare_local_dataset
+from aepo_jax.data.tfds_builder import (
+    load_local_examples,
+    load_prepared,
+    prepare_local_dataset,
+)
 
 READ_BACK = """
 import json, sys
@@ -63,3 +67,20 @@ def test_missing_source_file_and_bad_row(tmp_path):
         prepare_local_dataset("bad", {"train": bad}, tmp_path / "tfds")
     with pytest.raises(FileNotFoundError, match="dataset_info.json"):
         load_prepared(Path(tmp_path / "tfds" / "nothing"))
+
+
+def test_load_local_examples_one_call(tmp_path):
+    examples = load_local_examples(
+        DEMO_DIR / "multihop_qa.jsonl", tmp_path / "tfds", layout="multihop"
+    )
+    assert by_id(examples) == by_id(
+        read_examples(DEMO_DIR / "multihop_qa.jsonl", layout="multihop")
+    )
+    assert (
+        tmp_path
+        / "tfds"
+        / "local_qa_dataset"
+        / "multihop_qa"
+        / "1.0.0"
+        / "dataset_info.json"
+    ).is_file()
