@@ -1,0 +1,283 @@
+"""Gradient-weight table of spec §3.1, checked token by token and region by region.
+
+The expected weight `F` is written below with plain numpy straight from the
+spec's table; it never calls the code under test.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aepo_jax.objectives import policy_loss
+
+EL, EH, C = 0.2, 0.28, 3.0
+TOKEN_SURROGATES = ("ppo", "gppo", "aepo", "cispo")
+
+# Ratio regions (for el=0.2, eh=0.28, c=3): sampled well inside, away from the kinks.
+REGIONS = {
+    "below 1-el": (0.3, 0.75),
+    "inside": (0.85, 1.2),
+    "above 1+eh (below c)": (1.4, 2.8),
+    "beyond dual clip c": (3.3, 6.0),
+}
+
+
+def region_grid(seed=0, rows=4):
+    """Ratios covering every region x both advantage signs, plus region labels. `[rows, 16]`."""
+    rng = np.random.default_rng(seed)
+    ratios, signs, labels = [], [], []
+    for name, (lo, hi) in REGIONS.items():
+        for sign in (1.0, -1.0):
+            for _ in range(2):
+                ratios.append(rng.uniform(lo, hi, size=rows))
+                signs.append(np.full(rows, sign))
+                labels.append(f"{name}, A{'>' if sign > 0 else '<'}0")
+    ratio = np.stack(ratios, axis=1)  # [rows, 16]
+    adv = np.stack(signs, axis=1) * rng.uniform(0.3, 2.0, size=ratio.shape)
+    logp_old = rng.uniform(-3.0, -0.5, size=ratio.shape)
+    logp = logp_old + np.log(ratio)
+    return logp, logp_old, adv, np.array(labels)
+
+
+def expected_weight(algorithm, r, a, el, eh, c):
+    """F of spec §3.1 (independent numpy transcription of the table)."""
+    above, below = r > 1 + eh, r < 1 - el
+    if algorithm == "cispo":
+        return np.clip(r, 1 - el, 1 + eh)  # sign of A does not matter; no dual clip
+    f = r.copy()
+    if algorithm == "ppo":
+        f[above & (a > 0)] = 0.0
+        f[below & (a < 0)] = 0.0
+    elif algorithm == "gppo":
+        f[above & (a > 0)] = 1 + eh
+        f[below & (a < 0)] = 1 - el
+    elif algorithm == "aepo":
+        f[above & (a > 0)] = 1 + eh
+        f[below & (a < 0)] = 0.0
+    if c is not None:
+        f[(r > c) & (a < 0)] = 0.0
+    return f
+
+
+def loss_grad(algorithm, logp, logp_old, adv, mask, **kw):
+    def loss_fn(lp):
+        return policy_loss(algorithm, logp=lp, logp_old=logp_old, advantages=adv, mask=mask, **kw)[0]
+    return np.asarray(jax.jit(jax.grad(loss_fn))(jnp.asarray(logp, jnp.float32)))
+
+
+def assert_per_region(actual, expected, labels, what):
+    for label in np.unique(labels):
+        cols = labels == label
+        np.testing.assert_allclose(actual[:, cols], expected[:, cols], rtol=2e-5, atol=1e-7,
+                                   err_msg=f"{what}: region '{label}'")
+
+
+@pytest.mark.parametrize("algorithm", TOKEN_SURROGATES)
+@pytest.mark.parametrize("dual_clip_c", [C, None])
+def test_gradient_equals_minus_table_weight_times_advantage(algorithm, dual_clip_c):
+    if algorithm == "cispo" and dual_clip_c is not None:
+        pytest.skip("CISPO takes no dual clip")
+    logp, logp_old, adv, labels = region_grid()
+    mask = np.ones_like(logp)
+    grad = loss_grad(algorithm, logp, logp_old, adv, mask, clip_low=EL, clip_high=EH,
+                     dual_clip_c=dual_clip_c)
+    r = np.exp(logp - logp_old)
+    expected = -expected_weight(algorithm, r, adv, EL, EH, dual_clip_c) * adv / mask.sum()
+    assert_per_region(grad, expected, labels, f"{algorithm} dual_clip_c={dual_clip_c}")
+
+
+def test_cispo_default_has_no_lower_clip():
+    logp, logp_old, adv, labels = region_grid(seed=1)
+    mask = np.ones_like(logp)
+    grad = loss_grad("cispo", logp, logp_old, adv, mask)  # defaults: el = 1, eh = 0.28
+    r = np.exp(logp - logp_old)
+    expected = -np.minimum(r, 1.28) * adv / mask.sum()
+    assert_per_region(grad, expected, labels, "cispo defaults")
+
+
+def test_cispo_weight_is_independent_of_advantage_sign():
+    logp, logp_old, adv, labels = region_grid(seed=2)
+    mask = np.ones_like(logp)
+    magnitude = np.abs(adv)
+    g_pos = loss_grad("cispo", logp, logp_old, magnitude, mask, clip_low=EL, clip_high=EH)
+    g_neg = loss_grad("cispo", logp, logp_old, -magnitude, mask, clip_low=EL, clip_high=EH)
+    w_pos, w_neg = -g_pos / magnitude * mask.sum(), g_neg / magnitude * mask.sum()
+    assert_per_region(w_pos, w_neg, labels, "cispo weight, A>0 vs A<0")
+
+
+def gspo_rows(seed=3):
+    """Rows whose sequence ratio sits in each GSPO region; token log-ratios vary around it."""
+    rng = np.random.default_rng(seed)
+    targets = {"inside": 1 + 1e-4, "above 1+eh": 1 + 2e-3, "below 1-el": 1 - 2e-3,
+               "beyond dual clip c": 4.0}
+    logp_rows, old_rows, adv_rows, labels = [], [], [], []
+    for name, s in targets.items():
+        for sign in (1.0, -1.0):
+            noise = rng.normal(scale=0.05, size=6)
+            noise -= noise.mean()  # row mean of the log-ratio is exactly log(s)
+            old = rng.uniform(-3, -0.5, size=6)
+            logp_rows.append(old + np.log(s) + noise)
+            old_rows.append(old)
+            adv_rows.append(sign * rng.uniform(0.3, 2.0, size=6))
+            labels.append(f"{name}, A{'>' if sign > 0 else '<'}0")
+    return (np.array(logp_rows), np.array(old_rows), np.array(adv_rows), np.array(labels))
+
+
+def test_gspo_token_gradient_is_sequence_ratio_through_own_logp():
+    logp, logp_old, adv, labels = gspo_rows()
+    mask = np.ones_like(logp)
+    el, eh = 3e-4, 4e-4
+    grad = loss_grad("gspo", logp, logp_old, adv, mask, clip_low=el, clip_high=eh,
+                     dual_clip_c=C, loss_agg="token_mean")
+    s = np.exp(np.mean(logp - logp_old, axis=1, keepdims=True)) * np.ones_like(logp)
+    f = s.copy()
+    f[(s > 1 + eh) & (adv > 0)] = 0.0
+    f[(s < 1 - el) & (adv < 0)] = 0.0
+    f[(s > C) & (adv < 0)] = 0.0
+    expected = -f * adv / mask.sum()
+    for row, label in enumerate(labels):
+        np.testing.assert_allclose(grad[row], expected[row], rtol=1e-4, atol=1e-8,
+                                   err_msg=f"gspo: region '{label}'")
+
+
+def test_gspo_value_is_clipped_sequence_ratio_surrogate():
+    logp, logp_old, adv, _ = gspo_rows(seed=4)
+    adv = np.repeat(adv[:, :1], adv.shape[1], axis=1)  # one advantage per sequence
+    mask = np.ones_like(logp)
+    el, eh = 3e-4, 4e-4
+    loss, metrics = policy_loss("gspo", logp=logp, logp_old=logp_old, advantages=adv, mask=mask,
+                                clip_low=el, clip_high=eh, dual_clip_c=None,
+                                loss_agg="seq_mean_token_mean")
+    s = np.exp(np.mean(logp - logp_old, axis=1))
+    a = adv[:, 0]
+    expected = -np.mean(np.minimum(s * a, np.clip(s, 1 - el, 1 + eh) * a))
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["ratio_mean"]), s.mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dual_clip_c", [C, None])
+def test_aepo_and_gppo_forward_equal_ppo(dual_clip_c):
+    logp, logp_old, adv, _ = region_grid(seed=5)
+    mask = (np.random.default_rng(5).uniform(size=logp.shape) > 0.2).astype(np.float32)
+    kw = {"logp": logp, "logp_old": logp_old, "advantages": adv, "mask": mask, "clip_low": EL,
+              "clip_high": EH, "dual_clip_c": dual_clip_c}
+    ppo = float(policy_loss("ppo", **kw)[0])
+    for algorithm in ("aepo", "gppo"):
+        np.testing.assert_allclose(float(policy_loss(algorithm, **kw)[0]), ppo, rtol=1e-6,
+                                   err_msg=f"{algorithm} forward value differs from PPO")
+
+
+@pytest.mark.parametrize("algorithm", TOKEN_SURROGATES + ("gspo",))
+def test_masked_tokens_get_exactly_zero_gradient_even_with_garbage(algorithm):
+    logp, logp_old, adv, _ = region_grid(seed=6)
+    mask = np.ones_like(logp)
+    mask[:, ::3] = 0.0
+    logp[:, ::3] = np.nan  # garbage where the mask is 0 must not leak
+    logp_old[:, 1::3] = np.where(mask[:, 1::3] > 0, logp_old[:, 1::3], np.inf)
+    logp_old[:, ::3] = -np.inf
+    kw = {"dual_clip_c": None} if algorithm == "cispo" else {}
+    grad = loss_grad(algorithm, logp, logp_old, adv, mask, **kw)
+    assert np.all(grad[:, ::3] == 0.0), f"{algorithm}: masked tokens got gradient"
+    assert np.all(np.isfinite(grad)), f"{algorithm}: non-finite gradient"
+    assert np.any(grad[:, 1::3] != 0.0)
+
+
+def frozen_reference_loss(algorithm, x, x0, logp_old, adv, mask, el, eh, c):
+    """Spec §3.1 surrogates in float64 numpy, with every `sg(.)` held at the point x0."""
+    r, r0 = np.exp(x - logp_old), np.exp(x0 - logp_old)
+    if algorithm == "ppo":
+        s = np.minimum(r * adv, np.clip(r, 1 - el, 1 + eh) * adv)
+    elif algorithm == "gppo":
+        s = np.minimum(r * adv, np.clip(r, (1 - el) * r / r0, (1 + eh) * r / r0) * adv)
+    elif algorithm == "aepo":
+        s = np.minimum(r * adv, np.clip(r, 1 - el, (1 + eh) * r / r0) * adv)
+    elif algorithm == "cispo":
+        s = np.clip(r0, 1 - el, 1 + eh) * adv * x
+    else:  # gspo token form
+        seq0 = np.exp(np.sum((x0 - logp_old) * mask, 1, keepdims=True) / mask.sum(1, keepdims=True))
+        t = seq0 * np.exp(x - x0)
+        s = np.minimum(t * adv, np.clip(t, 1 - el, 1 + eh) * adv)
+    if c is not None and algorithm != "cispo":
+        s = np.where(adv < 0, np.maximum(s, c * adv), s)
+    return -np.sum(s * mask) / mask.sum()
+
+
+@pytest.mark.parametrize("algorithm", TOKEN_SURROGATES + ("gspo",))
+def test_float64_finite_differences_match_jax_grad(algorithm):
+    if algorithm == "gspo":
+        logp, logp_old, adv, _ = gspo_rows(seed=7)
+        el, eh, c = 3e-4, 4e-4, C
+    else:
+        logp, logp_old, adv, _ = region_grid(seed=7, rows=2)
+        el, eh, c = EL, EH, (None if algorithm == "cispo" else C)
+    mask = np.ones_like(logp)
+    mask[0, -1] = 0.0
+    with jax.enable_x64(True):
+        def loss_fn(lp):
+            return policy_loss(algorithm, logp=lp, logp_old=jnp.asarray(logp_old),
+                               advantages=jnp.asarray(adv), mask=jnp.asarray(mask),
+                               clip_low=el, clip_high=eh, dual_clip_c=c)[0]
+        loss_fn = jax.jit(loss_fn)
+        x64 = jnp.asarray(logp, jnp.float64)
+        assert loss_fn(x64).dtype == jnp.float64
+        grad = np.asarray(jax.grad(loss_fn)(x64))
+        own_fd = np.zeros_like(logp)
+        h = 1e-6
+        for idx in np.ndindex(logp.shape):
+            step = np.zeros_like(logp)
+            step[idx] = h
+            ref_fd = (frozen_reference_loss(algorithm, logp + step, logp, logp_old, adv, mask,
+                                            el, eh, c)
+                      - frozen_reference_loss(algorithm, logp - step, logp, logp_old, adv, mask,
+                                              el, eh, c)) / (2 * h)
+            np.testing.assert_allclose(grad[idx], ref_fd, rtol=1e-6, atol=1e-9,
+                                       err_msg=f"{algorithm}: token {idx} vs frozen-sg reference")
+            if algorithm == "ppo":  # no stop-gradient: differentiate the code itself
+                own_fd[idx] = (float(loss_fn(jnp.asarray(logp + step)))
+                               - float(loss_fn(jnp.asarray(logp - step)))) / (2 * h)
+        if algorithm == "ppo":
+            np.testing.assert_allclose(grad, own_fd, rtol=1e-6, atol=1e-9)
+
+
+def test_policy_loss_jits_and_reports_metrics():
+    logp, logp_old, adv, _labels = region_grid(seed=8)
+    mask = np.ones_like(logp)
+
+    @jax.jit
+    def run(lp):
+        return policy_loss("aepo", logp=lp, logp_old=logp_old, advantages=adv, mask=mask,
+                           clip_low=EL, clip_high=EH, dual_clip_c=C)
+
+    loss, metrics = run(jnp.asarray(logp, jnp.bfloat16))
+    assert loss.dtype == jnp.float32
+    r = np.exp(logp - logp_old)
+    n = mask.size
+    expect = {
+        "clip_frac_upper": np.sum((r > 1 + EH) & (adv > 0)) / n,
+        "clip_frac_lower": np.sum((r < 1 - EL) & (adv < 0)) / n,
+        "clip_frac_dual": np.sum((r > C) & (adv < 0)) / n,
+        "preserved_grad_frac": np.sum((r > 1 + EH) & (adv > 0)) / n,
+    }
+    for key, value in expect.items():
+        assert float(metrics[key]) == pytest.approx(value), key
+    # bf16 logp moves r a little; compare the KL/ratio metrics loosely.
+    log_r = np.asarray(jnp.asarray(logp, jnp.bfloat16), np.float64) - logp_old
+    assert float(metrics["approx_kl_old"]) == pytest.approx(np.mean(-log_r), rel=1e-3)
+    assert float(metrics["ratio_mean"]) == pytest.approx(np.mean(np.exp(log_r)), rel=1e-3)
+    assert float(metrics["approx_kl_old_k3"]) == pytest.approx(
+        np.mean(np.minimum(np.exp(log_r) - log_r - 1, 10.0)), rel=1e-3)
+
+
+def test_bad_inputs_raise_clear_errors():
+    x = np.zeros((2, 3))
+    with pytest.raises(ValueError, match="unknown policy-loss algorithm 'ppo2'"):
+        policy_loss("ppo2", logp=x, logp_old=x, advantages=x, mask=x)
+    with pytest.raises(ValueError, match="unknown loss_agg"):
+        policy_loss("ppo", logp=x, logp_old=x, advantages=x, mask=x, loss_agg="mean")
+    with pytest.raises(ValueError, match="same \\[B, T\\] shape"):
+        policy_loss("ppo", logp=x, logp_old=np.zeros((2, 4)), advantages=x, mask=x)
+    with pytest.raises(ValueError, match="CISPO takes no dual clip"):
+        policy_loss("cispo", logp=x, logp_old=x, advantages=x, mask=x, dual_clip_c=3.0)
+    with pytest.raises(ValueError, match="needs logp_ref"):
+        policy_loss("ppo", logp=x, logp_old=x, advantages=x, mask=x, kl_coef=0.1)
