@@ -46,4 +46,5 @@ setup(
     install_requires=RUNTIME,
     extras_require=EXTRAS,
     include_package_data=True,
+    package_data={"aepo_jax.data": ["demo/*.jsonl"]},
 )
