@@ -113,6 +113,89 @@ def test_smollm2_logits_match_transformers_llama_on_the_same_weights(smollm2):
     assert tokenizer.decode([int(ours[0, -1].argmax())]) == tokenizer.decode([int(expected[0, -1].argmax())])
 
 
+TINY_HF = {  # small transformers configs covering what each GGUF architecture adds
+    "llama": {"cls": "LlamaForCausalLM", "tie_word_embeddings": False, "head_dim": 8, "num_key_value_heads": 2},
+    "qwen2": {"cls": "Qwen2ForCausalLM", "tie_word_embeddings": True, "head_dim": 8, "num_key_value_heads": 1},
+    "qwen3": {"cls": "Qwen3ForCausalLM", "tie_word_embeddings": False, "head_dim": 12, "num_key_value_heads": 2},
+}
+
+
+def _byte_level_vocab():
+    from tokenizers import pre_tokenizers
+
+    return sorted(pre_tokenizers.ByteLevel.alphabet()) + ["<|im_end|>"]
+
+
+def _write_tiny_gguf(path, arch, hf_model):
+    """Write `hf_model`'s weights as llama.cpp's converter would: names from the
+    `gguf` package's own HF->GGUF map, q/k rows permuted for `llama` only."""
+    import gguf
+
+    cfg = hf_model.config
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    vocab = _byte_level_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(vocab)
+    writer.add_token_types([1] * (len(vocab) - 1) + [3])
+    writer.add_token_merges([])
+    writer.add_eos_token_id(len(vocab) - 1)
+    for hf_name, tensor in hf_model.state_dict().items():
+        if cfg.tie_word_embeddings and hf_name == "lm_head.weight":
+            continue
+        values = tensor.detach().numpy().astype(np.float32)
+        if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
+            values = permute_for_interleaved_rotary(values, heads)
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_gguf_of_each_architecture_matches_transformers(tmp_path, arch):
+    import jax.numpy as jnp
+    import torch
+    import transformers
+
+    spec = dict(TINY_HF[arch])
+    model_cls = getattr(transformers, spec.pop("cls"))
+    config_cls = getattr(transformers, model_cls.__name__.replace("ForCausalLM", "Config"))
+    torch.manual_seed(1)
+    hf_config = config_cls(vocab_size=len(_byte_level_vocab()), hidden_size=32, intermediate_size=48,
+                           num_hidden_layers=2, num_attention_heads=4, rope_theta=5000.0, rms_norm_eps=1e-5, max_position_embeddings=64,
+                           **spec)
+    reference = model_cls(hf_config).eval()
+    with torch.no_grad():  # non-trivial norms and biases so that mapping errors show
+        for name, param in reference.named_parameters():
+            if name.endswith(("norm.weight", "bias")):
+                param.add_(0.3 * torch.randn_like(param))
+    _write_tiny_gguf(tmp_path / "tiny.gguf", arch, reference)
+
+    model, tokenizer = load_gguf(tmp_path / "tiny.gguf")
+    assert (model.config.qkv_bias, model.config.qk_norm) == (arch == "qwen2", arch == "qwen3")
+    assert model.config.tie_embeddings == hf_config.tie_word_embeddings
+    ids = tokenizer.encode("tiny GGUF, ok?")
+    assert tokenizer.decode(ids) == "tiny GGUF, ok?" and tokenizer.eos_id == 256
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits.numpy()  # [1, T, V]
+    ours = np.asarray(model(jnp.asarray([ids], jnp.int32)))
+    np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
+
+
 def _write_gguf(path, arch):
     import gguf
 
