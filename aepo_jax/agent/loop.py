@@ -333,7 +333,9 @@ class _Run:
             if stop == "eos":
                 traj.stop_reason = END_ANSWER if tags.ANSWER_CLOSE in text else END_EOS
             elif stop == "length":
-                traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
+                if self._limit(traj) <= 0:
+                    traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
+                # otherwise the generator paused the row early (e.g. cache room): it simply continues next round
             elif stop != "stop":
                 raise ValueError(f"generator returned unknown stop_reason {stop!r}")
             elif _ends_with_answer(text):
@@ -406,3 +408,13 @@ def _ends_with_answer(text: str) -> bool:
     """True when the last tag of the segment closes an answer (a stop at `</answer>`)."""
     return text.rstrip().endswith(tags.ANSWER_CLOSE)
 
+
+
+def agent_stop_sequences(tokenizer: TextTokenizer, include_answer: bool = True) -> list[list[int]]:
+    """Token ids of every tool closing tag (and `</answer>`): the sampler's stop sequences (spec section 4)."""
+    closes = list(tags.TOOL_CLOSE_TAGS) + ([tags.ANSWER_CLOSE] if include_answer else [])
+    sequences = [list(tokenizer.encode(text)) for text in closes]
+    empty = [text for text, ids in zip(closes, sequences, strict=True) if not ids]
+    if empty:
+        raise ValueError(f"the tokenizer encodes {empty} to no ids")
+    return sequences

@@ -1,0 +1,127 @@
+"""End to end with the real tiny model, the real sampler, the search server on loopback and the python sandbox."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from aepo_jax.agent.forcing import ToolForcingGenerator
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.prompts import PromptConfig, render_prompts
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.sampling import Sampler
+from aepo_jax.servers import start_search_server
+from aepo_jax.tokenizers import train_sentencepiece
+from aepo_jax.tools import (
+    PythonSandbox,
+    PythonTool,
+    SandboxLimits,
+    SearchTool,
+    ToolRegistry,
+)
+
+CORPUS = {
+    "brindle": "Brindle\nBrindle is a river town of 4200 people, founded in 1803 on the Kell river.",
+    "ostwick": "Ostwick\nOstwick is a hill town of 950 people; its bridge was built in 1911.",
+    "kell": "Kell river\nThe Kell river is 212 km long and runs past Brindle and Marrow.",
+}
+QUESTIONS = ["How many people live in Brindle?", "When was the Ostwick bridge built?", "How long is the Kell?"]
+SYSTEM = "Think, then use <search>query</search> or <python>code</python>; answer as <answer>\\boxed{x}</answer>."
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    texts = list(CORPUS.values()) + QUESTIONS + [SYSTEM, "print(6 * 7) the a of in is to and"] * 3
+    tok = train_sentencepiece(texts, vocab_size=400, special_tokens=AGENT_SPECIAL_TOKENS)
+    model = Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    sampler = Sampler(graphdef, params, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
+                      stop_sequences=agent_stop_sequences(tok), max_cache_len=4096, seed=0)
+    plan = [tok.encode("<think>look</think><search>Brindle people</search>"),
+            tok.encode("<python>print(6 * 7)</python>"),
+            tok.encode("<answer>\\boxed{42}</answer>")]
+    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=6)
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in CORPUS.items()))
+    limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_bytes=256 << 20)
+    with start_search_server(str(corpus)) as server, PythonSandbox(limits, pool_size=2) as sandbox:
+        registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=40),
+                                 "python": PythonTool(sandbox)}, max_workers=4)
+        loop = AgentLoop(generator, tok, registry,
+                         LoopConfig(max_tool_calls=4, max_response_tokens=320, max_context_len=600))
+        prompts = render_prompts(tok, QUESTIONS, PromptConfig(system_prompt=SYSTEM))
+        yield {"tok": tok, "model": model, "loop": loop, "prompts": prompts, "sampler": sampler}
+        registry.close()
+
+
+def full_forward_logp(model, traj) -> np.ndarray:
+    """The trainer's view: log-probs of the response ids under one causal forward over prompt + response."""
+    ids = jnp.asarray([traj.prompt_ids + traj.response_ids], jnp.int32)
+    logits = model(ids).astype(jnp.float32)  # [1, T, V]
+    logz = jax.nn.log_softmax(logits[0, :-1], axis=-1)  # [T-1, V]
+    logp = jnp.take_along_axis(logz, ids[0, 1:, None], axis=-1)[:, 0]
+    return np.asarray(logp)[len(traj.prompt_ids) - 1:]  # [R]
+
+
+def test_aepo_end_to_end_real_model_and_tools(agent):
+    tok, k = agent["tok"], 4
+    groups, stats = rollout(agent["prompts"], k, loop=agent["loop"], config=RolloutConfig(strategy="aepo"),
+                            rng=np.random.default_rng(0), key=jax.random.key(0))
+    print("AEPO end-to-end stats:", json.dumps(stats.as_dict(), default=str))
+    trajs = [t for g in groups for t in g]
+    assert [len(g) for g in groups] == [k] * len(QUESTIONS) and all(t.finished for t in trajs)
+    tags_used = {s.tag for t in trajs for s in t.tool_steps}
+    assert {"search", "python"} <= tags_used
+    for t in trajs:
+        for step in t.tool_steps:
+            text = tok.decode(t.response_ids[step.result_start:step.result_end])
+            assert text == " <result>\n" + step.result_text + "\n</result>"
+            if step.tag == "search" and step.content == "Brindle people":
+                assert step.ok and step.result_text.startswith("Doc 1 (Title: Brindle)")
+            if step.tag == "python" and step.content == "print(6 * 7)":
+                assert step.ok and "42" in step.result_text
+        expected = np.ones(len(t.response_ids), np.int32)
+        for step in t.tool_steps:
+            expected[step.result_start:step.result_end] = 0
+        np.testing.assert_array_equal(t.mask, expected)
+        # Trainer-side log-probs by a full forward equal the sampler's logp_old (float32).
+        mask = np.asarray(t.mask, bool)
+        np.testing.assert_allclose(full_forward_logp(agent["model"], t)[mask], np.asarray(t.logp_old)[mask],
+                                   atol=2e-4, rtol=1e-4)
+    assert stats.trajectories_per_prompt == k and stats.num_global + stats.num_branch == k * len(QUESTIONS)
+    assert stats.forward_tokens > 0 and stats.trajectory_tokens > 0
+    assert stats.global_budgets is not None and all(1 <= m <= k for m in stats.global_budgets)
+
+
+@pytest.mark.parametrize("branch_by", ["fork", "prefill"])
+def test_branches_fork_the_cache_instead_of_re_prefilling(agent, branch_by):
+    import dataclasses
+
+    base = agent["loop"]
+    loop = AgentLoop(base.generator, base.tokenizer, base.tools, dataclasses.replace(base.config, branch_by=branch_by))
+    config = RolloutConfig(strategy="arpo", initial_rollouts=1, branch_threshold=0.0)  # every decision branches
+    groups, stats = rollout(agent["prompts"][:2], 4, loop=loop, config=config, rng=np.random.default_rng(1),
+                            key=jax.random.key(1))
+    trajs = {t.traj_id: t for g in groups for t in g}
+    branches = [t for t in trajs.values() if not t.is_global]
+    assert branches and stats.repacks == 0
+    global_prompt_tokens = sum(len(t.prompt_ids) for t in trajs.values() if t.is_global)
+    if branch_by == "fork":
+        assert stats.prefill_tokens == global_prompt_tokens
+    else:
+        assert stats.prefill_tokens == global_prompt_tokens + stats.branch_prefix_tokens
+    for child in branches:
+        parent, bp = trajs[child.parent_id], child.branch_point
+        assert child.response_ids[:bp] == parent.response_ids[:bp] and child.mask[:bp] == parent.mask[:bp]
+        assert child.logp_old[:bp] == parent.logp_old[:bp]
+        # The forked cache is right: the branch's own sampled tokens score the same under a full forward.
+        mask = np.asarray(child.mask, bool)
+        np.testing.assert_allclose(full_forward_logp(agent["model"], child)[mask], np.asarray(child.logp_old)[mask],
+                                   atol=2e-4, rtol=1e-4)
