@@ -326,7 +326,12 @@ class PythonSandbox:
         try:
             return self._execute(worker, code, start)
         finally:
-            self._dispose(worker)
+            # Kill now; reap, remove the directory and cgroup off the caller's path.
+            try:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            threading.Thread(target=self._dispose, args=(worker,), daemon=True).start()
 
     def _execute(self, worker: _Worker, code: str, start: float) -> SandboxResult:
         limits = self.limits
