@@ -93,7 +93,7 @@ class Sampler:
             static_argnames=("max_steps", "sampling", "pad_id"),
             donate_argnums=(1,),
         )
-        self._grow_program = jax.jit(grow_slots, static_argnums=(1,), donate_argnums=(0,))
+        self._grow_program = jax.jit(grow_slots, static_argnums=(1,))
         self._shift_program = jax.jit(shift_cursor)
         self._take_program = jax.jit(take_rows)
         self._concat_program = jax.jit(concat_rows)
