@@ -1,0 +1,122 @@
+"""Algorithm presets and the `compute_advantages` pipeline they drive."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from aepo_jax.objectives import (
+    PRESETS,
+    AlgorithmPreset,
+    compute_advantages,
+    get_preset,
+    grpo_advantages,
+)
+
+SPEC_NAMES = ["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "cispo", "gppo",
+              "gigpo", "arpo", "aepo", "gspo"]
+
+
+def test_every_spec_algorithm_has_a_preset():
+    assert sorted(PRESETS) == sorted(SPEC_NAMES)
+    for name in SPEC_NAMES:
+        assert get_preset(name).name == name
+
+
+@pytest.mark.parametrize(
+    "name, surrogate, advantage, clip_low, clip_high, dual_clip_c, loss_agg, rollout",
+    [
+        ("aepo", "aepo", "grpo", 0.2, 0.2, 3.0, "token_mean", "aepo"),
+        ("arpo", "ppo", "grpo", 0.2, 0.2, 3.0, "token_mean", "arpo"),
+        ("grpo", "ppo", "grpo", 0.2, 0.2, 3.0, "seq_mean_token_mean", "independent"),
+        ("dr_grpo", "ppo", "dr_grpo", 0.2, 0.2, 3.0, "seq_mean_token_sum_norm", "independent"),
+        ("dapo", "ppo", "grpo", 0.2, 0.28, 3.0, "token_mean", "independent"),
+        ("cispo", "cispo", "grpo", 1.0, 0.28, None, "token_mean", "independent"),
+        ("gppo", "gppo", "grpo", 0.2, 0.2, 3.0, "token_mean", "independent"),
+        ("gspo", "gspo", "grpo", 3e-4, 4e-4, 3.0, "seq_mean_token_mean", "independent"),
+    ],
+)
+def test_preset_values_follow_the_spec(name, surrogate, advantage, clip_low, clip_high,
+                                       dual_clip_c, loss_agg, rollout):
+    p = get_preset(name)
+    assert (p.surrogate, p.advantage, p.clip_low, p.clip_high, p.dual_clip_c, p.loss_agg,
+            p.rollout) == (surrogate, advantage, clip_low, clip_high, dual_clip_c, loss_agg,
+                           rollout)
+
+
+def test_switches_of_dapo_aepo_arpo_and_reinforce():
+    dapo, aepo, arpo = get_preset("dapo"), get_preset("aepo"), get_preset("arpo")
+    assert dapo.dynamic_sampling and dapo.overlong_shaping and not dapo.entropy_advantage
+    assert aepo.entropy_advantage and aepo.entropy_advantage_coef == 0.2
+    assert aepo.entropy_advantage_scope == "batch" and aepo.kl_coef == 0.0
+    assert not arpo.hard_attribution  # the spec's default is soft attribution
+    assert get_preset("reinforce_pp").kl_in_reward
+    kw = get_preset("reinforce_pp").policy_loss_kwargs()
+    assert kw["kl_coef"] == 0.0  # KL sits in the reward, not in the loss
+
+
+def test_unknown_names_raise_listing_the_known_ones():
+    with pytest.raises(ValueError, match="unknown algorithm preset 'ppo'.*'aepo'"):
+        get_preset("ppo")
+    with pytest.raises(ValueError, match="unknown surrogate 'trpo'"):
+        AlgorithmPreset("x", "trpo", "grpo")
+    with pytest.raises(ValueError, match="unknown rollout 'tree'"):
+        AlgorithmPreset("x", "ppo", "grpo", rollout="tree")
+    with pytest.raises(ValueError, match="unknown loss_agg"):
+        AlgorithmPreset("x", "ppo", "grpo", loss_agg="sum")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        get_preset("aepo").clip_high = 0.3
+
+
+REWARDS = np.array([1.0, 0.0, 0.5, 0.5])
+GROUPS = np.array([0, 0, 1, 1])
+MASK = np.ones((4, 3), np.float32)
+
+
+def test_dapo_shapes_rewards_before_group_normalisation():
+    lengths = np.array([10, 20, 10, 18])  # Lmax 20, Lc 4: penalties 0, -1, 0, -0.5
+    preset = dataclasses.replace(get_preset("dapo"), overlong_buffer_len=4)
+    adv, metrics = compute_advantages(preset, REWARDS, GROUPS, MASK, response_lengths=lengths,
+                                      max_response_len=20)
+    shaped = REWARDS + np.array([0.0, -1.0, 0.0, -0.5])
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(grpo_advantages(shaped, GROUPS, MASK)),
+                               rtol=1e-6)
+    assert float(metrics["overlong_penalty_mean"]) == pytest.approx(-0.375)
+    with pytest.raises(ValueError, match="needs response_lengths"):
+        compute_advantages(preset, REWARDS, GROUPS, MASK)
+
+
+def test_aepo_pipeline_reshapes_grpo_by_entropy():
+    entropy = np.array([[1.0, 2.0, 3.0]] * 4)
+    adv, metrics = compute_advantages(get_preset("aepo"), REWARDS, GROUPS, MASK, entropy=entropy)
+    base = np.asarray(grpo_advantages(REWARDS, GROUPS, MASK))
+    z = (entropy - 2.0) / np.std(entropy, ddof=1)
+    np.testing.assert_allclose(np.asarray(adv), base * (1 + 0.2 * z), rtol=1e-5)
+    assert "entropy_adv_h_std" in metrics
+    with pytest.raises(ValueError, match="needs entropy"):
+        compute_advantages(get_preset("aepo"), REWARDS, GROUPS, MASK)
+
+
+def test_arpo_hard_attribution_switch():
+    preset = dataclasses.replace(get_preset("arpo"), hard_attribution=True)
+    shared = np.array([[3, 1, 0, 0], [1, 3, 0, 0], [0, 0, 3, 0], [0, 0, 0, 3]])
+    adv, _ = compute_advantages(preset, REWARDS, GROUPS, MASK, shared_prefix_len=shared)
+    soft = np.asarray(grpo_advantages(REWARDS, GROUPS, MASK))
+    expected = soft.copy()
+    expected[:2, 0] = 0.0  # rows 0, 1 share column 0: mean of +a and -a
+    np.testing.assert_allclose(np.asarray(adv), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="hard attribution needs a per-trajectory"):
+        dataclasses.replace(get_preset("reinforce_pp"), hard_attribution=True)
+
+
+def test_gigpo_and_reinforce_pipelines_need_their_inputs():
+    tokens = np.array([[1, 2, 3]] * 4)
+    adv, metrics = compute_advantages(get_preset("gigpo"), REWARDS, GROUPS, MASK, tokens=tokens,
+                                      step_starts=[[0]] * 4)
+    # one step per trajectory: A = 2 * (R - mean) under mean_norm (step return = R)
+    np.testing.assert_allclose(np.asarray(adv)[:, 0], [1.0, -1.0, 0.0, 0.0], atol=1e-6)
+    assert metrics["gigpo_step_groups"] == 2.0
+    with pytest.raises(ValueError, match="needs kl"):
+        compute_advantages(get_preset("reinforce_pp"), REWARDS, GROUPS, MASK)
+    adv, _ = compute_advantages(get_preset("reinforce_pp_baseline"), REWARDS, GROUPS, MASK)
+    assert np.asarray(adv).shape == (4, 3)
