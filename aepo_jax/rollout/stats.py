@@ -1,9 +1,10 @@
 """Tree statistics every rollout reports (spec section 2.4), plus forward-token accounting.
 
 The collapse measure is `top3_branch_fraction`: for each prompt, the branches
-forked by its three most-branched trajectories, summed over prompts and divided
-by all branches (ARPO's paper value: 93.4%). "Forked by" is the trajectory
-that took the branch decision, i.e. the child's `parent_id`.
+on its three most-branched trajectories, summed over prompts and divided by
+all branches (ARPO's paper value: 93.4%). The spec does not pin what a branch
+is "on"; by default it is the trajectory that forked it (`parent_id`), and
+`top3_root_branch_fraction` credits the global trajectory whose tree holds it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class RolloutStats:
     num_global: int
     num_branch: int
     branches_per_trajectory: float  # children forked per trajectory
-    top3_branch_fraction: float  # nan when there are no branches
+    top3_branch_fraction: float  # by forking trajectory; nan when there are no branches
+    top3_root_branch_fraction: float  # by the global trajectory whose tree holds the branch
     longest_branch_run: int  # longest chain of consecutive branch decisions
     tool_calls_per_trajectory: float
     mean_segment_entropy: float  # over each trajectory's own segments (nan if none)
@@ -51,11 +53,17 @@ class RolloutStats:
         return d
 
 
-def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]]) -> float:
-    """Fraction of all branches forked by the three most-branched trajectories of each prompt."""
+def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]], by: str = "parent") -> float:
+    """Fraction of all branches on the three most-branched trajectories of each prompt.
+
+    `by="parent"` credits a branch to the trajectory that forked it; `by="root"`
+    to the global trajectory whose tree it belongs to.
+    """
+    if by not in ("parent", "root"):
+        raise ValueError(f"by must be 'parent' or 'root', got {by!r}")
     top, total = 0, 0
     for group in groups:
-        per_parent = Counter(t.parent_id for t in group if not t.is_global)
+        per_parent = Counter(t.parent_id if by == "parent" else t.root_id for t in group if not t.is_global)
         counts = sorted(per_parent.values(), reverse=True)
         top += sum(counts[:3])
         total += sum(counts)
@@ -96,6 +104,7 @@ def compute_stats(
         num_branch=len(branches),
         branches_per_trajectory=len(branches) / len(trajs),
         top3_branch_fraction=top3_branch_fraction(groups),
+        top3_root_branch_fraction=top3_branch_fraction(groups, by="root"),
         longest_branch_run=max(longest_run(t.lineage) for t in trajs),
         tool_calls_per_trajectory=float(np.mean([t.num_tool_calls for t in trajs])),
         mean_segment_entropy=float(np.mean(own_entropy)) if own_entropy else float("nan"),

@@ -1,0 +1,175 @@
+"""The agent loop's limits, end reasons, masks and branch bookkeeping, driven by a scripted generator."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.prompts import (
+    DEFAULT_SYSTEM_PROMPT,
+    PromptConfig,
+    build_messages,
+    render_prompt,
+)
+from aepo_jax.agent.scripted import ByteTokenizer, ScriptedGenerator, ScriptedSegment
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.agent.trajectory import (
+    END_ANSWER,
+    END_CONTEXT,
+    END_EOS,
+    END_LENGTH,
+    END_TOOL_LIMIT,
+    Segment,
+    ToolStep,
+    Trajectory,
+)
+from aepo_jax.rollout.entropy import segment_entropy, top10_sum_entropy
+from aepo_jax.tokenizers import CHATML, train_sentencepiece
+
+TOK = ByteTokenizer()
+RESULT = TOK.token_to_id("<result>")
+
+
+class RecordingTools:
+    """Returns `<tag>:<content>` and records the batches the loop sends (to see concurrency per round)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def run_many(self, calls):
+        self.batches.append(list(calls))
+        return [SimpleNamespace(text=f"{c.tag}:{c.content}", ok=True) for c in calls]
+
+
+def segments_script(texts_by_call, end="stop", entropy=1.0):
+    """Row generates texts_by_call[n] after its n-th tool result (the last entry repeats)."""
+
+    def script(ids, rng):
+        n = ids.count(RESULT)
+        text = texts_by_call[min(n, len(texts_by_call) - 1)]
+        tokens = TOK.encode(text) + ([TOK.eos_id] if end == "eos" else [])
+        return ScriptedSegment(tokens, [entropy] * len(tokens), end)
+
+    return script
+
+
+def run(script, n_prompts=1, k=1, **cfg):
+    tools = RecordingTools()
+    config = LoopConfig(**{"max_tool_calls": 6, "max_response_tokens": 2000, "max_context_len": 4000, **cfg})
+    loop = AgentLoop(ScriptedGenerator(script), TOK, tools, config)
+    prompts = [TOK.encode(f"q{i}") for i in range(n_prompts)]
+    result = loop.run(prompts, k, k, rng=np.random.default_rng(0), key=jax.random.key(0))
+    return result, tools
+
+
+def test_tool_calls_masks_and_answer():
+    result, tools = run(segments_script(["<search>alpha</search>", "<python>print(1)</python>",
+                                         "<answer>\\boxed{2}</answer>"]), n_prompts=3)
+    for (traj,) in result.groups:
+        assert traj.stop_reason == END_ANSWER and traj.num_tool_calls == 2
+        assert [(s.tag, s.content) for s in traj.tool_steps] == [("search", "alpha"), ("python", "print(1)")]
+        text = TOK.decode(traj.response_ids)
+        assert text == ("<search>alpha</search> <result>\nsearch:alpha\n</result><python>print(1)</python> "
+                        "<result>\npython:print(1)\n</result><answer>\\boxed{2}</answer>")
+        expected = [1] * len(traj.response_ids)
+        for s in traj.tool_steps:
+            expected[s.result_start:s.result_end] = [0] * (s.result_end - s.result_start)
+            assert TOK.decode(traj.response_ids[s.result_start:s.result_end]).startswith(" <result>\n")
+        assert traj.mask == expected
+        assert traj.tool_result_ends == [s.result_end for s in traj.tool_steps]
+        assert [seg.after_tool for seg in traj.segments] == [False, True, True]
+    # The three prompts' calls of one round went to the registry together.
+    assert [len(b) for b in tools.batches] == [3, 3]
+    assert result.counters["append_tokens"] == sum(
+        s.result_end - s.result_start for (t,) in result.groups for s in t.tool_steps)
+
+
+def test_end_reasons():
+    (traj,), = run(segments_script(["<search>x</search>"]), max_tool_calls=2)[0].groups
+    assert traj.stop_reason == END_TOOL_LIMIT and traj.num_tool_calls == 2
+    (traj,), = run(segments_script(["<think>no answer</think>"], end="eos"))[0].groups
+    assert traj.stop_reason == END_EOS and traj.response_ids[-1] == TOK.eos_id
+    (traj,), = run(segments_script(["<answer>\\boxed{1}</answer>"], end="eos"))[0].groups
+    assert traj.stop_reason == END_ANSWER
+    (traj,), = run(segments_script(["<think>" + "x" * 100]), max_response_tokens=40)[0].groups
+    assert traj.stop_reason == END_LENGTH and len(traj.response_ids) == 40
+    (traj,), = run(segments_script(["<think>" + "x" * 100]), max_context_len=30)[0].groups
+    assert traj.stop_reason == END_CONTEXT and traj.total_length == 30
+    # A tool result that would overflow the response budget is not appended.
+    (traj,), = run(segments_script(["<search>" + "y" * 30 + "</search>"]), max_response_tokens=60)[0].groups
+    assert traj.stop_reason == END_LENGTH and traj.num_tool_calls == 0 and all(traj.mask)
+
+
+def test_stop_at_a_closing_tag_without_a_call_becomes_an_error_result():
+    (traj,), = run(segments_script(["oops</search>", "<answer>\\boxed{1}</answer>"]))[0].groups
+    assert traj.num_tool_calls == 1 and traj.tool_steps[0].tag == "invalid" and not traj.tool_steps[0].ok
+    assert "without a complete tool call" in traj.tool_steps[0].result_text
+    assert traj.stop_reason == END_ANSWER
+
+
+def test_branch_copies_the_prefix_and_lineage():
+    parent = Trajectory(traj_id=0, prompt_index=0, prompt_ids=[5, 6], root_id=0)
+    parent.add_generated([1, 2], [-0.1, -0.2], [0.5, 0.6])
+    parent.add_tool_result([7, 7, 7])
+    parent.segments.append(Segment(0, 2, 0.55, False))
+    parent.tool_steps.append(ToolStep("search", "q", "r", True, 2, 5))
+    parent.decisions.append((5, True))
+    parent.add_generated([3], [-0.3], [0.7])
+    child = parent.branch(9, 5)
+    assert child.response_ids == [1, 2, 7, 7, 7] and child.mask == [1, 1, 0, 0, 0]
+    assert child.parent_id == 0 and child.root_id == 0 and not child.is_global and child.branch_point == 5
+    assert child.lineage == [True] and child.consecutive_branchings == 1
+    with pytest.raises(ValueError, match="not the end of a tool result"):
+        parent.branch(10, 3)
+    with pytest.raises(ValueError, match="lengths differ"):
+        parent.add_generated([1], [0.0, 0.0], [0.0])
+
+
+def test_entropy_measures_against_float64_references():
+    h = np.random.default_rng(0).uniform(0, 3, size=50)
+    assert segment_entropy(h, 20) == pytest.approx(h[:20].mean(), rel=1e-12)
+    assert segment_entropy(h[:5], 20) == pytest.approx(h[:5].mean(), rel=1e-12)
+    with pytest.raises(ValueError, match="empty"):
+        segment_entropy([], 20)
+    logits = np.random.default_rng(1).normal(size=(30, 100))
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    top = -np.sort(-logp, axis=-1)[:, :10]
+    expected = sum(-(np.exp(top[t]) * top[t]).sum() for t in range(20)) / np.log(100)
+    assert top10_sum_entropy(top, 100) == pytest.approx(expected, rel=1e-12)
+
+
+def test_top10_sum_needs_top_logprobs_from_the_generator():
+    with pytest.raises(ValueError, match="top_logprobs"):
+        run(segments_script(["<answer>\\boxed{1}</answer>"]), entropy_measure="top10_sum")
+
+
+def test_bad_config_and_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="entropy_measure"):
+        LoopConfig(entropy_measure="mean")
+    with pytest.raises(ValueError, match="max_response_tokens"):
+        LoopConfig(max_response_tokens=0)
+    loop = AgentLoop(ScriptedGenerator(segments_script(["x"])), TOK, RecordingTools())
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        loop.run([[]], 1, 1, rng=np.random.default_rng(0), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="exceeds k"):
+        loop.run([[5]], 2, 3, rng=np.random.default_rng(0), key=jax.random.key(0))
+
+
+def test_prompts_render_through_the_chat_template():
+    tok = train_sentencepiece([DEFAULT_SYSTEM_PROMPT, "What is the capital of Brindle?"] * 3, vocab_size=400,
+                              chat_format=CHATML, special_tokens=("<|im_start|>", "<|im_end|>", *AGENT_SPECIAL_TOKENS))
+    ids = render_prompt(tok, "What is the capital of Brindle?")
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n" + DEFAULT_SYSTEM_PROMPT)
+    assert "<|im_start|>user\nWhat is the capital of Brindle?<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert ids == tok.apply_chat_template(build_messages("What is the capital of Brindle?"))
+    assert [m["role"] for m in build_messages("q", PromptConfig(system_prompt=None))] == ["user"]
+    with pytest.raises(ValueError, match="non-empty"):
+        build_messages("  ")
+    stops = agent_stop_sequences(tok)
+    assert all(len(s) == 1 for s in stops)  # every closing tag is one special token
