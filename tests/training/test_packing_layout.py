@@ -1,0 +1,134 @@
+"""Prefix forest, row layout and ancestor mask: hand-made trees against hand-written
+matrices, and random forests against the defining property (a slot attends exactly
+to its root-to-node path, once each)."""
+
+import numpy as np
+import pytest
+
+from aepo_jax.training.packing.ancestor_mask import ancestor_mask
+from aepo_jax.training.packing.layout import first_fit_decreasing, layout_forest
+from aepo_jax.training.packing.trie import build_prefix_forest, preorder_and_sizes
+
+
+def _rows(layout):
+    """(tokens per slot, mask) of a layout whose node ids are the tokens themselves."""
+    return np.asarray(ancestor_mask(layout.subtree_end))
+
+
+def _expected(sets, length):
+    """bool[L, L] from, per query slot, the key slots it may attend."""
+    m = np.zeros((length, length), bool)
+    for i, keys in enumerate(sets):
+        m[i, list(keys)] = True
+    return m
+
+
+def _node_tokens(forest, layout):
+    return np.where(layout.slot_node >= 0, forest.tokens[np.maximum(layout.slot_node, 0)], -1)
+
+
+def test_trie_merges_shared_prefixes_only_within_a_group():
+    forest = build_prefix_forest([[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]], group_ids=[0, 0, 0, 1])
+    assert forest.num_nodes == 5 + 3  # group 0: 1,2,3,4,5; group 1: its own 1,2,3
+    assert forest.paths[0][:2].tolist() == forest.paths[1][:2].tolist()
+    assert forest.paths[3][0] != forest.paths[0][0]
+    order, rank, size = preorder_and_sizes(forest)
+    assert forest.tokens[order].tolist() == [1, 2, 3, 4, 5, 1, 2, 3]
+    assert size[forest.paths[0][0]] == 5 and size[forest.paths[0][1]] == 3
+    assert forest.depth[forest.paths[1]].tolist() == [0, 1, 2]
+
+
+def test_ancestor_mask_of_one_tree_in_one_row():
+    # 1 -> 2 -> {3, 4 -> 5}, 1 -> 6; preorder 1 2 3 4 5 6
+    forest = build_prefix_forest([[1, 2, 3], [1, 2, 4, 5], [1, 6]])
+    layout = layout_forest(forest, row_len=8, length_multiple=8)
+    assert _node_tokens(forest, layout)[0].tolist() == [1, 2, 3, 4, 5, 6, -1, -1]
+    want = _expected([{0}, {0, 1}, {0, 1, 2}, {0, 1, 3}, {0, 1, 3, 4}, {0, 5}, {6}, {7}], 8)
+    np.testing.assert_array_equal(_rows(layout)[0], want)
+    assert layout.copied_slots == 0
+    # token 5 (node of slot 4) is scored by its parent 4 at slot 3
+    assert (layout.score_row[forest.paths[1][3]], layout.score_col[forest.paths[1][3]]) == (0, 3)
+
+
+def test_tree_overflowing_a_row_is_split_with_ancestor_copies_and_bin_packed():
+    # group 0: 1 -> 2 -> {3, 4}, 1 -> 5 (5 nodes, row_len 4); group 1: 7 -> 8
+    forest = build_prefix_forest([[1, 2, 3], [1, 2, 4], [1, 5], [7, 8]], group_ids=[0, 0, 0, 1])
+    layout = layout_forest(forest, row_len=4, length_multiple=1)
+    tokens = _node_tokens(forest, layout)
+    assert tokens.tolist() == [[1, 2, 3, 4], [1, 5, 7, 8]]
+    assert layout.slot_owned.tolist() == [[True] * 4, [False, True, True, True]]
+    mask = _rows(layout)
+    np.testing.assert_array_equal(mask[0], _expected([{0}, {0, 1}, {0, 1, 2}, {0, 1, 3}], 4))
+    np.testing.assert_array_equal(mask[1], _expected([{0}, {0, 1}, {2}, {2, 3}], 4))
+    assert layout.copied_slots == 1
+    node5 = forest.paths[2][1]
+    assert (layout.score_row[node5], layout.score_col[node5]) == (1, 0)  # scored by the copy of 1
+
+
+def test_uncle_after_a_split_does_not_see_the_copied_parent():
+    # 1 -> 2 -> {3 -> 4 -> 5, 6}, 1 -> 7; row_len 5: piece A = 1 2 3 4 5, piece B = 1' 2' 6 7
+    forest = build_prefix_forest([[1, 2, 3, 4, 5], [1, 2, 6], [1, 7]])
+    layout = layout_forest(forest, row_len=5, length_multiple=1)
+    tokens = _node_tokens(forest, layout)
+    assert tokens.tolist() == [[1, 2, 3, 4, 5], [1, 2, 6, 7, -1]]
+    np.testing.assert_array_equal(_rows(layout)[1], _expected([{0}, {0, 1}, {0, 1, 2}, {0, 3}, {4}], 5))
+
+
+def test_first_fit_decreasing():
+    # longest first: 5 -> bin 0, 4 -> bin 1, 3 -> bin 2, 2 -> bin 1 after the 4, 1 -> bin 0 after the 5
+    bins, offsets = first_fit_decreasing([3, 5, 2, 4, 1], capacity=6)
+    assert bins == [2, 0, 1, 1, 0] and offsets == [0, 0, 4, 0, 5]
+    with pytest.raises(ValueError, match="exceeds the bin capacity"):
+        first_fit_decreasing([7], capacity=6)
+
+
+def test_sequence_longer_than_a_row_raises():
+    with pytest.raises(ValueError, match="does not fit in row_len=3"):
+        layout_forest(build_prefix_forest([[1, 2, 3, 4]]), row_len=3)
+
+
+def _random_sequences(rng, num_groups):
+    sequences, groups = [], []
+    for g in range(num_groups):
+        prompt = rng.integers(0, 6, size=int(rng.integers(1, 6))).tolist()
+        trajs = [prompt + rng.integers(0, 6, size=int(rng.integers(0, 8))).tolist()]
+        for _ in range(int(rng.integers(0, 6))):
+            parent = trajs[int(rng.integers(len(trajs)))]
+            cut = int(rng.integers(1, len(parent) + 1))
+            trajs.append(parent[:cut] + rng.integers(0, 6, size=int(rng.integers(0, 8))).tolist())
+        sequences += trajs
+        groups += [g] * len(trajs)
+    return sequences, groups
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_forests_attend_exactly_their_path(seed):
+    rng = np.random.default_rng(seed)
+    sequences, groups = _random_sequences(rng, int(rng.integers(1, 5)))
+    forest = build_prefix_forest(sequences, groups)
+    longest = max(len(s) for s in sequences)
+    layout = layout_forest(forest, row_len=int(rng.integers(longest, longest + 12)), length_multiple=1)
+    mask = _rows(layout)
+    owned = layout.slot_node[layout.slot_owned]
+    assert sorted(owned.tolist()) == list(range(forest.num_nodes))  # every node owned exactly once
+    for r in range(layout.num_rows):
+        for i in range(layout.row_len):
+            node = layout.slot_node[r, i]
+            keys = np.flatnonzero(mask[r, i])
+            if node < 0:
+                assert keys.tolist() == [i]
+                continue
+            path = []
+            n = node
+            while n >= 0:
+                path.append(int(n))
+                n = forest.parent[n]
+            assert sorted(layout.slot_node[r, keys].tolist()) == sorted(path)  # the path, each node once
+    for path, seq in zip(forest.paths, sequences):
+        assert forest.tokens[path].tolist() == seq
+        for t in range(1, len(path)):
+            r, c = layout.score_row[path[t]], layout.score_col[path[t]]
+            assert layout.slot_node[r, c] == path[t - 1]  # scored by its parent's slot
+            owner = np.argwhere((layout.slot_node == path[t]) & layout.slot_owned)[0]
+            assert owner[0] == r  # in the row that owns the token
+            assert mask[r, owner[1], c]
