@@ -43,7 +43,8 @@ def with_logp_old_near_current(graphdef, params, batch, temperature=1.0):
     """Replace `logp_old` by the model's own log-probs plus the stored jitter."""
     from aepo_jax.training.train_step import sequence_logprobs
 
-    logp, _ = sequence_logprobs(graphdef, params, jax.tree.map(np.asarray, batch), temperature)
+    score = jax.jit(sequence_logprobs, static_argnums=(0, 3))
+    logp, _ = score(graphdef, params, jax.tree.map(np.asarray, batch), temperature)
     out = dict(batch)
     out["logp_old"] = (np.asarray(logp) + batch["logp_old"]) * batch["valid"]
     return out
