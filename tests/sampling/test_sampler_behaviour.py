@@ -1,0 +1,141 @@
+"""Per-row stopping, fresh keys, budgets, bucketing and bad input on the real tiny model."""
+
+import jax
+import numpy as np
+import pytest
+
+from aepo_jax.sampling import Sampler, SamplingParams
+from tests.sampling.conftest import random_prompts
+
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def first_match_end(tokens: list[int], sequence: list[int]) -> int:
+    """Index of the token that completes the first occurrence of `sequence`."""
+    for end in range(len(sequence) - 1, len(tokens)):
+        if tokens[end - len(sequence) + 1 : end + 1] == sequence:
+            return end
+    raise AssertionError("sequence does not occur")
+
+
+def test_multi_token_stop_sequence_stops_exactly_after_its_last_token(tiny_model, greedy_sampler):
+    _, graphdef, state = tiny_model
+    prompts = random_prompts(10, [4, 7, 5])
+    key = jax.random.key(11)
+    _, free = greedy_sampler.generate(greedy_sampler.prefill(prompts), 24, rng=key, params=SAMPLED)
+    row0 = free.row_tokens(0)
+    stop = row0[9:12]  # three tokens from the middle of row 0's free continuation
+    never = [row0[5], 1, 1]  # starts like text that occurs but never completes
+    sampler = Sampler(graphdef, state, params=SAMPLED, stop_sequences=[never, stop])
+    _, out = sampler.generate(sampler.prefill(prompts), 24, rng=key)
+    end = first_match_end(row0, stop)
+    assert out.row_tokens(0) == row0[: end + 1]
+    assert out.stop_reason[0] == "stop" and out.stop_sequence_index[0] == 1
+    for row in (1, 2):  # other rows run on unchanged unless they contain the sequence too
+        tokens = free.row_tokens(row)
+        try:
+            expected = tokens[: first_match_end(tokens, stop) + 1]
+        except AssertionError:
+            expected = tokens
+        assert out.row_tokens(row) == expected
+
+
+def test_eos_stops_a_row_and_others_keep_going(greedy_sampler, tiny_model):
+    _, graphdef, state = tiny_model
+    prompts = random_prompts(12, [6, 6])
+    key = jax.random.key(5)
+    _, free = greedy_sampler.generate(greedy_sampler.prefill(prompts), 16, rng=key, params=SAMPLED)
+    eos = free.row_tokens(0)[4]
+    sampler = Sampler(graphdef, state, params=SAMPLED, eos_ids=[eos])
+    st, out = sampler.generate(sampler.prefill(prompts), 16, rng=key)
+    first = free.row_tokens(0).index(eos)
+    assert out.row_tokens(0) == free.row_tokens(0)[: first + 1] and out.stop_reason[0] == "eos"
+    if eos not in free.row_tokens(1):
+        assert out.row_tokens(1) == free.row_tokens(1) and out.stop_reason[1] == "length"
+    # the stopped row did not advance while the other one ran on
+    assert st.next_position.tolist() == [6 + out.num_tokens[0], 6 + out.num_tokens[1]]
+
+
+def test_per_row_budgets_and_padding_in_outputs(greedy_sampler):
+    st, out = greedy_sampler.generate(greedy_sampler.prefill(random_prompts(13, [3, 5, 4])), [2, 9, 0])
+    assert out.num_tokens.tolist() == [2, 9, 0]
+    assert out.stop_reason == ["length", "length", "length"]
+    assert out.tokens.shape == (3, 9)
+    assert np.all(out.tokens[0, 2:] == greedy_sampler.pad_id) and np.all(out.logp[0, 2:] == 0)
+    assert st.next_position.tolist() == [5, 14, 4]
+
+
+def test_fresh_key_per_call_and_row_unless_given(tiny_model):
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SAMPLED)
+    prompt = random_prompts(14, [5])[0]
+    _, first = sampler.generate(sampler.prefill([prompt, prompt]), 12)
+    _, second = sampler.generate(sampler.prefill([prompt, prompt]), 12)
+    assert first.row_tokens(0) != second.row_tokens(0)
+    assert first.row_tokens(0) != first.row_tokens(1)  # same prompt, two rows, two keys
+    key = jax.random.key(99)
+    _, again_a = sampler.generate(sampler.prefill([prompt, prompt]), 12, rng=key)
+    _, again_b = sampler.generate(sampler.prefill([prompt, prompt]), 12, rng=key)
+    assert again_a.tokens.tolist() == again_b.tokens.tolist()
+    other = Sampler(graphdef, state, params=SAMPLED)  # a second sampler does not replay the first's stream
+    _, third = other.generate(other.prefill([prompt, prompt]), 12)
+    assert third.row_tokens(0) != first.row_tokens(0)
+
+
+def test_jit_cache_does_not_grow_within_a_bucket(tiny_model):
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True))
+
+    def rollout_round(seed, lengths, budget, result_lengths):
+        st = sampler.prefill(random_prompts(seed, lengths))
+        st, _ = sampler.generate(st, budget)
+        st = sampler.append(st, random_prompts(seed + 1, result_lengths))
+        st, _ = sampler.generate(st, budget)
+        sampler.fork(st, [0, 0])
+
+    rollout_round(0, [5, 9, 3], 12, [4, 6, 1])
+    compiled = sampler.compiled_programs()
+    # other rows, prompt lengths, budgets and result lengths, all inside the same buckets
+    rollout_round(2, [16, 10, 2], 16, [8, 0, 1])
+    rollout_round(4, [1, 2, 12, 7], 9, [3, 3, 2, 5])
+    assert sampler.compiled_programs() == compiled
+
+
+def test_counters_count_real_tokens_by_kind(tiny_model):
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True))
+    st = sampler.prefill(random_prompts(20, [5, 9]))
+    st, _ = sampler.generate(st, [3, 4])
+    st = sampler.append(st, [[5, 6], []])
+    assert sampler.counters == {"prefill_tokens": 14, "append_tokens": 2, "decode_tokens": 7}
+
+
+def test_set_params_changes_outputs_without_recompiling(tiny_model):
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True))
+    prompts = random_prompts(21, [6])
+    _, before = sampler.generate(sampler.prefill(prompts), 8)
+    compiled = sampler.compiled_programs()
+    sampler.set_params(jax.tree.map(lambda x: -x, state))
+    _, after = sampler.generate(sampler.prefill(prompts), 8)
+    assert before.row_tokens(0) != after.row_tokens(0)
+    assert sampler.compiled_programs() == compiled
+    with pytest.raises(ValueError, match="differ"):
+        sampler.set_params(jax.tree.map(lambda x: x[..., :1], state))
+
+
+def test_bad_input_raises_clear_errors(greedy_sampler):
+    sampler = greedy_sampler
+    with pytest.raises(ValueError, match="empty"):
+        sampler.prefill([[3], []])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        sampler.prefill([[3, 512]])
+    st = sampler.prefill([[3, 4]])
+    with pytest.raises(ValueError, match="budgets"):
+        sampler.generate(st, [1, 2])
+    with pytest.raises(ValueError, match="rows"):
+        sampler.fork(st, [1])
+    with pytest.raises(ValueError, match="token lists"):
+        sampler.append(st, [[1], [2]])
+    with pytest.raises(ValueError, match="max_cache_len"):
+        sampler.generate(st, 5000)
