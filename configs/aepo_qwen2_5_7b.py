@@ -17,7 +17,7 @@ from configs.base import get_base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = get_base_config()
+    c = get_base_config("aepo")
     c.name = "aepo_qwen2_5_7b"
     c.mesh.shape = {"data": -1, "fsdp": 8, "tensor": 1}
     c.model.preset = "qwen2_5_7b"
@@ -34,6 +34,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.name = "math_equiv"
 
     c.rollout.strategy = "aepo"
+    c.rollout.branch_width = 2  # paper: Z = 2
+    c.rollout.branch_threshold = 0.5  # paper: tau = 0.5
+    c.rollout.entropy_weight = 0.2  # paper: gamma = 0.2
+    c.rollout.penalty_slope = 0.05  # paper: 0.05
+    c.rollout.beta = 0.5  # paper: beta = 0.5
     c.rollout.k = 16  # paper: 16
     c.rollout.initial_rollouts = 8  # paper: m = 8
     c.rollout.max_prompt_len = 1536  # paper: 1536
@@ -41,13 +46,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
 
-    c.objective.surrogate = "aepo"
+    c.objective.surrogate = "aepo"  # stop-gradient clipping (spec §3.1)
     c.objective.advantage = "grpo"
-    c.objective.entropy_adv_coef = 0.2
-    c.objective.clip_low = 0.2
+    c.objective.entropy_advantage = True
+    c.objective.entropy_advantage_coef = 0.2  # paper: a = 0.2
+    c.objective.clip_low = 0.2  # paper: 0.2 / 0.2
     c.objective.clip_high = 0.2
-    c.objective.dual_clip_c = 3.0
-    c.objective.kl_coef = 0.0
+    c.objective.dual_clip_c = 3.0  # paper: dual clip 3
+    c.objective.loss_agg = "token_mean"
+    c.objective.kl_coef = 0.0  # paper: no KL
 
     # 10,000 rows / 128 per step ~ 78 steps per epoch, x 2 epochs.
     c.train.total_steps = 156

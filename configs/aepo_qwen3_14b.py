@@ -19,7 +19,7 @@ from configs.base import get_base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = get_base_config()
+    c = get_base_config("aepo")
     c.name = "aepo_qwen3_14b"
     c.mesh.shape = {"data": -1, "fsdp": 8, "tensor": 4}
     c.model.preset = "qwen3_14b"
@@ -36,6 +36,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.name = "qa_f1"  # released deep-research reward (spec §5)
 
     c.rollout.strategy = "aepo"
+    c.rollout.branch_width = 2  # paper: Z = 2
+    c.rollout.branch_threshold = 0.5  # paper: tau = 0.5
+    c.rollout.entropy_weight = 0.2  # paper: gamma = 0.2
+    c.rollout.penalty_slope = 0.05  # paper: 0.05
+    c.rollout.beta = 0.5  # paper: beta = 0.5
     c.rollout.k = 12  # paper: 12 trajectories per prompt
     c.rollout.initial_rollouts = 6  # paper: m = 6 (recomputed per prompt by dynamic_budget)
     c.rollout.max_prompt_len = 2000  # paper: 2000
@@ -43,12 +48,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
 
-    c.objective.surrogate = "aepo"
+    c.objective.surrogate = "aepo"  # stop-gradient clipping (spec §3.1)
     c.objective.advantage = "grpo"
-    c.objective.entropy_adv_coef = 0.2  # a = 0.2
-    c.objective.clip_low = 0.2
+    c.objective.entropy_advantage = True
+    c.objective.entropy_advantage_coef = 0.2  # paper: a = 0.2
+    c.objective.clip_low = 0.2  # paper: 0.2 / 0.2
     c.objective.clip_high = 0.2
-    c.objective.dual_clip_c = 3.0
+    c.objective.dual_clip_c = 3.0  # paper: dual clip 3
+    c.objective.loss_agg = "token_mean"
     c.objective.kl_coef = 0.0  # paper: no KL
 
     # 1,071 rows / 64 per step ~ 17 steps per epoch, x 5 epochs.

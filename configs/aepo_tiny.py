@@ -1,9 +1,11 @@
-"""AEPO (spec §2.3, §3.1): entropy pre-monitored budget, consecutive-branch penalty,
-stop-gradient clipping that keeps high-entropy tokens' gradients, entropy-aware advantages.
+"""AEPO (spec §2.3, §3.1-3.2): entropy pre-monitored global budget, consecutive-branch
+penalty, stop-gradient clipping that keeps the gradient of clipped high-entropy
+tokens (F = 1+eh), entropy-aware advantages (a = 0.2).
 
-Tiny scale: the `tiny` model preset, 4 prompts x k=4 per step, short
-sequences; one step runs on a CPU in seconds (hardware: any CPU, mesh
-data=-1). `arg` is unused.
+Tiny scale (hardware: any CPU; mesh data=-1 over whatever devices exist): the
+`tiny` model, 4 prompts x k=4 trajectories per step, short sequences, so a
+step takes seconds. Objective values come from the `aepo` preset of
+`aepo_jax.objectives` (see configs/base.py). `arg` is unused.
 """
 
 from __future__ import annotations
@@ -14,15 +16,8 @@ from configs.base import get_base_config, shrink_to_tiny
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = shrink_to_tiny(get_base_config())
+    c = shrink_to_tiny(get_base_config("aepo"))
     c.name = "aepo_tiny"
-    c.rollout.strategy = "aepo"
     c.rollout.dynamic_budget = True  # m = clamp(floor(k sigmoid(beta (H_root - H_tool))) + 1, 1, k)
-    c.rollout.penalty_slope = 0.05  # paper 0.05
-    c.objective.surrogate = "aepo"  # F = 1+eh above the upper clip (A > 0)
-    c.objective.advantage = "grpo"
-    c.objective.entropy_adv_coef = 0.2  # a = 0.2 in the paper
-    c.objective.clip_low = 0.2
-    c.objective.clip_high = 0.2
-    c.objective.dual_clip_c = 3.0
+    c.rollout.penalty_slope = 0.05  # paper: 0.05
     return c

@@ -1,8 +1,10 @@
-"""ARPO (spec §2.2): entropy-based adaptive branching, PPO clipping, GRPO advantages.
+"""ARPO (spec §2.2): entropy-based adaptive branching with PPO clipping and GRPO
+advantages (soft attribution; `objective.hard_attribution` is the switch).
 
-Tiny scale: the `tiny` model preset, 4 prompts x k=4 per step, short
-sequences; one step runs on a CPU in seconds (hardware: any CPU, mesh
-data=-1). `arg` is unused.
+Tiny scale (hardware: any CPU; mesh data=-1 over whatever devices exist): the
+`tiny` model, 4 prompts x k=4 trajectories per step, short sequences, so a
+step takes seconds. Objective values come from the `arpo` preset of
+`aepo_jax.objectives` (see configs/base.py). `arg` is unused.
 """
 
 from __future__ import annotations
@@ -13,15 +15,8 @@ from configs.base import get_base_config, shrink_to_tiny
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = shrink_to_tiny(get_base_config())
+    c = shrink_to_tiny(get_base_config("arpo"))
     c.name = "arpo_tiny"
-    c.rollout.strategy = "arpo"
     c.rollout.dynamic_budget = False  # fixed m = k / 2 global samples
-    c.rollout.penalty_slope = 0.0  # no consecutive-branch penalty in ARPO
-    c.objective.surrogate = "ppo"
-    c.objective.advantage = "grpo"
-    c.objective.entropy_adv_coef = 0.0
-    c.objective.clip_low = 0.2
-    c.objective.clip_high = 0.2
-    c.objective.dual_clip_c = 3.0
+    c.rollout.penalty_slope = 0.0  # ARPO has no consecutive-branch penalty
     return c

@@ -6,11 +6,26 @@ otherwise; the tiny configs shrink sizes so a step runs on a CPU in seconds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
 
+from aepo_jax.objectives import get_preset
 
-def get_base_config() -> ml_collections.ConfigDict:
+
+def objective_from_preset(algorithm: str) -> ml_collections.ConfigDict:
+    """The preset's fields (except its name) as a ConfigDict; None-valued fields
+    become typed placeholders so `--config.objective.X=...` can still set them."""
+    fields = dataclasses.asdict(get_preset(algorithm))
+    fields.pop("name")
+    objective = ml_collections.ConfigDict()
+    for key, value in fields.items():
+        objective[key] = config_dict.placeholder(float) if value is None else value
+    return objective
+
+
+def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "base"
     c.seed = 0
@@ -38,7 +53,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.data.epochs = 5  # paper: 5 (deep search) / 2 (reasoning) epochs over the data
 
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.strategy = "aepo"  # "independent" | "arpo" | "aepo" (spec §2)
+    # strategy: "independent" | "arpo" | "aepo" (spec §2), set from the preset below
     c.rollout.k = 12  # trajectories per prompt (group size); paper 12 / 16
     c.rollout.initial_rollouts = 6  # m global samples (paper 6 / 8); AEPO recomputes it when dynamic_budget
     c.rollout.dynamic_budget = True  # AEPO entropy pre-monitoring (§2.3)
@@ -60,28 +75,15 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.rollout.tool_timeout_s = 120.0
     c.rollout.max_result_chars = 1000
 
-    c.reward = ml_collections.ConfigDict({"name": "qa_f1"})
+    c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 
-    c.objective = ml_collections.ConfigDict()
-    c.objective.surrogate = "aepo"  # aepo_jax.objectives policy-loss registry name
-    c.objective.advantage = "grpo"  # advantage estimator name
-    c.objective.entropy_adv_coef = 0.2  # a, AEPO entropy-aware advantage (0 disables)
-    c.objective.entropy_adv_scope = "batch"
-    c.objective.clip_low = 0.2
-    c.objective.clip_high = 0.2
-    c.objective.dual_clip_c = 3.0
-    c.objective.loss_agg = "token_mean"
-    c.objective.kl_coef = 0.0  # paper: 0; the reference model runs only when > 0 or log_kl
-    c.objective.kl_estimator = "k3"
-    c.objective.kl_in_reward = False  # REINFORCE++: KL penalty folded into the token rewards
-    c.objective.log_kl = False
-    c.objective.entropy_coef = 0.0
-    # DAPO dynamic sampling: resample groups whose rewards are all equal (bounded).
-    c.objective.dynamic_sampling = False
-    c.objective.max_resample_rounds = 3
-    c.objective.overlong_buffer_len = 0  # DAPO overlong shaping buffer L_c (0 = off)
-    c.objective.gigpo_step_weight = 1.0  # GiGPO omega
-    c.objective.gigpo_gamma = 0.95  # GiGPO step-return discount
+    # Objective: every field of aepo_jax.objectives.AlgorithmPreset, filled from
+    # the preset named `algorithm` so a family file only states what it changes.
+    c.algorithm = algorithm
+    c.objective = objective_from_preset(algorithm)
+    c.objective.log_kl = False  # run the reference model to log KL even when kl_coef == 0
+    c.objective.max_resample_rounds = 3  # DAPO dynamic sampling: extra rollout rounds per step at most
+    c.rollout.strategy = get_preset(algorithm).rollout
 
     c.train = ml_collections.ConfigDict()
     c.train.total_steps = 100
@@ -89,6 +91,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.train.mini_batch_prompts = 8  # PPO mini-batch in prompts (paper 8 / 16)
     c.train.micro_batch_size = 4  # sequences per forward/backward (memory knob; exact accumulation)
     c.train.max_seq_len = 8192  # padded training length (prompt + response)
+    c.train.length_bucket = 256  # pad T up to a multiple of this: few compiled shapes
+    c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-6  # paper: AdamW lr 1e-6, constant
@@ -120,6 +124,7 @@ def shrink_to_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.train.mini_batch_prompts = 2
     c.train.micro_batch_size = 4
     c.train.max_seq_len = 128
+    c.train.length_bucket = 32
     c.optim.lr = 1e-3  # tiny random model: a visible signal in a few steps
     c.optim.warmup_steps = 2
     c.checkpoint.every = 5
