@@ -69,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     start = time.perf_counter()
-    model, tokenizer = load_gguf(path, dtype=jnp.float32)
+    try:
+        model, tokenizer = load_gguf(path, dtype=jnp.float32)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"cannot load {path}: {err}", file=sys.stderr)
+        return 2
     load_s = time.perf_counter() - start
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     cfg = model.config

@@ -106,7 +106,8 @@ def train_sentencepiece(
 
     Args:
       texts: training text, one document per item (newlines inside are fine).
-      vocab_size: total pieces, including 256 byte pieces and the special tokens.
+      vocab_size: total pieces, including 256 byte pieces and the special tokens
+        (an upper bound: a small corpus may yield fewer pieces; read `.vocab_size`).
       special_tokens: strings that must each encode to exactly one id.
       model_prefix: if given, also write `<model_prefix>.model` and `.vocab`.
       chat_format: passed to the returned tokenizer.
