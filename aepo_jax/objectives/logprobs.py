@@ -4,8 +4,12 @@
 vocabulary. With `chunk_size`, the sequence axis is processed `chunk_size`
 positions at a time under `lax.map`, and each chunk is rematerialised in the
 backward pass (`jax.checkpoint`), so a float32 `[B, T, V]` copy of the logits
-never exists, neither forward nor backward; the result is the same as the
-unchunked one.
+is not kept for the backward pass; the result is the same as the unchunked
+one. Measured on CPU (B=2, T=512, V=32000, chunk 64, XLA temp memory of
+`jax.grad`): 250 MiB unchunked vs 62.5 MiB chunked for float32 logits. The
+CPU backend upcasts a bfloat16 input to float32 as a whole before the loop,
+so there the forward pass gains nothing for bfloat16 logits (not yet measured
+on an accelerator).
 """
 
 from __future__ import annotations

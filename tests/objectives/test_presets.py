@@ -1,7 +1,9 @@
 """Algorithm presets and the `compute_advantages` pipeline they drive."""
 
 import dataclasses
+import functools
 
+import jax
 import numpy as np
 import pytest
 
@@ -120,3 +122,14 @@ def test_gigpo_and_reinforce_pipelines_need_their_inputs():
         compute_advantages(get_preset("reinforce_pp"), REWARDS, GROUPS, MASK)
     adv, _ = compute_advantages(get_preset("reinforce_pp_baseline"), REWARDS, GROUPS, MASK)
     assert np.asarray(adv).shape == (4, 3)
+
+
+def test_compute_advantages_jits_for_array_only_presets():
+    preset = dataclasses.replace(get_preset("aepo"), hard_attribution=True)
+    shared = np.array([[3, 1, 0, 0], [1, 3, 0, 0], [0, 0, 3, 0], [0, 0, 0, 3]])
+    entropy = np.arange(12.0).reshape(4, 3)
+    fn = jax.jit(functools.partial(compute_advantages, preset))
+    adv, _ = fn(REWARDS, GROUPS, MASK, entropy=entropy, shared_prefix_len=shared)
+    eager, _ = compute_advantages(preset, REWARDS, GROUPS, MASK, entropy=entropy,
+                                  shared_prefix_len=shared)
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(eager), rtol=1e-6)
