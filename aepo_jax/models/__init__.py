@@ -27,8 +27,19 @@ __all__ = [
     "config_to_hf",
     "get_preset",
     "hf_tensors_from_model",
+    "load_gguf",
     "load_hf_checkpoint",
     "model_from_hf_tensors",
     "read_safetensors",
     "save_hf_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    # `load_gguf` pulls in the tokenizers package (which imports aepo_jax.agent);
+    # resolving it lazily keeps `import aepo_jax.models` free of import cycles.
+    if name == "load_gguf":
+        from aepo_jax.models.gguf import load_gguf
+
+        return load_gguf
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

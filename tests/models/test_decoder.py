@@ -14,10 +14,21 @@ def _model(**overrides):
     return Decoder(get_preset("tiny", **overrides), rngs=nnx.Rngs(0))
 
 
+def _jitted(model):
+    """model(...) as one compiled program (eager op-by-op dispatch is slow on 2 cores)."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(ids, positions=None, attention_mask=None, kv_cache=None):
+        return nnx.merge(graphdef, state)(ids, positions=positions, attention_mask=attention_mask, kv_cache=kv_cache)
+
+    return forward
+
+
 def test_forward_returns_float32_logits_of_vocab_size():
     model = _model(dtype="bfloat16", param_dtype="bfloat16")
     ids = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)
-    logits = model(ids)
+    logits = _jitted(model)(ids)
     assert logits.shape == (2, 5, 512) and logits.dtype == jnp.float32
     assert model.embed[...].dtype == jnp.bfloat16
     assert bool(jnp.isfinite(logits).all())
@@ -25,14 +36,14 @@ def test_forward_returns_float32_logits_of_vocab_size():
 
 @pytest.mark.parametrize("overrides", [{}, {"qkv_bias": True}, {"qk_norm": True, "head_dim": 24}])
 def test_prefill_then_token_by_token_decode_matches_full_forward(overrides):
-    model = _model(**overrides)
+    forward = _jitted(_model(**overrides))
     ids = jax.random.randint(jax.random.key(1), (3, 10), 0, 512, dtype=jnp.int32)
-    full = model(ids)  # [B, T, V]
-    cache = KVCache.init(model.config, batch=3, length=16, dtype=jnp.float32)
-    logits, cache = model(ids[:, :5], kv_cache=cache)
+    full = forward(ids)  # [B, T, V]
+    cache = KVCache.init(get_preset("tiny", **overrides), batch=3, length=16, dtype=jnp.float32)
+    logits, cache = forward(ids[:, :5], kv_cache=cache)
     pieces = [logits]
     for t in range(5, 10):
-        logits, cache = model(ids[:, t : t + 1], kv_cache=cache)
+        logits, cache = forward(ids[:, t : t + 1], kv_cache=cache)
         pieces.append(logits)
     cached = jnp.concatenate(pieces, axis=1)
     assert int(cache.index) == 10
@@ -42,6 +53,7 @@ def test_prefill_then_token_by_token_decode_matches_full_forward(overrides):
 def test_cached_decode_with_explicit_mask_and_positions_for_left_padding():
     """Row 0 is left-padded by 3; its decoded logits equal an unpadded forward of its real tokens."""
     model = _model()
+    forward = _jitted(model)
     tokens = jax.random.randint(jax.random.key(2), (1, 7), 0, 512, dtype=jnp.int32)
     pad = 3
     ids = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), tokens[:, :4]], axis=1)  # [1, 7]
@@ -51,14 +63,14 @@ def test_cached_decode_with_explicit_mask_and_positions_for_left_padding():
     cache = KVCache.init(model.config, batch=1, length=length)
     slot_valid = jnp.concatenate([valid, jnp.ones(length - 7, bool)])  # [S]
     causal = jnp.arange(length)[None, :] <= jnp.arange(7)[:, None]  # [T, S]
-    logits, cache = model(ids, positions=positions, attention_mask=(causal & slot_valid)[None], kv_cache=cache)
+    logits, cache = forward(ids, positions=positions, attention_mask=(causal & slot_valid)[None], kv_cache=cache)
     got = [logits[:, pad:]]
     for t in range(4, 7):
         slot = 7 + t - 4
         mask = (jnp.arange(length) <= slot) & slot_valid
-        step, cache = model(tokens[:, t : t + 1], positions=jnp.array([[t]]), attention_mask=mask[None, None], kv_cache=cache)
+        step, cache = forward(tokens[:, t : t + 1], jnp.array([[t]]), mask[None, None], cache)
         got.append(step)
-    reference = model(tokens)
+    reference = forward(tokens)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(reference), atol=1e-5, rtol=0)
 
 

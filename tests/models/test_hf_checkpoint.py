@@ -4,6 +4,7 @@ Run with `-s` to see the parity figures (max abs logit difference per case).
 """
 
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from flax import nnx
 from hf_reference import HF_CASES, hf_logits, make_hf_model
 
 from aepo_jax.models import Decoder, get_preset, load_hf_checkpoint, save_hf_checkpoint
+from aepo_jax.parallel import make_mesh
 
 TOLERANCE = 1e-4
 
@@ -35,6 +37,34 @@ def test_loaded_checkpoint_logits_match_transformers(case, tmp_path, input_ids):
     diff = float(np.abs(got - expected).max())
     _report(case, diff, float(np.abs(expected).max()))
     assert got.dtype == np.float32 and got.shape == expected.shape
+    assert diff < TOLERANCE
+
+
+def test_llama3_rope_scaling_is_exercised(tmp_path, input_ids):
+    """The parity case would fail without the llama3 frequency scaling (so the comparison can catch it)."""
+    hf_model = make_hf_model("llama_untied_gqa_rope_scaling")
+    hf_model.save_pretrained(tmp_path)
+    model = load_hf_checkpoint(tmp_path)
+    _, state = nnx.split(model)
+    unscaled_config = model.config.replace(rope_scaling=None)
+    unscaled_graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(unscaled_config, rngs=nnx.Rngs(0))))
+    unscaled = nnx.merge(unscaled_graphdef, state)  # same weights, no llama3 scaling
+    diff = np.abs(np.asarray(unscaled(jnp.asarray(input_ids))) - hf_logits(hf_model, input_ids)).max()
+    assert diff > 100 * TOLERANCE
+
+
+def test_load_onto_8_device_mesh_places_shards_and_keeps_logits(tmp_path, input_ids):
+    hf_model = make_hf_model("qwen3_qk_norm_head_dim")
+    hf_model.save_pretrained(tmp_path)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = load_hf_checkpoint(tmp_path, mesh=mesh)
+    gate = model.layers[0].mlp.gate[...]
+    assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor") and gate.shape == (64, 96)
+    graphdef, state = nnx.split(model)
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids))(state, jnp.asarray(input_ids))
+    diff = float(np.abs(np.asarray(got) - hf_logits(hf_model, input_ids)).max())
+    _report("qwen3 loaded onto data=2,fsdp=2,tensor=2 mesh", diff, 0.0)
     assert diff < TOLERANCE
 
 
@@ -65,7 +95,7 @@ def test_sharded_checkpoint_with_index_file_loads(tmp_path, input_ids):
     assert (tmp_path / "model.safetensors.index.json").is_file() and len(shards) > 1
     model = load_hf_checkpoint(tmp_path)
     diff = float(np.abs(np.asarray(model(jnp.asarray(input_ids))) - hf_logits(hf_model, input_ids)).max())
-    _report(f"llama sharded into {len(shards)} files", diff, 0.0)
+    _report(f"llama sharded into {len(shards)} files", diff, float(np.abs(hf_logits(hf_model, input_ids)).max()))
     assert diff < TOLERANCE
 
 

@@ -1,0 +1,107 @@
+"""ModelConfig validation, presets, and config.json import for the published model configs."""
+
+import jax
+import pytest
+from flax import nnx
+
+from aepo_jax.models import (
+    PRESETS,
+    Decoder,
+    ModelConfig,
+    config_from_hf,
+    config_to_hf,
+    get_preset,
+)
+
+# Abridged from the published config.json files (the keys we read).
+LLAMA3_1_8B_JSON = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "attention_bias": False, "mlp_bias": False,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+QWEN2_5_0_5B_JSON = {
+    "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_act": "silu",
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    "use_sliding_window": False, "sliding_window": 32768, "rope_scaling": None,
+}
+QWEN3_0_6B_JSON = {
+    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "tie_word_embeddings": True, "attention_bias": False, "use_sliding_window": False, "rope_scaling": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("config_json", "preset"),
+    [(LLAMA3_1_8B_JSON, "llama3_1_8b"), (QWEN2_5_0_5B_JSON, "qwen2_5_0_5b"), (QWEN3_0_6B_JSON, "qwen3_0_6b")],
+)
+def test_published_config_json_gives_the_preset(config_json, preset):
+    assert config_from_hf(config_json) == get_preset(preset)
+
+
+def test_config_to_hf_round_trips_every_preset():
+    for name, config in PRESETS.items():
+        assert config_from_hf(config_to_hf(config)) == config.replace(max_seq_len=config.max_seq_len), name
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_abstractly_with_consistent_shapes(name):
+    config = get_preset(name, n_layers=1)  # every layer has the same shapes; one keeps the test fast
+    model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    attention = model.layers[0].attention
+    assert attention.q_proj.shape == (config.d_model, config.n_heads, config.head_dim)
+    assert attention.k_proj.shape == (config.d_model, config.n_kv_heads, config.head_dim)
+    assert (model.lm_head is None) == config.tie_embeddings
+    assert model.embed.shape == (config.vocab_size, config.d_model)
+
+
+def test_presets_are_hashable_and_overridable():
+    config = get_preset("llama3_1_8b", dtype="bfloat16")
+    assert config.dtype == "bfloat16" and config.param_dtype == "float32"
+    assert hash(config) == hash(get_preset("llama3_1_8b", dtype=jax.numpy.bfloat16))
+    with pytest.raises(ValueError, match="unknown model preset 'gpt5'"):
+        get_preset("gpt5")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"n_heads": 6, "n_kv_heads": 4}, "n_heads .6. must be a multiple of n_kv_heads .4."),
+        ({"head_dim": 15}, "head_dim must be even"),
+        ({"d_model": 0}, "d_model must be a positive int"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn' is not supported"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing keys"),
+        ({"dtype": "not_a_dtype"}, "dtype is not a dtype"),
+    ],
+)
+def test_invalid_configs_raise_clear_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        get_preset("tiny", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"model_type": "mistral"}, r"unsupported model_type 'mistral'.*\['llama', 'qwen2', 'qwen3'\]"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        ({"attention_bias": True}, "attention_bias=True"),
+        ({"hidden_size": None}, "hidden_size"),
+    ],
+)
+def test_unsupported_config_json_raises_naming_the_problem(patch, message):
+    config_json = {**LLAMA3_1_8B_JSON, **patch}
+    if patch.get("hidden_size", 1) is None:
+        del config_json["hidden_size"]
+    with pytest.raises(ValueError, match=message):
+        config_from_hf(config_json)
+
+
+def test_model_config_is_a_frozen_dataclass():
+    config = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, mlp_dim=16)
+    with pytest.raises(AttributeError):
+        config.d_model = 16
