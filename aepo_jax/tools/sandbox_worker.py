@@ -1,22 +1,34 @@
-"""The process that runs one piece of model-written code (started by `python_exec`).
+"""The sandbox worker process (started by `sandbox_process.spawn_worker`; never imported by the trainer).
 
-Run as a script: `python -I sandbox_worker.py CONFIG_JSON`. It imports the
-preload modules while idle (that is what makes a pool worker "warm"), then
-reads the code from stdin until EOF, applies resource limits, executes the code and writes a one-line JSON status to the fd named in the config.
-Stdout and stderr are the parent's pipes. It never runs a second program.
+Run as `python -I sandbox_worker.py CONFIG_JSON`, normally as the init process
+of fresh net+pid namespaces. It imports the preload modules once (that makes
+it "warm"), then serves calls read from stdin as frames (4-byte big-endian
+length + JSON `{"code", "workdir"}`), one at a time, until EOF:
+
+1. fork a child; the child moves to its own process group, enters the call's
+   working directory, applies the resource limits, runs the code with the
+   worker's stdout/stderr, and writes its status to a private pipe;
+2. after the child exits, kill every other process left in the namespace
+   (`kill(-1)` from the namespace init reaches exactly those) and reap them;
+3. write one status line (JSON) to the result fd named in the config.
+
+The worker itself never runs model code, so every call starts from the same
+pristine state, and nothing a call started outlives it.
 """
 
+import errno
 import importlib
 import json
 import os
 import resource
 import signal
+import struct
 import sys
 import traceback
 
 
-def _apply_limits(config: dict) -> None:
-    """RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC (soft = hard except CPU, which warns first)."""
+def _apply_limits(config: dict, status_fd: int) -> None:
+    """RLIMIT_CPU (SIGXCPU first, reported as a timeout), RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, no core files."""
     cpu = int(config["cpu_seconds"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (config["memory_bytes"],) * 2)
@@ -25,21 +37,19 @@ def _apply_limits(config: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # Writing past RLIMIT_FSIZE raises OSError(EFBIG) instead of killing silently.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    # The worker is a pid namespace's init, which ignores signals it has no handler for.
-    signal.signal(signal.SIGXCPU, lambda *_: _report_and_exit(config, {
-        "status": "timeout", "exit_code": None,
-        "traceback": f"CPU-time limit of {cpu} s exceeded"}))
+    signal.signal(signal.SIGXCPU, lambda *_: _finish(status_fd, {
+        "status": "timeout", "exit_code": None, "traceback": f"CPU-time limit of {cpu} s exceeded"}))
 
 
-def _report_and_exit(config: dict, status: dict) -> None:
-    """Flush output, write the status line for the parent, exit without running cleanup handlers."""
+def _finish(status_fd: int, status: dict) -> None:
+    """Flush output, write the status, exit without running the code's cleanup handlers."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001, S110 - a broken stream must not hide the status
+            pass
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:  # noqa: BLE001, S110 - a broken stdout must not hide the status
-        pass
-    try:
-        os.write(config["result_fd"], json.dumps(status, default=str).encode())
+        os.write(status_fd, json.dumps(status, default=str).encode())
     except OSError:
         pass
     os._exit(0)
@@ -53,27 +63,94 @@ def _user_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
+def _run_child(call: dict, config: dict, status_fd: int) -> None:
+    """In the forked child: isolate, limit, run the code, report. Never returns."""
+    os.setpgid(0, 0)
+    os.close(config["result_fd"])  # the code cannot forge the worker's status line
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # stdin was the control pipe
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    os.chdir(call["workdir"])
+    os.environ["HOME"] = os.environ["TMPDIR"] = call["workdir"]
+    _apply_limits(config, status_fd)
+    status = {"status": "ok", "exit_code": 0, "traceback": ""}
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compile(call["code"], "<python>", "exec"), namespace)  # noqa: S102 - running it is the point
+    except SystemExit as error:
+        if error.code not in (None, 0):
+            exit_code = error.code if isinstance(error.code, int) else 1
+            status = {"status": "error", "exit_code": exit_code, "traceback": f"SystemExit: {error.code}"}
+    except BaseException as error:  # noqa: BLE001 - any failure of the code is reported, not raised
+        status = {"status": "error", "exit_code": 1, "traceback": _user_traceback(error)}
+    _finish(status_fd, status)
+
+
+def _read_exact(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _kill_the_rest() -> None:
+    """Kill and reap every process left in the namespace (all but us, when we are its init)."""
+    if os.getpid() == 1:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except OSError as error:
+            if error.errno != errno.EINTR:
+                return
+
+
+def _serve_one(call: dict, config: dict) -> dict:
+    status_read, status_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(status_read)
+        _run_child(call, config, status_write)
+    os.close(status_write)
+    _, wait_status = os.waitpid(pid, 0)
+    _kill_the_rest()
+    raw = b"".join(iter(lambda: os.read(status_read, 65536), b""))
+    os.close(status_read)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    if os.WIFSIGNALED(wait_status):
+        signum = os.WTERMSIG(wait_status)
+        if signum == signal.SIGXCPU:
+            return {"status": "timeout", "exit_code": None,
+                    "traceback": f"CPU-time limit of {config['cpu_seconds']} s exceeded"}
+        return {"status": "killed", "exit_code": -signum,
+                "traceback": f"process killed by signal {signal.Signals(signum).name}"}
+    code = os.WEXITSTATUS(wait_status)
+    return {"status": "killed" if code else "ok", "exit_code": code,
+            "traceback": f"process exited with code {code} without reporting" if code else ""}
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     for module in config.get("preload", []):
         importlib.import_module(module)
-    code = sys.stdin.buffer.read().decode("utf-8", errors="replace")
-    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
-    _apply_limits(config)
-    status = {"status": "ok", "exit_code": 0, "traceback": ""}
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        exec(compile(code, "<python>", "exec"), namespace)  # noqa: S102 - running it is the point
-    except SystemExit as error:
-        code_value = error.code
-        if code_value is None or code_value == 0:
-            status["exit_code"] = 0
-        else:
-            status = {"status": "error", "exit_code": code_value if isinstance(code_value, int) else 1,
-                      "traceback": f"SystemExit: {code_value}"}
-    except BaseException as error:  # noqa: BLE001 - any failure of user code is reported, not raised
-        status = {"status": "error", "exit_code": 1, "traceback": _user_traceback(error)}
-    _report_and_exit(config, status)
+    while True:
+        header = _read_exact(0, 4)
+        if not header:
+            return
+        call = json.loads(_read_exact(0, struct.unpack(">I", header)[0]))
+        status = _serve_one(call, config)
+        os.write(config["result_fd"], json.dumps(status, default=str).encode() + b"\n")
 
 
 if __name__ == "__main__":

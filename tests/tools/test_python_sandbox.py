@@ -14,9 +14,9 @@ LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_bytes=256 << 20, 
                        max_processes=16, max_output_bytes=4096)
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with PythonSandbox(LIMITS, pool_size=2) as box:
+@pytest.fixture(scope="module", params=[1, 16], ids=["fresh-worker-per-call", "worker-reused-16-calls"])
+def sandbox(request):
+    with PythonSandbox(LIMITS, pool_size=2, calls_per_worker=request.param) as box:
         yield box
 
 
@@ -81,6 +81,15 @@ def _wait_until(condition, seconds=10.0):
             return True
         time.sleep(0.05)
     return condition()
+
+
+def test_a_detached_daemon_does_not_outlive_its_call(sandbox):
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\nprint('done')"
+    result = sandbox.run(code)
+    assert (result.status, result.stdout) == ("ok", "done\n")
+    if sandbox.cgroup_root:
+        assert _wait_until(lambda: all(n <= 2 for n in _cgroup_process_counts(sandbox)))
+    assert sandbox.run("print('next')").stdout == "next\n"
 
 
 def test_huge_file_is_stopped_by_the_file_size_limit(sandbox):

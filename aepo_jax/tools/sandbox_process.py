@@ -1,0 +1,170 @@
+"""Starting, feeding and killing sandbox worker processes (the parent side of `sandbox_worker.py`).
+
+Isolation is probed here: which `unshare` namespace command works on this
+machine, and whether per-worker pids cgroups can be made. See
+`python_exec.PythonSandbox` for what the pieces add up to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+_WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
+
+NAMESPACE_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("unshare", "--net", "--pid", "--fork", "--kill-child"),
+    ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"),
+)
+
+# Nothing of the parent's environment is passed on: no inherited secrets.
+WORKER_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def probe_isolation() -> tuple[str, ...]:
+    """The first namespace command that works on this machine, or () if none does."""
+    if shutil.which("unshare") is None:
+        return ()
+    for command in NAMESPACE_COMMANDS:
+        try:
+            done = subprocess.run([*command, "true"], check=False, capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return command
+    return ()
+
+
+def probe_pids_cgroup(root: str = "/sys/fs/cgroup/pids") -> str:
+    """`root` if per-worker pids cgroups can be made under it, else ''."""
+    probe = os.path.join(root, f"aepo-sandbox-probe-{os.getpid()}")
+    try:
+        os.makedirs(probe, exist_ok=True)
+        ok = os.path.exists(os.path.join(probe, "pids.max"))
+        os.rmdir(probe)
+    except OSError:
+        return ""
+    if ok:
+        _remove_stale_cgroups(root)
+    return root if ok else ""
+
+
+def _remove_stale_cgroups(root: str) -> None:
+    """Remove empty worker cgroups left by sandbox owners that died without closing."""
+    for name in os.listdir(root):
+        parts = name.split("-")
+        if len(parts) != 4 or parts[:2] != ["aepo", "sandbox"] or not parts[2].isdigit():
+            continue
+        if not os.path.exists(f"/proc/{parts[2]}"):
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+
+
+def remove_cgroup(path: str) -> None:
+    """Kill what is left in a worker's cgroup and remove it (retrying while the kernel reaps)."""
+    for _ in range(100):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+@dataclasses.dataclass
+class Worker:
+    """A started worker: its process (stdin = call frames), the status pipe, its cgroup, calls left."""
+
+    process: subprocess.Popen
+    result_read: int
+    cgroup: str
+    calls_left: int
+    status_buffer: bytes = b""
+
+
+def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroup: str, calls: int) -> Worker:
+    """Start `sandbox_worker.py` in its own session (and namespaces and cgroup, when given)."""
+    result_read, result_write = os.pipe()
+    config = {**config, "result_fd": result_write}
+    command = [*namespace_command, sys.executable, "-I", _WORKER_SCRIPT, json.dumps(config)]
+    if cgroup:
+        try:
+            os.makedirs(cgroup, exist_ok=True)
+            with open(os.path.join(cgroup, "pids.max"), "w") as f:
+                f.write(str(config["max_processes"]))
+            # The shell joins the cgroup, then execs, so every descendant is inside it.
+            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(cgroup, "cgroup.procs"), *command]
+        except OSError:
+            cgroup = ""
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+            env=dict(WORKER_ENV), start_new_session=True, pass_fds=(result_write,),
+        )
+    except BaseException:
+        os.close(result_read)
+        if cgroup:
+            remove_cgroup(cgroup)
+        raise
+    finally:
+        os.close(result_write)
+    for stream in (process.stdout, process.stderr):
+        os.set_blocking(stream.fileno(), False)
+    return Worker(process=process, result_read=result_read, cgroup=cgroup, calls_left=calls)
+
+
+def send_call(worker: Worker, code: str, workdir: str) -> None:
+    """Hand one call to the worker. Raises OSError if the worker is gone."""
+    frame = json.dumps({"code": code, "workdir": workdir}).encode()
+    worker.process.stdin.write(struct.pack(">I", len(frame)) + frame)
+    worker.process.stdin.flush()
+
+
+def kill_worker(worker: Worker) -> None:
+    """SIGKILL the worker's whole session (the namespace dies with its init)."""
+    try:
+        os.killpg(worker.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def dispose_worker(worker: Worker) -> None:
+    """Kill, reap, close pipes and remove the cgroup."""
+    kill_worker(worker)
+    for stream in (worker.process.stdin, worker.process.stdout, worker.process.stderr):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        worker.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.close(worker.result_read)
+    except OSError:
+        pass
+    if worker.cgroup:
+        remove_cgroup(worker.cgroup)
