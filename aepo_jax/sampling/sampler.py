@@ -35,6 +35,34 @@ MIN_BLOCK = 8  # smallest prompt / append block bucket
 MIN_NEW_TOKENS = 16  # smallest output-length bucket
 
 
+def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache):
+    """The model's cached forward as a pure function of its parameter state."""
+    model = nnx.merge(graphdef, params)
+    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
+
+
+# Programs are module-level so that every Sampler of the same model (same
+# graphdef) shares their compiled executables; the graphdef is a static argument.
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _block_program(graphdef, params, arrays, tokens, token_valid):
+    return forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_steps", "sampling", "pad_id"), donate_argnums=(2,))
+def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, *, max_steps, sampling, pad_id):
+    return decode_loop(
+        functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table,
+        max_steps=max_steps, sampling=sampling, pad_id=pad_id,
+    )
+
+
+_grow_program = jax.jit(grow_slots, static_argnums=(1,))
+_shift_program = jax.jit(shift_cursor)
+_take_program = jax.jit(take_rows)
+_concat_program = jax.jit(concat_rows)
+_PROGRAMS = (_block_program, _decode_program, _grow_program, _shift_program, _take_program, _concat_program)
+
+
 class Sampler:
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
 
@@ -83,20 +111,6 @@ class Sampler:
         self._data_size = 1 if mesh is None else int(mesh.shape.get("data", 1))
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
 
-        def forward(params, tokens, positions, mask, cache):
-            model = nnx.merge(graphdef, params)
-            return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
-
-        self._block_program = jax.jit(functools.partial(forward_block, forward), donate_argnums=(1,))
-        self._decode_program = jax.jit(
-            functools.partial(decode_loop, forward),
-            static_argnames=("max_steps", "sampling", "pad_id"),
-            donate_argnums=(1,),
-        )
-        self._grow_program = jax.jit(grow_slots, static_argnums=(1,))
-        self._shift_program = jax.jit(shift_cursor)
-        self._take_program = jax.jit(take_rows)
-        self._concat_program = jax.jit(concat_rows)
 
     # ----------------------------------------------------------------- public API
 
@@ -105,11 +119,10 @@ class Sampler:
         """Real tokens run through the model so far, by kind (prefill, append, decode)."""
         return dict(self._counters)
 
-    def compiled_programs(self) -> int:
-        """How many programs the sampler's jitted functions hold (for jit-cache checks)."""
-        programs = (self._block_program, self._decode_program, self._grow_program,
-                    self._shift_program, self._take_program, self._concat_program)
-        return sum(p._cache_size() for p in programs)
+    @staticmethod
+    def compiled_programs() -> int:
+        """How many compiled programs the sampling functions hold (shared by all Samplers)."""
+        return sum(p._cache_size() for p in _PROGRAMS)
 
     def set_params(self, state: nnx.State) -> None:
         """Uses new policy parameters (same tree and shapes) from the next call on; no recompile."""
@@ -173,8 +186,8 @@ class Sampler:
             key = jax.random.wrap_key_data(key)
         row_keys = jax.random.split(key, state.batch_size)
         with self._mesh_context():
-            arrays, out = self._decode_program(
-                self._params_state, state.arrays, row_keys, self._place(jnp.asarray(budgets)),
+            arrays, out = _decode_program(
+                self._graphdef, self._params_state, state.arrays, row_keys, self._place(jnp.asarray(budgets)),
                 self._stop_table, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
             )
         out = jax.device_get(out)
@@ -219,13 +232,13 @@ class Sampler:
             if s.cache_length < length:
                 arrays = grow_slots(arrays, length)
             if s.cursor < cursor:
-                arrays = self._shift_program(arrays, jnp.int32(cursor))
+                arrays = _shift_program(arrays, jnp.int32(cursor))
             aligned.append(arrays)
             rows.extend(range(offset, offset + s.num_rows))
             offset += s.batch_size
         stacked = aligned[0]
         for arrays in aligned[1:]:
-            stacked = self._concat_program(stacked, arrays)
+            stacked = _concat_program(stacked, arrays)
         return DecodeState(self._gather(stacked, rows), len(rows))
 
     # ----------------------------------------------------------------- internals
@@ -256,7 +269,7 @@ class Sampler:
         batch = bucket_batch(len(rows), self._data_size)
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
         with self._mesh_context():
-            return self._place(self._take_program(arrays, jnp.asarray(index)))
+            return self._place(_take_program(arrays, jnp.asarray(index)))
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int) -> DecodeState:
         tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
@@ -267,8 +280,8 @@ class Sampler:
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
         with self._mesh_context():
-            arrays = self._block_program(
-                self._params_state, state.arrays, self._place(jnp.asarray(tokens)), self._place(jnp.asarray(valid))
+            arrays = _block_program(
+                self._graphdef, self._params_state, state.arrays, self._place(jnp.asarray(tokens)), self._place(jnp.asarray(valid))
             )
         return DecodeState(arrays, state.num_rows)
 
@@ -279,7 +292,7 @@ class Sampler:
         if end <= state.cache_length:
             return state
         with self._mesh_context():
-            arrays = self._grow_program(state.arrays, min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len))
+            arrays = _grow_program(state.arrays, min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len))
         return DecodeState(arrays, state.num_rows)
 
     def _check_capacity(self, slots: int) -> None:
