@@ -42,6 +42,7 @@ class PackedLayout:
       score_row, score_col: int32[N] the slot (in the row that owns node n) of
         n's parent, whose logits score n; -1 for roots.
       copied_slots: number of ancestor-copy slots (duplicated compute).
+      num_pieces: row segments (a tree that fits in a row is one piece).
     """
 
     slot_node: np.ndarray
@@ -50,6 +51,7 @@ class PackedLayout:
     score_row: np.ndarray
     score_col: np.ndarray
     copied_slots: int
+    num_pieces: int
 
     @property
     def num_rows(self) -> int:
@@ -217,4 +219,4 @@ def layout_forest(forest: PrefixForest, row_len: int, row_multiple: int = 1, len
     score_row = np.where(has_parent, piece_row[node_piece], -1).astype(np.int32)
     score_col = np.where(has_parent, piece_offset[node_piece] + splitter.parent_slot, -1).astype(np.int32)
     copied = int(sum(len(p.owned) - sum(p.owned) for p in pieces))
-    return PackedLayout(slot_node, slot_owned, subtree_end, score_row, score_col, copied)
+    return PackedLayout(slot_node, slot_owned, subtree_end, score_row, score_col, copied, len(pieces))

@@ -39,7 +39,8 @@ class PackingStats:
     `flat_tokens` are the real tokens of all sequences (what an unpadded flat
     forward computes), `flat_slots` the padded `[B, T]` slots, `packed_tokens`
     the occupied packed slots (unique trie nodes plus ancestor copies),
-    `packed_slots` all `[R, L]` slots.
+    `packed_slots` all `[R, L]` slots, `pieces` the row segments (trees or
+    parts of split trees) that were bin-packed into `rows`.
     """
 
     flat_tokens: int
@@ -50,6 +51,7 @@ class PackingStats:
     packed_slots: int
     rows: int
     row_len: int
+    pieces: int
 
     def as_dict(self) -> dict[str, float]:
         out = dict(self.__dict__)
@@ -140,7 +142,7 @@ def build_packed_batch(
     for key in flat_keys:
         out[key] = np.full((m, flat_rows, length), pad_id if key == "input_ids" else 0, flat[key].dtype)
 
-    unique = copied = occupied = 0
+    unique = copied = occupied = pieces = 0
     for part, (idx, forest, layout) in enumerate(zip(members, forests, layouts, strict=True)):
         r, c = layout.slot_node.shape
         real = layout.slot_node >= 0
@@ -163,6 +165,7 @@ def build_packed_batch(
         unique += forest.num_nodes
         copied += layout.copied_slots
         occupied += int(real.sum())
+        pieces += layout.num_pieces
     stats = PackingStats(
         flat_tokens=int(sum(len(t) for t in token_lists)),
         flat_slots=int(m * flat_rows * length),
@@ -172,6 +175,7 @@ def build_packed_batch(
         packed_slots=int(m * rows * slots),
         rows=int(m * rows),
         row_len=int(slots),
+        pieces=pieces,
     )
     return out, stats
 
