@@ -27,7 +27,7 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed
-	$(PY) -m launch.demo
+	$(PY) -m launch.ask
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check aepo_jax launch tests benchmarks
