@@ -43,18 +43,25 @@ def truncate_logits(scaled: jax.Array, params: SamplingParams) -> jax.Array:
     return scaled
 
 
-def full_logp_and_entropy(scaled: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Log-softmax and entropy over the full vocabulary.
+def _inverse_cdf_sample(weights: jax.Array, row_keys: jax.Array) -> jax.Array:
+    """Draws index i with probability weights[i] / sum(weights), one uniform per row.
+
+    Inverse-CDF sampling needs B random numbers instead of the B x V of
+    Gumbel-max, which on CPU costs more than the model's lm head. With
+    t = (1 - u) * total in (0, total], the chosen i satisfies
+    cdf[i - 1] < t <= cdf[i], so a zero-weight (truncated) token is never drawn.
 
     Args:
-      scaled: float32[B, V] logits divided by the temperature.
+      weights: float32[B, V] non-negative, at least one positive per row.
+      row_keys: [B] PRNG keys.
 
     Returns:
-      (log_probs float32[B, V], entropy float32[B]) with natural log.
+      int32[B].
     """
-    log_probs = jax.nn.log_softmax(scaled, axis=-1)  # [B, V]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)  # [B]
-    return log_probs, entropy
+    uniform = jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(row_keys)  # [B] in [0, 1)
+    cdf = jnp.cumsum(weights, axis=-1)  # [B, V]
+    target = (1.0 - uniform) * cdf[:, -1]  # [B] in (0, total]
+    return jnp.sum(cdf < target[:, None], axis=-1, dtype=jnp.int32)  # [B]
 
 
 def draw_tokens(
@@ -62,9 +69,12 @@ def draw_tokens(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Draws one token per row and returns it with its scores.
 
+    One exp pass over the vocabulary gives the softmax normaliser, the
+    entropy H = log Z - sum(e * (s - m)) / Z, and the weights sampled from.
+
     Args:
       logits: float[B, V] next-token logits (cast to float32 here).
-      row_keys: one PRNG key per row, [B] (typed keys) or uint32[B, 2]; unused when greedy.
+      row_keys: [B] PRNG keys, one per row; unused when greedy.
       params: temperature, top-k, top-p, greedy.
 
     Returns:
@@ -72,20 +82,25 @@ def draw_tokens(
       one the trainer recomputes and should use as `logp_old`); logp_truncated
       float32[B] (under the top-k / top-p distribution actually sampled, equal
       to logp when no truncation is active); entropy float32[B] (full
-      vocabulary at temperature T).
+      vocabulary at temperature T, natural log).
     """
     scaled = logits.astype(jnp.float32) / jnp.float32(params.temperature)  # [B, V]
-    log_probs, entropy = full_logp_and_entropy(scaled)
-    truncated = truncate_logits(scaled, params) if params.truncates else scaled  # [B, V]
+    row_max = jnp.max(scaled, axis=-1, keepdims=True)  # [B, 1]
+    shifted = scaled - row_max  # [B, V], <= 0
+    weights = jnp.exp(shifted)  # [B, V]
+    normaliser = jnp.sum(weights, axis=-1)  # [B]
+    log_normaliser = jnp.log(normaliser)  # [B]
+    entropy = log_normaliser - jnp.sum(weights * shifted, axis=-1) / normaliser  # [B]
+    if params.truncates:
+        truncated = truncate_logits(scaled, params)  # [B, V], -inf outside the kept set
+        sample_weights = jnp.exp(truncated - row_max)  # [B, V], 0 outside; the max is always kept
+    else:
+        sample_weights = weights
     if params.greedy:
         tokens = jnp.argmax(scaled, axis=-1).astype(jnp.int32)  # [B]
     else:
-        tokens = jax.vmap(lambda key, row: jax.random.categorical(key, row))(row_keys, truncated)
-        tokens = tokens.astype(jnp.int32)  # [B]
-    logp = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]  # [B]
-    if params.truncates:
-        trunc_log_probs = jax.nn.log_softmax(truncated, axis=-1)  # [B, V]
-        logp_truncated = jnp.take_along_axis(trunc_log_probs, tokens[:, None], axis=-1)[:, 0]
-    else:
-        logp_truncated = logp
+        tokens = _inverse_cdf_sample(sample_weights, row_keys)  # [B]
+    picked = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0]  # [B]
+    logp = picked - log_normaliser
+    logp_truncated = picked - jnp.log(jnp.sum(sample_weights, axis=-1)) if params.truncates else logp
     return tokens, logp, logp_truncated, entropy
