@@ -32,7 +32,7 @@ def test_trie_merges_shared_prefixes_only_within_a_group():
     assert forest.num_nodes == 5 + 3  # group 0: 1,2,3,4,5; group 1: its own 1,2,3
     assert forest.paths[0][:2].tolist() == forest.paths[1][:2].tolist()
     assert forest.paths[3][0] != forest.paths[0][0]
-    order, rank, size = preorder_and_sizes(forest)
+    order, _rank, size = preorder_and_sizes(forest)
     assert forest.tokens[order].tolist() == [1, 2, 3, 4, 5, 1, 2, 3]
     assert size[forest.paths[0][0]] == 5 and size[forest.paths[0][1]] == 3
     assert forest.depth[forest.paths[1]].tolist() == [0, 1, 2]

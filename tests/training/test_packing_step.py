@@ -17,7 +17,12 @@ from aepo_jax.training.packing.packed_step import (
     packed_loss_and_grads,
 )
 from aepo_jax.training.train_state import TrainState
-from aepo_jax.training.train_step import StepConfig, make_rl_train_step, rl_loss_fn, sequence_logprobs
+from aepo_jax.training.train_step import (
+    StepConfig,
+    make_rl_train_step,
+    rl_loss_fn,
+    sequence_logprobs,
+)
 from tests.training.fixtures import tiny_model
 
 ROW_LEN = 32
@@ -120,8 +125,8 @@ def test_packed_logprobs_and_entropies_equal_flat_for_every_tree_shape(setup):
 
 def _cfg(objective, **overrides):
     p = get_preset(objective)
-    fields = dict(surrogate=p.surrogate, clip_low=p.clip_low, clip_high=p.clip_high, dual_clip_c=p.dual_clip_c,
-                  loss_agg=p.loss_agg)
+    fields = {"surrogate": p.surrogate, "clip_low": p.clip_low, "clip_high": p.clip_high, "dual_clip_c": p.dual_clip_c,
+                  "loss_agg": p.loss_agg}
     return StepConfig(**(fields | overrides))
 
 

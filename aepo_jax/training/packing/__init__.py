@@ -1,0 +1,52 @@
+"""Prefix-shared ("tree-packed") training: every shared prefix token computed once (docs/packing.md).
+
+    batch, stats = build_train_batch(sequences, "tree", group_ids=groups, max_len=4096)
+    step = make_train_step_for_pack(graphdef, tx, step_config, "tree")
+    state, metrics = step(state, batch)
+"""
+
+from aepo_jax.training.packing.ancestor_mask import ancestor_mask
+from aepo_jax.training.packing.layout import PackedLayout, first_fit_decreasing, layout_forest
+from aepo_jax.training.packing.pack_mode import (
+    DEFAULT_PACK,
+    PACK_MODES,
+    build_train_batch,
+    check_pack_mode,
+    make_logprob_fn_for_pack,
+    make_train_step_for_pack,
+    per_sequence_values,
+)
+from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch, unpack_flat
+from aepo_jax.training.packing.packed_step import (
+    make_packed_logprob_fn,
+    make_packed_rl_train_step,
+    packed_logprobs,
+    packed_loss_and_grads,
+    packed_rl_loss_fn,
+)
+from aepo_jax.training.packing.trie import PrefixForest, build_prefix_forest, preorder_and_sizes
+
+__all__ = [
+    "DEFAULT_PACK",
+    "PACK_MODES",
+    "PackedLayout",
+    "PackingStats",
+    "PrefixForest",
+    "ancestor_mask",
+    "build_packed_batch",
+    "build_prefix_forest",
+    "build_train_batch",
+    "check_pack_mode",
+    "first_fit_decreasing",
+    "layout_forest",
+    "make_logprob_fn_for_pack",
+    "make_packed_logprob_fn",
+    "make_packed_rl_train_step",
+    "make_train_step_for_pack",
+    "packed_logprobs",
+    "packed_loss_and_grads",
+    "packed_rl_loss_fn",
+    "per_sequence_values",
+    "preorder_and_sizes",
+    "unpack_flat",
+]

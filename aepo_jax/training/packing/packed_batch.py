@@ -32,6 +32,7 @@ from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing.layout import layout_forest
 from aepo_jax.training.packing.trie import build_prefix_forest
 
+
 @dataclass(frozen=True)
 class PackingStats:
     """Token counts of one packed batch versus its flat padded equivalent.

@@ -25,7 +25,12 @@ from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
 from aepo_jax.objectives.policy_loss import policy_loss
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.train_state import TrainState
-from aepo_jax.training.train_step import StepConfig, _apply_update, _jit_step, forward_logits
+from aepo_jax.training.train_step import (
+    StepConfig,
+    _apply_update,
+    _jit_step,
+    forward_logits,
+)
 
 Batch = dict[str, jax.Array]
 
