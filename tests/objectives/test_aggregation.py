@@ -44,36 +44,40 @@ def random_batch(seed, batch=6, length=7):
     return logp, logp_old, adv, mask
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("algorithm", ["aepo", "gspo", "cispo"])
-def test_micro_batch_accumulation_equals_full_batch(mode, algorithm):
-    logp, logp_old, adv, mask = random_batch(seed=len(mode) + len(algorithm))
+def test_micro_batch_accumulation_equals_full_batch(algorithm):
+    logp, logp_old, adv, mask = random_batch(seed=len(algorithm))
     extra = {"dual_clip_c": None} if algorithm == "cispo" else {}
 
     @jax.jit
-    def loss_and_grad(lp, lo, a, m, global_den):
-        def loss_fn(x):
-            loss, _, parts = policy_loss(algorithm, logp=x, logp_old=lo, advantages=a, mask=m,
-                                         loss_agg=mode, max_len=7,
-                                         global_denominator=global_den,
-                                         return_parts=True, **extra)
-            return loss, parts
-        (loss, parts), grad = jax.value_and_grad(loss_fn, has_aux=True)(lp)
-        return loss, grad, parts
+    def losses_and_grads(lp, lo, a, m, global_dens):
+        """For every mode: (loss, grad, parts) with the given global denominator."""
+        out = {}
+        for mode in LOSS_AGG_MODES:
+            def loss_fn(x, mode=mode):
+                loss, _, parts = policy_loss(algorithm, logp=x, logp_old=lo, advantages=a,
+                                             mask=m, loss_agg=mode, max_len=7,
+                                             global_denominator=global_dens[mode],
+                                             return_parts=True, **extra)
+                return loss, parts
+            (loss, parts), grad = jax.value_and_grad(loss_fn, has_aux=True)(lp)
+            out[mode] = (loss, grad, parts)
+        return out
 
-    global_den = loss_denominator(mask, mode)
-    full_loss, full_grad, full_parts = loss_and_grad(logp, logp_old, adv, mask, global_den)
-    assert float(full_parts.denominator) == float(global_den)
-    total_loss, numerators, grads = 0.0, 0.0, []
-    for rows in (slice(0, 3), slice(3, 6)):
-        loss, grad, parts = loss_and_grad(logp[rows], logp_old[rows], adv[rows], mask[rows],
-                                          global_den)
-        total_loss += float(loss)
-        numerators += float(parts.numerator)
-        grads.append(np.asarray(grad))
-    np.testing.assert_allclose(total_loss, float(full_loss), rtol=1e-5)
-    np.testing.assert_allclose(numerators / float(global_den), float(full_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.concatenate(grads), np.asarray(full_grad), rtol=1e-5, atol=1e-8)
+    global_dens = {mode: loss_denominator(mask, mode) for mode in LOSS_AGG_MODES}
+    full = losses_and_grads(logp, logp_old, adv, mask, global_dens)
+    halves = [losses_and_grads(logp[rows], logp_old[rows], adv[rows], mask[rows], global_dens)
+              for rows in (slice(0, 3), slice(3, 6))]
+    for mode in LOSS_AGG_MODES:
+        full_loss, full_grad, full_parts = full[mode]
+        assert float(full_parts.denominator) == float(global_dens[mode]), mode
+        total_loss = sum(float(h[mode][0]) for h in halves)
+        numerators = sum(float(h[mode][2].numerator) for h in halves)
+        np.testing.assert_allclose(total_loss, float(full_loss), rtol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(numerators / float(global_dens[mode]), float(full_loss),
+                                   rtol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(np.concatenate([np.asarray(h[mode][1]) for h in halves]),
+                                   np.asarray(full_grad), rtol=1e-5, atol=1e-8, err_msg=mode)
 
 
 def test_seq_mean_token_mean_weights_each_token_by_its_row_length():
