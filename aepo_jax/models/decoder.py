@@ -71,11 +71,18 @@ class Decoder(nnx.Module):
         offset = jnp.zeros((), jnp.int32) if kv_cache is None else kv_cache.index
         if positions is None:
             positions = jnp.broadcast_to(offset + jnp.arange(length, dtype=jnp.int32), (batch, length))
+        n_keys = length if kv_cache is None else kv_cache.length
         if attention_mask is None:
             # Causal: query t (at slot offset + t) sees keys in slots <= offset + t.
-            n_keys = length if kv_cache is None else kv_cache.length
             causal = jnp.arange(n_keys)[None, :] <= (offset + jnp.arange(length))[:, None]  # [T, S]
             attention_mask = jnp.broadcast_to(causal, (batch, length, n_keys))
+        elif attention_mask.ndim != 3 or attention_mask.shape[-2:] != (length, n_keys):
+            raise ValueError(
+                f"attention_mask must be bool[B, T, S] with T={length} queries and S={n_keys} keys "
+                f"({'cache slots' if kv_cache is not None else 'tokens'}), got shape {attention_mask.shape}"
+            )
+        if positions.shape != (batch, length):
+            raise ValueError(f"positions must be int32[B, T] = {(batch, length)}, got shape {positions.shape}")
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))
 
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(config.dtype)  # [B, T, D]

@@ -129,7 +129,9 @@ def model_from_hf_tensors(
         if mesh is None:
             param.set_value(jnp.asarray(host))
         else:
-            param.set_value(jax.device_put(host, named_sharding(param.get_metadata("out_sharding"), host.shape, mesh)))
+            # Each process materialises only the shards its own devices hold (multi-host safe).
+            sharding = named_sharding(param.get_metadata("out_sharding"), host.shape, mesh)
+            param.set_value(jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index]))
     return model
 
 
