@@ -19,6 +19,7 @@ def objective_from_preset(algorithm: str) -> ml_collections.ConfigDict:
     become typed placeholders so `--config.objective.X=...` can still set them."""
     fields = dataclasses.asdict(get_preset(algorithm))
     fields.pop("name")
+    fields.pop("rollout")  # lives in config.rollout.strategy
     objective = ml_collections.ConfigDict()
     for key, value in fields.items():
         objective[key] = config_dict.placeholder(float) if value is None else value

@@ -15,16 +15,19 @@ class TrainState:
     """Everything the jitted step reads and writes.
 
     Attributes:
-      step: int32 scalar, number of optimiser updates applied.
+      step: int32 scalar, number of optimiser updates applied (drives the lr schedule).
       params: float32 master parameters (an `nnx.State` from `nnx.split`).
       opt_state: optax state for `params`.
       rng: uint32[2] raw PRNG key data (saved by orbax as a plain array).
+      rounds: int32 scalar, completed trainer steps (one RL step = rollout plus
+        `ppo_epochs` x mini-batch updates); checkpoints and metrics are indexed by it.
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
+    rounds: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.int32))
 
     @classmethod
     def create(cls, params: Any, tx: optax.GradientTransformation, seed: int) -> TrainState:
@@ -33,6 +36,7 @@ class TrainState:
             params=params,
             opt_state=tx.init(params),
             rng=jax.random.key_data(jax.random.key(seed)),
+            rounds=jnp.zeros((), jnp.int32),
         )
 
     def next_rng(self) -> tuple[TrainState, jax.Array]:
@@ -55,7 +59,7 @@ def train_state_shardings(state: TrainState, tx: optax.GradientTransformation, m
     params = state_shardings(state.params, mesh)
     opt_state = optax.tree_map_params(tx, lambda _, sharding: sharding, state.opt_state, params,
                                       transform_non_params=lambda _: replicated)
-    return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
+    return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated, rounds=replicated)
 
 
 def batch_shardings(batch: dict[str, Any], mesh: jax.sharding.Mesh) -> dict[str, Any]:

@@ -1,0 +1,320 @@
+"""The RL training loop (DESIGN.md, Trainer; spec §2-3).
+
+One step: prompts from the pipeline -> `rollout_fn` with the current
+parameters -> rewards -> (DAPO) dynamic sampling -> padded rows -> log-probs
+of the training forward (and of the reference model when KL is needed) ->
+advantages of the algorithm preset -> `ppo_epochs` passes over mini-batches
+of whole groups, each an exact micro-batch gradient accumulation -> metrics
+and checkpoints. `--resume` restores parameters, optimiser, step, RNG and
+data position, so an interrupted run continues exactly.
+
+The rollout is a seam: `rollout_fn(prompts, k, params, key, rng) -> (groups,
+stats)` where `groups[i]` holds the `k` finished trajectories of prompt `i`
+and `stats` is a mapping (or has `as_dict()`) of tree statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from aepo_jax.objectives import compute_advantages, kl_penalty
+from aepo_jax.training.batch import select_rows
+from aepo_jax.training.build import (
+    RunParts,
+    build_run,
+    place_batch,
+    preset_from,
+    row_multiple,
+    step_config_from,
+    updates_per_step,
+)
+from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.metrics_log import MetricsLogger
+from aepo_jax.training.rollout_batch import build_rollout_rows, rollout_metrics
+from aepo_jax.training.train_step import make_logprob_fn, make_rl_train_step
+
+
+class RolloutFn(Protocol):
+    def __call__(self, prompts: list[list[int]], k: int, params: Any, key: jax.Array,
+                 rng: np.random.Generator) -> tuple[list[list[Any]], Any]: ...
+
+
+RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
+
+
+def _stats_dict(stats: Any) -> dict[str, float]:
+    """Numeric entries of rollout stats, for the metrics line."""
+    if stats is None:
+        return {}
+    raw = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, (bool, int, float, np.integer, np.floating)):
+            out[key] = float(value)
+    return out
+
+
+class RLTrainer:
+    """Drives RL training for one config; see the module docstring.
+
+    Args:
+      config: the resolved experiment config (configs/base.py layout).
+      workdir: run directory (metrics.jsonl, checkpoints/, config.json).
+      rollout_fn: the rollout seam (see module docstring).
+      pipeline: endless iterator of example batches with `state()`/`restore()`.
+      encode_prompt: example -> prompt token ids (chat template applied).
+      reward_fn: (example, trajectory) -> float.
+      graphdef, params: the initial model (default: built from `config.model`).
+      pad_id: token id used for padding rows.
+      process_index: this host (only process 0 writes metrics).
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        *,
+        rollout_fn: RolloutFn,
+        pipeline: Any,
+        encode_prompt: Callable[[Any], list[int]],
+        reward_fn: RewardFn,
+        graphdef: Any = None,
+        params: Any = None,
+        pad_id: int = 0,
+        process_index: int = 0,
+    ):
+        self.config = config
+        self.workdir = workdir
+        self.rollout_fn = rollout_fn
+        self.pipeline = pipeline
+        self.encode_prompt = encode_prompt
+        self.reward_fn = reward_fn
+        self.pad_id = pad_id
+        self.preset = preset_from(config)
+        self.step_config = step_config_from(config, self.preset)
+        self.run: RunParts = build_run(config, graphdef, params, updates_per_round=updates_per_step(config))
+        self.state = self.run.state
+        mesh = self.run.mesh
+        self.row_multiple = row_multiple(config.train.micro_batch_size, mesh)
+        self._train_step = make_rl_train_step(
+            self.run.graphdef, self.run.tx, self.step_config, self.run.schedule,
+            state_sharding=self.run.state_sharding, batch_sharding=None,
+        )
+        self._logprobs = make_logprob_fn(self.run.graphdef, self.step_config)
+        self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
+        # The reference model: a frozen copy of the initial parameters (spec §3.3).
+        self.reference_params = (
+            jax.tree.map(jnp.copy, self.state.params) if self.needs_reference else None
+        )
+        self.checkpointer = Checkpointer(
+            f"{workdir}/checkpoints", keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save)
+        )
+        self.logger = MetricsLogger(workdir, tensorboard=bool(config.log.tensorboard), process_index=process_index)
+        self.process_index = process_index
+
+    # -- checkpoints -------------------------------------------------------
+    def restore_latest(self) -> bool:
+        """Continue from the newest complete checkpoint; False when there is none."""
+        if self.checkpointer.latest_step() is None:
+            return False
+        self.state, data_position = self.checkpointer.restore(self.state, shardings=self.run.state_sharding)
+        if data_position and hasattr(self.pipeline, "restore"):
+            self.pipeline.restore(data_position)
+        return True
+
+    def save(self, force: bool = False) -> None:
+        position = self.pipeline.state() if hasattr(self.pipeline, "state") else {}
+        self.checkpointer.save(int(self.state.rounds), self.state, position, force=force)
+
+    # -- one step ----------------------------------------------------------
+    def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator):
+        prompts = [list(map(int, self.encode_prompt(ex))) for ex in examples]
+        groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), self.state.params, key, rng)
+        if len(groups) != len(examples):
+            raise RuntimeError(f"rollout_fn returned {len(groups)} groups for {len(examples)} prompts")
+        rewards = [[float(self.reward_fn(ex, traj)) for traj in group] for ex, group in zip(examples, groups)]
+        return groups, rewards, stats
+
+    def _collect(self, key: jax.Array, rng: np.random.Generator):
+        """Rollouts for one step; DAPO dynamic sampling drops groups whose rewards
+        are all equal and rolls out more prompts, at most `max_resample_rounds` times."""
+        examples = next(self.pipeline)
+        key, sub = jax.random.split(key)
+        groups, rewards, stats = self._rollout(examples, sub, rng)
+        info = {"resample_rounds": 0.0, "dropped_groups": 0.0}
+        if not self.preset.dynamic_sampling:
+            return groups, rewards, stats, info
+        wanted = len(examples)
+
+        def informative(gs, rs):
+            keep = [i for i, r in enumerate(rs) if np.ptp(np.asarray(r)) > 0]
+            info["dropped_groups"] += len(rs) - len(keep)
+            return [gs[i] for i in keep], [rs[i] for i in keep]
+
+        groups, rewards = informative(groups, rewards)
+        rounds = 0
+        while len(groups) < wanted and rounds < int(self.config.objective.max_resample_rounds):
+            rounds += 1
+            key, sub = jax.random.split(key)
+            more_groups, more_rewards, _ = self._rollout(next(self.pipeline), sub, rng)
+            more_groups, more_rewards = informative(more_groups, more_rewards)
+            groups += more_groups[: wanted - len(groups)]
+            rewards += more_rewards[: wanted - len(rewards)]
+        info["resample_rounds"] = float(rounds)
+        info["kept_groups"] = float(len(groups))
+        if not groups:  # nothing informative: train on nothing rather than on noise
+            info["skipped_update"] = 1.0
+        return groups, rewards, stats, info
+
+    def _advantages(self, rows, logp, entropy, logp_ref) -> tuple[np.ndarray, dict[str, float]]:
+        batch = rows.batch
+        kl = None
+        if logp_ref is not None and self.preset.kl_in_reward:
+            kl = kl_penalty(jnp.asarray(logp), jnp.asarray(logp_ref), self.preset.kl_estimator)
+            kl = kl * jnp.asarray(batch["mask"])
+        advantages, metrics = compute_advantages(
+            self.preset, rows.rewards, rows.group_ids, batch["mask"], entropy=entropy,
+            response_lengths=rows.response_lengths, max_response_len=int(self.config.rollout.max_response_len),
+            kl=kl, tokens=batch["input_ids"], step_starts=rows.step_starts,
+        )
+        return np.asarray(advantages, np.float32), {f"adv/{k}": float(v) for k, v in metrics.items()}
+
+    def _score(self, params: Any, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        device_batch = place_batch(batch, self.run.mesh)
+        logp, entropy = self._logprobs(params, device_batch)
+        return np.asarray(logp) * batch["valid"], np.asarray(entropy) * batch["valid"]
+
+    def _mini_batches(self, num_groups: int, group_ids: np.ndarray, rng: np.random.Generator):
+        per_mini = max(1, int(self.config.train.mini_batch_prompts))
+        rows_per_mini = per_mini * int(self.config.rollout.k)
+        rows_per_mini = -(-rows_per_mini // self.row_multiple) * self.row_multiple
+        for _ in range(int(self.config.train.ppo_epochs)):
+            order = rng.permutation(num_groups)
+            for start in range(0, num_groups, per_mini):
+                chosen = set(order[start:start + per_mini].tolist())
+                rows = np.flatnonzero(np.isin(group_ids, list(chosen)))
+                yield rows, rows_per_mini
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step; returns the logged metrics."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        step = int(self.state.rounds)
+        self.state, key = self.state.next_rng()
+        rng = np.random.default_rng([int(cfg.seed), step])
+        groups, rewards, stats, info = self._collect(key, rng)
+        t_rollout = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if groups:
+            metrics.update(rollout_metrics(groups, rewards))
+        metrics.update(info)
+        metrics.update({f"rollout/{k}": v for k, v in _stats_dict(stats).items()})
+        if "rollout/top3_branch_fraction" in metrics:
+            metrics["branch_top3_fraction"] = metrics["rollout/top3_branch_fraction"]
+        if "rollout/tool_calls_per_trajectory" in metrics:
+            metrics["tool_calls_per_trajectory"] = metrics["rollout/tool_calls_per_trajectory"]
+        if not groups:
+            self.state = self.state.replace(rounds=self.state.rounds + 1)
+            return self._finish_step(metrics, t0, t_rollout, time.perf_counter(), train_tokens=0.0)
+
+        rows = build_rollout_rows(groups, rewards, max_len=int(cfg.train.max_seq_len), pad_id=self.pad_id,
+                                  row_multiple=self.row_multiple, length_bucket=int(cfg.train.length_bucket))
+        batch = rows.batch
+        if cfg.train.recompute_logp_old:
+            logp_old, entropy = self._score(self.state.params, batch)
+            metrics["logp_old_abs_diff"] = float(
+                np.sum(np.abs(logp_old - batch["logp_old"]) * batch["mask"]) / max(batch["mask"].sum(), 1.0))
+            batch["logp_old"], batch["entropy"] = logp_old * batch["mask"], entropy * batch["mask"]
+        logp_ref = None
+        if self.needs_reference:
+            logp_ref, _ = self._score(self.reference_params, batch)
+            kl_values = np.asarray(kl_penalty(jnp.asarray(batch["logp_old"]), jnp.asarray(logp_ref),
+                                              self.preset.kl_estimator))
+            metrics["kl_ref_rollout"] = float(np.sum(kl_values * batch["mask"]) / max(batch["mask"].sum(), 1.0))
+            if self.step_config.kl_coef > 0:
+                batch["logp_ref"] = logp_ref * batch["mask"]
+        advantages, adv_metrics = self._advantages(rows, batch["logp_old"], batch["entropy"], logp_ref)
+        batch["advantages"] = advantages
+        metrics.update(adv_metrics)
+        metrics["entropy_mean"] = float(np.sum(batch["entropy"] * batch["mask"]) / max(batch["mask"].sum(), 1.0))
+
+        t_train = time.perf_counter()
+        update_metrics: list[dict[str, Any]] = []
+        for row_ids, rows_per_mini in self._mini_batches(len(groups), rows.group_ids, rng):
+            mini = select_rows(batch, row_ids)
+            mini = _pad_rows(mini, rows_per_mini)
+            self.state, m = self._train_step(self.state, place_batch(mini, self.run.mesh))
+            update_metrics.append(m)
+        update_metrics = jax.device_get(update_metrics)
+        for key_name in update_metrics[0]:
+            values = [float(m[key_name]) for m in update_metrics]
+            metrics[key_name] = values[-1] if key_name == "learning_rate" else float(np.mean(values))
+        metrics["train_tokens"] = float(sum(float(m["train_tokens"]) for m in update_metrics))
+        metrics["updates"] = float(len(update_metrics))
+        self.state = self.state.replace(rounds=self.state.rounds + 1)
+        return self._finish_step(metrics, t0, t_rollout, t_train, metrics["train_tokens"])
+
+    def _finish_step(self, metrics, t0, t_rollout, t_train, train_tokens) -> dict[str, float]:
+        now = time.perf_counter()
+        metrics["rollout_s"] = t_rollout - t0
+        metrics["prepare_s"] = t_train - t_rollout
+        metrics["train_s"] = now - t_train
+        metrics["step_time_s"] = now - t0
+        metrics["tokens_per_s"] = float(train_tokens) / max(now - t0, 1e-9)
+        if "rollout/tool_seconds" in metrics:  # reported by rollouts that time their tools
+            metrics["tools_s"] = metrics["rollout/tool_seconds"]
+        return metrics
+
+    # -- loop --------------------------------------------------------------
+    def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
+        """Run until `config.train.total_steps` (or `num_steps` more); returns logged records."""
+        total = int(self.config.train.total_steps)
+        start = int(self.state.rounds)
+        end = total if num_steps is None else min(total, start + num_steps)
+        show = bool(self.config.log.progress_bar) if progress is None else progress
+        bar = None
+        if show and self.process_index == 0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=end - start, initial=0, desc="rl", unit="step", dynamic_ncols=True)
+        records = []
+        every = max(1, int(self.config.checkpoint.every))
+        try:
+            for _ in range(start, end):
+                metrics = self.train_step()
+                step = int(self.state.rounds)
+                records.append(self.logger.log(step, metrics))
+                if step % every == 0 or step == end:
+                    self.save(force=True)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{metrics.get('reward_mean', float('nan')):.3f}",
+                                    loss=f"{metrics.get('loss', float('nan')):.4f}")
+        finally:
+            if bar is not None:
+                bar.close()
+            self.checkpointer.wait_until_finished()
+        return records
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.logger.close()
+
+
+def _pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Append all-padding rows (mask 0, valid 0) up to `rows` so every mini-batch has one shape."""
+    have = next(iter(batch.values())).shape[0]
+    if have > rows:
+        raise ValueError(f"mini-batch has {have} rows, more than the fixed {rows}")
+    if have == rows:
+        return dict(batch)
+    return {k: np.concatenate([v, np.zeros((rows - have,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+
+
