@@ -118,3 +118,12 @@ def test_jit_over_split_state_matches_eager():
 
     ids = jnp.arange(8, dtype=jnp.int32).reshape(1, 8)
     np.testing.assert_allclose(np.asarray(forward(state, ids)), np.asarray(model(ids)), atol=1e-5)
+
+
+def test_wrong_mask_or_positions_shape_raises_naming_the_expected_shape():
+    model = _model()
+    ids = jnp.zeros((2, 5), jnp.int32)
+    with pytest.raises(ValueError, match=r"attention_mask must be bool\[B, T, S\] with T=5 queries and S=16 keys"):
+        model(ids, attention_mask=jnp.ones((2, 5, 5), bool), kv_cache=KVCache.init(model.config, 2, 16))
+    with pytest.raises(ValueError, match=r"positions must be int32\[B, T\] = \(2, 5\)"):
+        model(ids, positions=jnp.zeros((5,), jnp.int32))
