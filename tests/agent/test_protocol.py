@@ -41,6 +41,7 @@ def test_parse_round_trips_a_formatted_call(prefix, tag, content):
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=20), st.integers(0, 3))
 def test_boxed_answer_round_trips_with_nested_braces(inner, depth):
+    inner = inner.replace("<answer>", "").replace("</answer>", "")
     value = "{" * depth + inner + "}" * depth
     assert extract_boxed_answer(f"<think>t</think><answer>so \\boxed{{{value}}}.</answer>") == value
 
@@ -86,3 +87,13 @@ def test_validate_format_rejects_each_rule_of_spec_5(text, reason_part):
 
 def test_validate_format_accepts_a_good_trajectory_and_ignores_tags_inside_results():
     assert validate_format(GOOD) == (True, "")
+
+
+@settings(max_examples=200, deadline=None)
+@given(tagged_text)
+def test_any_tool_output_inside_a_result_keeps_a_good_trajectory_valid(output):
+    output = output.replace("</result>", "")
+    text = ("<think>a</think><python>print(1)</python>" + format_tool_result(output)
+            + "<answer>\\boxed{1}</answer>")
+    assert validate_format(text) == (True, "")
+    assert extract_boxed_answer(text) == "1"
