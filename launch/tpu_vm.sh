@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Create, run on, and delete a Cloud TPU VM slice for aepo-jax training.
+#
+# Every host of a slice runs the same `python -m launch.train` command; JAX's
+# TPU cluster detection (TPU_WORKER_HOSTNAMES, set by the TPU runtime) makes
+# `maybe_initialize_distributed` call jax.distributed.initialize() on each host,
+# and the data pipeline feeds each host its own shard (process_index).
+#
+# Usage:
+#   launch/tpu_vm.sh create                      # create the slice, install the package on all workers
+#   launch/tpu_vm.sh run CONFIG WORKDIR [ARGS]   # same command on every worker
+#   launch/tpu_vm.sh delete                      # delete the slice
+#
+# Settings come from the environment (defaults in brackets):
+#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-64],
+#   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
+#   REPO_URL [git URL of this repository], BRANCH [main]
+# WORKDIR should be a gs:// bucket or a shared disk: checkpoints must be
+# visible to every host (orbax writes them collectively).
+set -euo pipefail
+
+TPU_NAME="${TPU_NAME:-aepo-jax}"
+ZONE="${ZONE:-us-east5-a}"
+ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v5p-64}"
+RUNTIME_VERSION="${RUNTIME_VERSION:-v2-alpha-tpuv5}"
+REPO_URL="${REPO_URL:-https://github.com/your-org/aepo-jax.git}"
+BRANCH="${BRANCH:-main}"
+PROJECT_FLAG=()
+if [[ -n "${PROJECT:-}" ]]; then
+  PROJECT_FLAG=(--project "${PROJECT}")
+fi
+
+usage() {
+  sed -n '2,20p' "$0" >&2
+  exit 2
+}
+
+# Run one shell command on every worker of the slice, in parallel.
+on_all_workers() {
+  gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" \
+    --worker=all --command "$1"
+}
+
+create() {
+  gcloud compute tpus tpu-vm create "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" \
+    --accelerator-type "${ACCELERATOR_TYPE}" --version "${RUNTIME_VERSION}"
+  # Same checkout and environment on every host.
+  on_all_workers "set -e; rm -rf aepo-jax; git clone --branch ${BRANCH} ${REPO_URL} aepo-jax; \
+    cd aepo-jax && python3 -m venv .venv && .venv/bin/pip install -q -U pip && \
+    .venv/bin/pip install -q -e . 'jax[tpu]'"
+}
+
+run() {
+  [[ $# -ge 2 ]] || usage
+  local config="$1" workdir="$2"
+  shift 2
+  # Quote the extra arguments so that they reach every worker unchanged.
+  local extra=""
+  if [[ $# -gt 0 ]]; then
+    extra="$(printf ' %q' "$@")"
+  fi
+  on_all_workers "cd aepo-jax && .venv/bin/python -m launch.train --config ${config} \
+    --workdir ${workdir} --config.distributed=on${extra}"
+}
+
+delete() {
+  gcloud compute tpus tpu-vm delete "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" --quiet
+}
+
+case "${1:-}" in
+  create) shift; create "$@" ;;
+  run) shift; run "$@" ;;
+  delete) shift; delete "$@" ;;
+  *) usage ;;
+esac

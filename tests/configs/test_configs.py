@@ -1,0 +1,111 @@
+"""Every config parses, maps onto the objective presets, and (big ones) builds
+its abstract model and sharded train state on the fake 8-device mesh."""
+
+import glob
+import importlib.util
+import os
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+
+from aepo_jax.parallel import MESH_AXES, make_mesh, state_shardings
+from aepo_jax.training.build import (
+    abstract_model,
+    model_config_from,
+    preset_from,
+    step_config_from,
+)
+from aepo_jax.training.optimizer import optimizer_from_config
+from aepo_jax.training.train_state import TrainState, train_state_shardings
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = sorted(glob.glob(os.path.join(REPO, "configs", "*_tiny.py")))
+BIG = {"aepo_qwen3_14b.py": 14.8e9, "aepo_qwen2_5_7b.py": 7.6e9}
+FAMILIES = {"aepo", "arpo", "grpo", "dapo", "cispo", "gppo", "gigpo", "reinforce_pp", "gspo"}
+
+
+def load_config(path: str):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def test_one_tiny_config_per_family():
+    assert {os.path.basename(p)[: -len("_tiny.py")] for p in TINY} == FAMILIES
+
+
+@pytest.mark.parametrize("path", TINY, ids=os.path.basename)
+def test_tiny_config_parses_into_a_consistent_preset(path):
+    cfg = load_config(path)
+    family = os.path.basename(path)[: -len("_tiny.py")]
+    assert cfg.name == f"{family}_tiny" and cfg.algorithm == family
+    preset = preset_from(cfg)
+    step = step_config_from(cfg, preset)
+    assert step.surrogate == preset.surrogate
+    assert cfg.model.preset == "tiny"
+    assert cfg.data.prompts_per_step * cfg.rollout.k <= 64  # CPU-sized
+    assert cfg.rollout.initial_rollouts <= cfg.rollout.k
+
+
+def test_family_differences_are_the_papers():
+    cfgs = {os.path.basename(p)[: -len("_tiny.py")]: load_config(p) for p in TINY}
+    assert cfgs["aepo"].objective.surrogate == "aepo" and cfgs["aepo"].objective.entropy_advantage
+    assert cfgs["aepo"].rollout.strategy == "aepo" and cfgs["aepo"].rollout.penalty_slope == 0.05
+    assert cfgs["arpo"].rollout.strategy == "arpo" and cfgs["arpo"].rollout.penalty_slope == 0.0
+    assert cfgs["dapo"].objective.clip_high == 0.28 and cfgs["dapo"].objective.dynamic_sampling
+    assert cfgs["cispo"].objective.dual_clip_c is None and cfgs["cispo"].objective.surrogate == "cispo"
+    assert (cfgs["gspo"].objective.clip_low, cfgs["gspo"].objective.clip_high) == (3e-4, 4e-4)
+    assert cfgs["reinforce_pp"].objective.kl_in_reward and cfgs["reinforce_pp"].objective.kl_coef > 0
+    assert cfgs["gigpo"].objective.advantage == "gigpo" and cfgs["gigpo"].rollout.strategy == "arpo"
+    assert cfgs["grpo"].rollout.strategy == "independent"
+
+
+def test_unknown_objective_key_is_a_clear_error():
+    cfg = load_config(TINY[0])
+    cfg.objective.clip_hgih = 0.3
+    with pytest.raises(ValueError, match=r"config.objective has keys \['clip_hgih'\]"):
+        preset_from(cfg)
+
+
+@pytest.mark.parametrize("name", sorted(BIG))
+def test_big_config_builds_abstract_model_and_sharded_state(name):
+    cfg = load_config(os.path.join(REPO, "configs", name))
+    # spec §7 numbers
+    assert cfg.optim.lr == 1e-6 and cfg.optim.weight_decay == 0.01 and cfg.optim.grad_clip_norm == 1.0
+    assert cfg.objective.clip_low == 0.2 and cfg.objective.dual_clip_c == 3.0 and cfg.objective.kl_coef == 0.0
+    assert (cfg.rollout.k, cfg.data.prompts_per_step) in ((12, 64), (16, 128))
+    assert preset_from(cfg).surrogate == "aepo"
+    assert set(cfg.mesh.shape) == {"data", "fsdp", "tensor"}
+
+    model_config = model_config_from(cfg)
+    graphdef, params = abstract_model(model_config)  # ShapeDtypeStructs only
+    leaves = jax.tree.leaves(params)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    count = sum(int(np.prod(x.shape)) for x in leaves)
+    assert count == pytest.approx(BIG[name], rel=0.03)
+
+    tx, _ = optimizer_from_config(cfg, cfg.train.total_steps)
+    abstract_state = jax.eval_shape(lambda p: TrainState.create(p, tx, seed=0), params)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})  # the fake mesh stands in for the real one
+    shardings = train_state_shardings(abstract_state, tx, mesh)
+    for leaf, sharding in zip(jax.tree.leaves(abstract_state.params), jax.tree.leaves(shardings.params)):
+        shard = sharding.shard_shape(leaf.shape)  # raises if a sharded dim does not divide
+        assert np.prod(shard) <= np.prod(leaf.shape)
+    sharded = [s for s in jax.tree.leaves(shardings.params) if not s.is_fully_replicated]
+    assert len(sharded) > len(jax.tree.leaves(shardings.params)) // 2
+
+    # On the mesh the config asks for (one replica: data = 1), every sharded
+    # dimension divides evenly by its mesh axes.
+    shape = {axis: (1 if size == -1 else size) for axis, size in cfg.mesh.shape.items()}
+    real_mesh = AbstractMesh(tuple(shape[a] for a in MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    uneven = []
+    for leaf, sharding in zip(leaves, jax.tree.leaves(state_shardings(params, real_mesh))):
+        spec = tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec))
+        for dim, axes in zip(leaf.shape, spec):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+            if dim % int(np.prod([shape[a] for a in axes])):
+                uneven.append((leaf.shape, sharding.spec))
+    assert not uneven

@@ -1,0 +1,30 @@
+"""The TPU VM and multi-host GPU launch scripts are valid bash and refuse bad usage."""
+
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = ["launch/tpu_vm.sh", "launch/gpu_multi.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bash_syntax(script):
+    out = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+
+
+def test_tpu_script_without_a_command_prints_usage():
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/tpu_vm.sh")], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 2
+    assert "launch/tpu_vm.sh create" in out.stderr
+
+
+def test_gpu_script_requires_coordinator_environment():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/gpu_multi.sh"), "configs/aepo_tiny.py", "/tmp/w"],
+                         capture_output=True, text=True, env=env, check=False)
+    assert out.returncode != 0
+    assert "JAX_COORDINATOR_ADDRESS" in out.stderr
