@@ -88,6 +88,26 @@ def test_left_padded_batch_with_positions_and_mask_matches_transformers(tmp_path
     assert np.isfinite(got).all()  # padded query rows are finite too
 
 
+def test_bfloat16_checkpoint_reads_exactly_and_loads_in_either_dtype(tmp_path, input_ids):
+    """bfloat16 safetensors (most released checkpoints) are read without torch, bit-exact."""
+    import torch
+
+    bf16_model = make_hf_model("qwen2_bias_gqa", seed=4).to(torch.bfloat16)
+    bf16_model.save_pretrained(tmp_path)
+    # The same bf16-rounded weights computed in float32 (a fresh model: `.to` would also round rotary buffers).
+    hf_model = make_hf_model("qwen2_bias_gqa", seed=4)
+    hf_model.load_state_dict({k: v.float() for k, v in bf16_model.state_dict().items()})
+    model = load_hf_checkpoint(tmp_path, dtype=jnp.float32)
+    diff = float(np.abs(np.asarray(model(jnp.asarray(input_ids))) - hf_logits(hf_model, input_ids)).max())
+    _report("qwen2 from a bfloat16 checkpoint", diff, float(np.abs(hf_logits(hf_model, input_ids)).max()))
+    assert diff < TOLERANCE
+    model_bf16 = load_hf_checkpoint(tmp_path, dtype=jnp.bfloat16)
+    assert model_bf16.embed[...].dtype == jnp.bfloat16 and model_bf16.config.dtype == "bfloat16"
+    np.testing.assert_array_equal(
+        np.asarray(model_bf16.embed[...], np.float32), np.asarray(model.embed[...])
+    )
+
+
 def test_sharded_checkpoint_with_index_file_loads(tmp_path, input_ids):
     hf_model = make_hf_model("llama_untied_gqa_rope_scaling", seed=2)
     hf_model.save_pretrained(tmp_path, max_shard_size="40KB")
