@@ -177,10 +177,11 @@ def test_masked_tokens_get_exactly_zero_gradient_even_with_garbage(algorithm):
     mask = np.ones_like(logp)
     mask[:, ::3] = 0.0
     logp[:, ::3] = np.nan  # garbage where the mask is 0 must not leak
-    logp_old[:, 1::3] = np.where(mask[:, 1::3] > 0, logp_old[:, 1::3], np.inf)
     logp_old[:, ::3] = -np.inf
+    logp_ref = logp_old - 0.1
+    logp_ref[:, ::3] = np.inf
     kw = {"dual_clip_c": None} if algorithm == "cispo" else {}
-    grad = loss_grad(algorithm, logp, logp_old, adv, mask, **kw)
+    grad = loss_grad(algorithm, logp, logp_old, adv, mask, logp_ref=logp_ref, kl_coef=0.1, **kw)
     assert np.all(grad[:, ::3] == 0.0), f"{algorithm}: masked tokens got gradient"
     assert np.all(np.isfinite(grad)), f"{algorithm}: non-finite gradient"
     assert np.any(grad[:, 1::3] != 0.0)
