@@ -16,6 +16,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=["sample", "greedy"], default="sample")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--floor-calls", type=int, default=50, help="one-token forwards timed for the floor")
     parser.add_argument("--json", default=None, help="write the results here")
     return parser.parse_args()
 
@@ -58,10 +58,40 @@ def build_model(args: argparse.Namespace) -> Decoder:
     return Decoder(config, rngs=nnx.Rngs(0))
 
 
-def time_sampler(sampler: Sampler, prompts: list[list[int]], args: argparse.Namespace) -> dict:
-    """Times prefill and generate separately; the first call (compile) is reported on its own."""
+def make_floor(model: Decoder, batch: int, cache_length: int, position: int) -> Callable[[int], float]:
+    """Returns run(calls) -> seconds per call of a jitted one-token forward with a cache of `cache_length` slots.
 
-    def one_run(seed: int) -> tuple[float, float]:
+    The calls run back to back from Python with the cache donated, the way an
+    unfused decode loop would run; a decode step cannot do less model work.
+    """
+    graphdef, params = nnx.split(model)
+    config = model.config
+
+    def one_token(params, cache, tokens, positions, mask):
+        return nnx.merge(graphdef, params)(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
+
+    one_token = jax.jit(one_token, donate_argnums=(1,))
+    holder = {"cache": KVCache.init(config, batch=batch, length=cache_length, dtype=config.dtype)}
+    tokens = jnp.ones((batch, 1), jnp.int32)
+    positions = jnp.full((batch, 1), position, jnp.int32)
+    mask = jnp.ones((batch, 1, cache_length), bool)
+
+    def run(calls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            logits, holder["cache"] = one_token(params, holder["cache"].replace(index=jnp.asarray(position, jnp.int32)), tokens, positions, mask)
+        jax.block_until_ready(logits)
+        return (time.perf_counter() - start) / calls
+
+    run(2)  # compile
+    return run
+
+
+def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    """Times prefill, generate and the one-token floor, interleaved so that each decode is
+    compared with a floor measured right after it (the machine's load drifts between runs)."""
+
+    def one_run(seed: int) -> tuple[float, float, int, int]:
         start = time.perf_counter()
         state = sampler.prefill(prompts)
         jax.block_until_ready(state.arrays)
@@ -71,16 +101,24 @@ def time_sampler(sampler: Sampler, prompts: list[list[int]], args: argparse.Name
         end = time.perf_counter()
         if not np.all(out.num_tokens == args.new_tokens):
             raise RuntimeError(f"rows stopped early: {out.num_tokens.tolist()}")
-        return mid - start, end - mid
+        return mid - start, end - mid, state.batch_size, state.cache_length
 
     start = time.perf_counter()
-    one_run(0)
+    _, _, batch, cache_length = one_run(0)
     first_call = time.perf_counter() - start
     for i in range(args.warmup):
         one_run(1 + i)
-    prefill_s, decode_s = zip(*(one_run(100 + i) for i in range(args.iters)), strict=True)
+    floor = make_floor(model, batch, cache_length, args.prompt_len)
+    prefill_s, decode_s, floor_s = [], [], []
+    for i in range(args.iters):
+        prefill, decode, _, _ = one_run(100 + i)
+        prefill_s.append(prefill)
+        decode_s.append(decode)
+        floor_s.append(floor(args.new_tokens))
     tokens = args.batch * args.new_tokens
     total = [p + d for p, d in zip(prefill_s, decode_s, strict=True)]
+    step_s = [d / args.new_tokens for d in decode_s]
+    ratios = [s / f for s, f in zip(step_s, floor_s, strict=True)]
     return {
         "first_call_s": first_call,
         "prefill_ms_mean": 1e3 * statistics.mean(prefill_s),
@@ -88,36 +126,30 @@ def time_sampler(sampler: Sampler, prompts: list[list[int]], args: argparse.Name
         "decode_tokens_per_s_best": tokens / min(decode_s),
         "tokens_per_s_mean": tokens / statistics.mean(total),
         "tokens_per_s_best": tokens / min(total),
-        "step_ms_mean": 1e3 * statistics.mean(decode_s) / args.new_tokens,
-        "step_ms_best": 1e3 * min(decode_s) / args.new_tokens,
+        "step_ms_mean": 1e3 * statistics.mean(step_s),
+        "step_ms_best": 1e3 * min(step_s),
+        "floor_ms_mean": 1e3 * statistics.mean(floor_s),
+        "floor_ms_best": 1e3 * min(floor_s),
+        "step_over_floor_median": statistics.median(ratios),
+        "step_over_floor_best": min(step_s) / min(floor_s),
+        "batch_bucket": batch,
+        "cache_length": cache_length,
     }
 
 
-def time_floor(model: Decoder, batch: int, cache_length: int, args: argparse.Namespace) -> float:
-    """Milliseconds of one jitted one-token forward with a cache of `cache_length` slots (best of 3 runs)."""
-    graphdef, params = nnx.split(model)
-    config = model.config
+def matmul_gflops() -> float:
+    """Median float32 GFLOP/s of 20 jitted 512^3 matmuls: how much CPU this run actually got."""
+    a = jnp.ones((512, 512), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(matmul(a))
+    seconds = statistics.median(_timed(lambda: jax.block_until_ready(matmul(a))) for _ in range(20))
+    return 2 * 512**3 / seconds / 1e9
 
-    def one_token(params, cache, tokens, positions, mask):
-        return nnx.merge(graphdef, params)(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
 
-    one_token = jax.jit(one_token, donate_argnums=(1,))
-    cache = KVCache.init(config, batch=batch, length=cache_length, dtype=config.dtype)
-    cache = cache.replace(index=jnp.asarray(args.prompt_len, jnp.int32))
-    tokens = jnp.ones((batch, 1), jnp.int32)
-    positions = jnp.full((batch, 1), args.prompt_len, jnp.int32)
-    mask = jnp.ones((batch, 1, cache_length), bool)
-    logits, cache = one_token(params, cache, tokens, positions, mask)
-    jax.block_until_ready(logits)
-    runs = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(args.floor_calls):
-            logits, cache = one_token(params, cache.replace(index=jnp.asarray(args.prompt_len, jnp.int32)),
-                                      tokens, positions, mask)
-        jax.block_until_ready(logits)
-        runs.append((time.perf_counter() - start) / args.floor_calls)
-    return 1e3 * min(runs)
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -126,37 +158,32 @@ def main() -> None:
     graphdef, params = nnx.split(model)
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
     sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0)
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
-    result = time_sampler(sampler, prompts, args)
-    probe = sampler.generate(sampler.prefill(prompts), args.new_tokens, rng=jax.random.key(0))[0]
-    floor_ms = time_floor(model, probe.batch_size, probe.cache_length, args)
+    prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
+    gflops_before = matmul_gflops()
+    result = time_sampler(sampler, model, prompts, args)
     result.update(
-        floor_ms=floor_ms,
-        step_over_floor_mean=result["step_ms_mean"] / floor_ms,
-        step_over_floor_best=result["step_ms_best"] / floor_ms,
-        cache_length=probe.cache_length,
+        matmul_gflops=min(gflops_before, matmul_gflops()),
         config={k: v for k, v in vars(args).items() if k != "json"},
         backend=jax.default_backend(),
         devices=jax.device_count(),
         machine=platform.machine(),
         jax_version=jax.__version__,
     )
+    r = result
     rows = [
-        ("tokens/s (prefill+decode) mean / best", f"{result['tokens_per_s_mean']:.0f} / {result['tokens_per_s_best']:.0f}"),
-        ("tokens/s (decode only) mean / best",
-         f"{result['decode_tokens_per_s_mean']:.0f} / {result['decode_tokens_per_s_best']:.0f}"),
-        ("first call (compile) s", f"{result['first_call_s']:.2f}"),
-        ("prefill ms", f"{result['prefill_ms_mean']:.2f}"),
-        ("decode step ms mean / best", f"{result['step_ms_mean']:.3f} / {result['step_ms_best']:.3f}"),
-        ("one-token forward floor ms", f"{floor_ms:.3f}"),
-        ("step / floor mean / best", f"{result['step_over_floor_mean']:.2f} / {result['step_over_floor_best']:.2f}"),
+        ("tokens/s (prefill+decode) mean / best", f"{r['tokens_per_s_mean']:.0f} / {r['tokens_per_s_best']:.0f}"),
+        ("tokens/s (decode only) mean / best", f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
+        ("first call (compile) s", f"{r['first_call_s']:.2f}"),
+        ("prefill ms mean", f"{r['prefill_ms_mean']:.2f}"),
+        ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
+        ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
+        ("step / floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
+        ("matmul GFLOP/s (median, lower = busier CPU)", f"{r['matmul_gflops']:.0f}"),
     ]
-    title = (f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} "
-             f"B{args.batch} P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
-             f"(cache {probe.cache_length}, {jax.default_backend()})")
+    print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
+          f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
+          f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, {jax.default_backend()})")
     width = max(len(name) for name, _ in rows)
-    print(title)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
     if args.json:
