@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Self
 
 from aepo_jax.tools.sandbox_process import (
@@ -150,6 +151,7 @@ class PythonSandbox:
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
+        self._background: list[threading.Thread] = []  # retirements and directory removals in flight
         for _ in range(pool_size):
             self._idle.put(self._spawn())
 
@@ -175,7 +177,14 @@ class PythonSandbox:
                 self._idle.put(worker)
                 return
         kill_worker(worker)
-        threading.Thread(target=self._retire, args=(worker,), daemon=True).start()
+        self._in_background(self._retire, worker)
+
+    def _in_background(self, target: Callable[..., object], *args: object) -> None:
+        """Run cleanup off the caller's path; `close` waits for it."""
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._background = [t for t in self._background if t.is_alive()] + [thread]
+        thread.start()
 
     def _retire(self, worker: Worker) -> None:
         dispose_worker(worker)
@@ -206,7 +215,7 @@ class PythonSandbox:
             return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None, start)
         result, healthy = self._execute(worker, code, workdir, start)
         self._release(worker, healthy)
-        threading.Thread(target=shutil.rmtree, args=(workdir,), kwargs={"ignore_errors": True}, daemon=True).start()
+        self._in_background(shutil.rmtree, workdir, True)
         return result
 
     def _execute(self, worker: Worker, code: str, workdir: str, start: float) -> tuple[SandboxResult, bool]:
@@ -266,7 +275,7 @@ class PythonSandbox:
         )
 
     def close(self) -> None:
-        """Kill the idle workers; calls in flight finish on their own."""
+        """Kill the idle workers and wait for background cleanup; calls in flight finish on their own."""
         with self._lock:
             self._closed = True
         while True:
@@ -274,6 +283,10 @@ class PythonSandbox:
                 dispose_worker(self._idle.get_nowait())
             except queue.Empty:
                 break
+        with self._lock:
+            pending = list(self._background)
+        for thread in pending:
+            thread.join(timeout=10)
 
     def __enter__(self) -> Self:
         return self
