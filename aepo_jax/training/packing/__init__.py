@@ -6,7 +6,11 @@
 """
 
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
-from aepo_jax.training.packing.layout import PackedLayout, first_fit_decreasing, layout_forest
+from aepo_jax.training.packing.layout import (
+    PackedLayout,
+    first_fit_decreasing,
+    layout_forest,
+)
 from aepo_jax.training.packing.pack_mode import (
     DEFAULT_PACK,
     PACK_MODES,
@@ -16,7 +20,11 @@ from aepo_jax.training.packing.pack_mode import (
     make_train_step_for_pack,
     per_sequence_values,
 )
-from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch, unpack_flat
+from aepo_jax.training.packing.packed_batch import (
+    PackingStats,
+    build_packed_batch,
+    unpack_flat,
+)
 from aepo_jax.training.packing.packed_step import (
     make_packed_logprob_fn,
     make_packed_rl_train_step,
@@ -24,7 +32,11 @@ from aepo_jax.training.packing.packed_step import (
     packed_loss_and_grads,
     packed_rl_loss_fn,
 )
-from aepo_jax.training.packing.trie import PrefixForest, build_prefix_forest, preorder_and_sizes
+from aepo_jax.training.packing.trie import (
+    PrefixForest,
+    build_prefix_forest,
+    preorder_and_sizes,
+)
 
 __all__ = [
     "DEFAULT_PACK",

@@ -16,8 +16,15 @@ import optax
 from flax import nnx
 
 from aepo_jax.training.batch import pad_sequences
-from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch, unpack_flat
-from aepo_jax.training.packing.packed_step import make_packed_logprob_fn, make_packed_rl_train_step
+from aepo_jax.training.packing.packed_batch import (
+    PackingStats,
+    build_packed_batch,
+    unpack_flat,
+)
+from aepo_jax.training.packing.packed_step import (
+    make_packed_logprob_fn,
+    make_packed_rl_train_step,
+)
 from aepo_jax.training.train_step import StepConfig, make_logprob_fn, make_rl_train_step
 
 PACK_MODES = ("tree", "flat")
