@@ -5,8 +5,12 @@ to its root-to-node path, once each)."""
 import numpy as np
 import pytest
 
+from aepo_jax.models import get_preset
+from aepo_jax.training.batch import pad_sequences
+from aepo_jax.training.packing import build_train_batch, per_sequence_values
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.packing.layout import first_fit_decreasing, layout_forest
+from aepo_jax.training.packing.row_length import choose_row_len
 from aepo_jax.training.packing.trie import build_prefix_forest, preorder_and_sizes
 
 
@@ -132,3 +136,44 @@ def test_random_forests_attend_exactly_their_path(seed):
             owner = np.argwhere((layout.slot_node == path[t]) & layout.slot_owned)[0]
             assert owner[0] == r  # in the row that owns the token
             assert mask[r, owner[1], c]
+
+
+def _two_groups_with_long_prompts(prompt_len=20):
+    rng = np.random.default_rng(3)
+    sequences, groups = [], []
+    for g in range(2):
+        prompt = rng.integers(0, 50, size=prompt_len).tolist()
+        for _ in range(4):
+            sequences.append(prompt + rng.integers(0, 50, size=30 - prompt_len).tolist())
+            groups.append(g)
+    return sequences, groups
+
+
+def test_choose_row_len_trades_copies_against_quadratic_attention():
+    sequences, groups = _two_groups_with_long_prompts()  # a group: 20 + 4 * 10 = 60 nodes, sequences of 30
+    linear_heavy = get_preset("tiny", vocab_size=1_000_000)  # per-slot cost dominates: fewest slots wins
+    best, costs = choose_row_len(sequences, groups, linear_heavy, [30, 60, 20], length_multiple=1)
+    assert sorted(costs) == [30, 60] and best == 60  # 20 is too short for a sequence; 60 holds a group, no copies
+    # Little sharing (prompt of 2): rows of 30 cost 8 * 30^2 score pairs, rows of 120 cost 2 * 120^2.
+    sequences, groups = _two_groups_with_long_prompts(prompt_len=2)
+    attention_heavy = get_preset("tiny", vocab_size=2, d_model=8, mlp_dim=8, n_heads=64, n_kv_heads=64)
+    best, _ = choose_row_len(sequences, groups, attention_heavy, [30, 120], length_multiple=1)
+    assert best == 30  # L^2 per row dominates: short rows
+    best, _ = choose_row_len(sequences, groups, linear_heavy, [30, 120], length_multiple=1)
+    assert best == 120
+    with pytest.raises(ValueError, match="no candidate row length fits"):
+        choose_row_len(sequences, groups, linear_heavy, [10])
+
+
+def test_train_pack_switch_builds_the_matching_batch():
+    sequences, groups = _two_groups_with_long_prompts()
+    seqs = [{"tokens": s, "mask": [0] * 20 + [1] * 10, "advantages": 1.0} for s in sequences]
+    flat, stats = build_train_batch(seqs, "flat", group_ids=groups, max_len=32)
+    assert stats is None and flat["input_ids"].shape == (8, 32)
+    np.testing.assert_array_equal(flat["mask"], pad_sequences(seqs, max_len=32)["mask"])
+    tree, stats = build_train_batch(seqs, "tree", group_ids=groups, max_len=32, row_len=64, micro_batch_size=4)
+    assert tree["packed_ids"].shape[0] == 2 and stats.unique_tokens == 2 * 60  # two micro-batches, one group each
+    order = per_sequence_values(tree["input_ids"], tree, "tree", len(seqs))
+    np.testing.assert_array_equal(order, flat["input_ids"])  # back in input order
+    with pytest.raises(ValueError, match="unknown train.pack 'ragged'"):
+        build_train_batch(seqs, "ragged", group_ids=groups, max_len=32)
