@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from aepo_jax.models import KVCache
+from aepo_jax.parallel import shard_state
 from aepo_jax.sampling.buckets import bucket_batch, bucket_length
 from aepo_jax.sampling.layout import concat_rows, grow_slots, shift_cursor, take_rows
 from aepo_jax.sampling.params import SamplingParams
@@ -74,8 +75,9 @@ class Sampler:
       stop_sequences: token-id sequences that end a row right after their last token.
       params: default SamplingParams.
       max_cache_len: cache slots a row may never exceed (growth beyond raises).
-      mesh: optional mesh; the batch is sharded over its `data` axis. Pass
-        parameters already sharded (`aepo_jax.parallel.shard_state`).
+      mesh: optional mesh; the batch is sharded over its `data` axis and the
+        parameters as `aepo_jax.parallel.shard_state` says (a no-op when the
+        caller already sharded them).
       seed: base of the internal key stream used when generate gets no key.
         Default: drawn from the OS, so two Samplers (and two calls) never
         share samples unless a key is passed explicitly.
@@ -97,12 +99,12 @@ class Sampler:
         cache_dtype: jnp.dtype | None = None,
     ):
         self._graphdef = graphdef
-        self._params_state = state
+        self.mesh = mesh
+        self._params_state = self._shard_params(state)
         self.config = nnx.merge(graphdef, state).config
         self.pad_id = int(pad_id)
         self.params = params if params is not None else SamplingParams()
         self.max_cache_len = int(max_cache_len)
-        self.mesh = mesh
         self._cache_dtype = cache_dtype if cache_dtype is not None else self.config.dtype
         self._stop_table = build_stop_table(stop_sequences, eos_ids)
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
@@ -130,10 +132,28 @@ class Sampler:
         new = jax.tree.map(lambda x: (x.shape, x.dtype), state)
         if jax.tree.structure(old) != jax.tree.structure(new) or jax.tree.leaves(old) != jax.tree.leaves(new):
             raise ValueError("set_params: the new state's tree, shapes or dtypes differ from the sampler's")
-        self._params_state = state
+        self._params_state = self._shard_params(state)
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> DecodeState:
-        """Runs the prompts (ragged id lists, each non-empty) into a fresh cache, left-padded."""
+    def prefill(
+        self, prompts: Sequence[Sequence[int]] | np.ndarray, lengths: Sequence[int] | None = None
+    ) -> DecodeState:
+        """Runs the prompts into a fresh cache, left-padded to a bucketed block.
+
+        Args:
+          prompts: ragged token-id lists (each non-empty), or an int array
+            [B, T] left-padded, in which case `lengths` gives each row's real
+            length (its last lengths[i] ids); without `lengths` every id is real.
+          lengths: real lengths of a left-padded array.
+        """
+        if lengths is not None:
+            array = np.asarray(prompts)
+            if array.ndim != 2 or len(lengths) != array.shape[0]:
+                raise ValueError(f"prefill: lengths ({len(lengths)}) needs a 2-D prompt array with one row each")
+            if any(not 0 < n <= array.shape[1] for n in lengths):
+                raise ValueError(f"prefill: lengths {list(lengths)} must be in [1, {array.shape[1]}]")
+            prompts = [array[i, array.shape[1] - n :].tolist() for i, n in enumerate(lengths)]
+        elif isinstance(prompts, np.ndarray | jax.Array):
+            prompts = np.asarray(prompts).tolist()
         if len(prompts) == 0:
             raise ValueError("prefill needs at least one prompt")
         for row, prompt in enumerate(prompts):
@@ -242,6 +262,9 @@ class Sampler:
         return DecodeState(self._gather(stacked, rows), len(rows))
 
     # ----------------------------------------------------------------- internals
+
+    def _shard_params(self, state: nnx.State) -> nnx.State:
+        return state if self.mesh is None else shard_state(state, self.mesh)
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()

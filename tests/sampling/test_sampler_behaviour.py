@@ -139,3 +139,14 @@ def test_bad_input_raises_clear_errors(greedy_sampler):
         sampler.append(st, [[1], [2]])
     with pytest.raises(ValueError, match="max_cache_len"):
         sampler.generate(st, 5000)
+
+
+def test_prefill_of_left_padded_array_equals_ragged_lists(greedy_sampler):
+    prompts = random_prompts(40, [3, 6])
+    padded = np.zeros((2, 6), np.int32)
+    padded[0, 3:], padded[1] = prompts[0], prompts[1]
+    _, from_lists = greedy_sampler.generate(greedy_sampler.prefill(prompts), 5)
+    _, from_array = greedy_sampler.generate(greedy_sampler.prefill(padded, lengths=[3, 6]), 5)
+    assert from_array.tokens.tolist() == from_lists.tokens.tolist()
+    with pytest.raises(ValueError, match="lengths"):
+        greedy_sampler.prefill(padded, lengths=[0, 6])
