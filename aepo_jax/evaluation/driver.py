@@ -1,0 +1,227 @@
+"""The evaluation driver: sample `n` answers per question through the real agent loop and score them (spec §6).
+
+    result = evaluate(examples, graphdef=g, params=p, tokenizer=tok, tools=registry,
+                      encode_prompt=encode, config=EvalConfig(n=4))
+    print(format_report_table(result.reports))
+
+Each batch of questions goes through `aepo_jax.rollout.strategies.rollout`
+with `k = n`: the independent strategy by default (n i.i.d. samples, what
+pass@k assumes), or ARPO/AEPO to evaluate a tree strategy, in which case the
+tree statistics of spec §2.4 come back too. Decoding is the paper's
+evaluation setting (temperature 0.6, top-p 0.95) or greedy with `n = 1`.
+Every trajectory is decoded to text and scored by `score_question` (the
+reward registry picks exact match, math equivalence, F1 or the judge by data
+source). Keys derive from `seed` and the batch index only, so a run is
+reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.trajectory import Trajectory
+from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
+from aepo_jax.evaluation.scoring import score_question
+from aepo_jax.rollout.stats import RolloutStats, compute_stats
+from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.sampling import Sampler, SamplingParams
+
+# RolloutStats fields that are counts over rollout calls: summed over batches.
+_SUMMED_STATS = ("branch_decisions", "rounds", "repacks", "prefill_tokens", "append_tokens", "decode_tokens",
+                 "forward_tokens", "num_topups")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How to evaluate: samples per question, decoding, batching, limits and scoring.
+
+    Attributes:
+      n: samples per question (pass@k is reported for every k <= n).
+      greedy: argmax decoding; needs `n == 1` (greedy samples are all equal).
+      temperature, top_p, top_k: sampling settings (paper §6: 0.6 / 0.95 / off).
+      seed: base of every PRNG key of the run.
+      questions_per_batch: questions rolled out together (rows = this x n).
+      loop: tool-call, response and context limits of the agent loop (spec §4).
+      rollout: the rollout strategy; "independent" unless a tree strategy is evaluated.
+      reward: reward family deciding correctness (None: by data source).
+      require_format: apply the spec §5 format gate before grading an answer.
+    """
+
+    n: int = 1
+    greedy: bool = False
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 0
+    seed: int = 0
+    questions_per_batch: int = 8
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(strategy="independent"))
+    reward: str | None = None
+    require_format: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"EvalConfig.n must be >= 1, got {self.n}")
+        if self.greedy and self.n != 1:
+            raise ValueError(f"greedy decoding gives {self.n} identical samples: use n=1 with greedy, "
+                             "or sampling (greedy=False) for n > 1")
+        if self.questions_per_batch < 1:
+            raise ValueError(f"EvalConfig.questions_per_batch must be >= 1, got {self.questions_per_batch}")
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, greedy=self.greedy)
+
+    @property
+    def tree_strategy(self) -> bool:
+        return self.rollout.strategy != "independent"
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced.
+
+    Attributes:
+      reports: one `DatasetReport` per data source, plus `all` when there are several.
+      questions: the scored `QuestionResult` of each question, in input order.
+      samples: one JSON-able dict per sample (question id, text, correct, f1, ...).
+      tree_stats: per data source (and `all`), the spec §2.4 statistics as dicts;
+        None for the independent strategy.
+    """
+
+    reports: list[DatasetReport]
+    questions: list[QuestionResult]
+    samples: list[dict[str, Any]]
+    tree_stats: dict[str, dict[str, Any]] | None = None
+
+
+def _check_examples(examples: Sequence[dict]) -> None:
+    if not examples:
+        raise ValueError("evaluate needs at least one example")
+    for i, ex in enumerate(examples):
+        missing = [key for key in ("id", "question", "answers", "data_source") if key not in ex]
+        if missing:
+            raise ValueError(f"example {i} ({ex.get('id', '?')!r}) lacks {missing}")
+
+
+def batch_keys(seed: int, batch_index: int) -> tuple[jax.Array, np.random.Generator]:
+    """The jax key and numpy Generator of one batch: a pure function of (seed, batch index)."""
+    return jax.random.fold_in(jax.random.key(seed), batch_index), np.random.default_rng([seed, batch_index])
+
+
+def _sample_record(example: dict, index: int, traj: Trajectory, text: str, result: QuestionResult) -> dict[str, Any]:
+    return {
+        "question_id": example["id"],
+        "data_source": example["data_source"],
+        "sample": index,
+        "traj_id": traj.traj_id,
+        "is_global": traj.is_global,
+        "correct": result.correct[index],
+        "f1": result.f1[index],
+        "tool_calls": result.tool_calls[index],
+        "response_length": result.response_length[index],
+        "stop_reason": traj.stop_reason,
+        "response": text,
+    }
+
+
+def _tree_stats(
+    examples: Sequence[dict], groups: Sequence[Sequence[Trajectory]], batch_stats: Sequence[RolloutStats]
+) -> dict[str, dict[str, Any]]:
+    """Spec §2.4 statistics per data source (structure only) and over all questions (with token counters)."""
+    by_source: dict[str, list[Sequence[Trajectory]]] = {}
+    for ex, group in zip(examples, groups, strict=True):
+        by_source.setdefault(ex["data_source"], []).append(group)
+    out = {name: compute_stats(by_source[name]).as_dict() for name in sorted(by_source)}
+    budgets = [m for s in batch_stats for m in (s.global_budgets or [])]
+    overall = compute_stats(groups, global_budgets=budgets or None)
+    overall = dataclasses.replace(overall, **{name: sum(getattr(s, name) for s in batch_stats)
+                                              for name in _SUMMED_STATS})
+    out["all"] = overall.as_dict()
+    return out
+
+
+def evaluate(
+    examples: Sequence[dict],
+    *,
+    graphdef: Any,
+    params: Any,
+    tokenizer: Any,
+    tools: Any,
+    encode_prompt: Callable[[dict], list[int]],
+    config: EvalConfig,
+    progress: bool = True,
+    make_generator: Callable[[Sampler], Any] | None = None,
+    **reward_kw: Any,
+) -> EvalResult:
+    """Roll out `config.n` samples per example with the agent loop and score them per data source.
+
+    Args:
+      examples: `{"id", "question", "answers", "data_source"}` dicts.
+      graphdef, params: the policy (`nnx.split` of the decoder).
+      tokenizer: the run's tokenizer (encode/decode, eos_id, pad_id).
+      tools: a tool registry (`run_many`), e.g. search over a local server and the python sandbox.
+      encode_prompt: example -> prompt token ids (chat template applied).
+      config: samples, decoding, batching, limits and scoring (`EvalConfig`).
+      progress: show a progress bar over questions.
+      make_generator: wraps the sampler into the generator the loop drives (default:
+        the sampler itself); tests use `aepo_jax.agent.forcing.ToolForcingGenerator`.
+      **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
+    """
+    _check_examples(examples)
+    sampler = Sampler(
+        graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
+        stop_sequences=agent_stop_sequences(tokenizer), params=config.sampling_params,
+        max_cache_len=config.loop.max_context_len, seed=config.seed,
+    )
+    generator = make_generator(sampler) if make_generator is not None else sampler
+    loop = AgentLoop(generator, tokenizer, tools, config.loop)
+    questions: list[QuestionResult] = []
+    samples: list[dict[str, Any]] = []
+    all_groups: list[list[Trajectory]] = []
+    batch_stats: list[RolloutStats] = []
+    bar = _progress_bar(len(examples), progress)
+    try:
+        for batch_index, start in enumerate(range(0, len(examples), config.questions_per_batch)):
+            batch = examples[start:start + config.questions_per_batch]
+            prompts = [list(map(int, encode_prompt(ex))) for ex in batch]
+            key, rng = batch_keys(config.seed, batch_index)
+            groups, stats = rollout(prompts, config.n, loop=loop, config=config.rollout, rng=rng, key=key)
+            batch_stats.append(stats)
+            for ex, group in zip(batch, groups, strict=True):
+                texts = [tokenizer.decode(t.response_ids) for t in group]
+                result = score_question(
+                    ex, texts, [int(sum(t.mask)) for t in group], tool_calls=[t.num_tool_calls for t in group],
+                    reward=config.reward, require_format=config.require_format, **reward_kw,
+                )
+                questions.append(result)
+                samples += [_sample_record(ex, i, t, text, result) for i, (t, text) in enumerate(zip(group, texts))]
+                all_groups.append(list(group))
+            bar.update(len(batch))
+    finally:
+        bar.close()
+    tree = _tree_stats(examples, all_groups, batch_stats) if config.tree_strategy else None
+    return EvalResult(build_reports(questions), questions, samples, tree)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="evaluate", unit="question", dynamic_ncols=True)
