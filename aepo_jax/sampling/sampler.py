@@ -113,7 +113,6 @@ class Sampler:
         self._data_size = 1 if mesh is None else int(mesh.shape.get("data", 1))
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
 
-
     # ----------------------------------------------------------------- public API
 
     @property
