@@ -43,11 +43,14 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
     c.model.remat = False
 
-    c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": ""})  # "" = built by the data pipeline
+    # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
+    c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_facts"
     c.data.path = ""  # local JSONL; "" = the embedded synthetic task
+    c.data.corpus_path = ""  # search corpus JSONL for data.path runs ("" = no search tool)
+    c.data.num_examples = 256  # size of the generated synthetic task
     c.data.split = "train"
     c.data.prompts_per_step = 64  # paper: 64 (Qwen3-14B) / 128 (Qwen2.5-7B)
     c.data.shuffle = True
@@ -106,6 +109,14 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.eps = 1e-8
 
+    # Cold-start SFT (`python -m launch.sft`): scripted tool-using trajectories
+    # executed with the real tools, or a JSONL of {"question", "response"} texts.
+    c.sft = ml_collections.ConfigDict()
+    c.sft.path = ""
+    c.sft.num_sequences = 256
+    c.sft.batch_size = 8
+    c.sft.skip_python_prob = 0.3  # the scripts' deliberate flaw, for RL to remove
+
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
     c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True})
     return c
@@ -117,15 +128,15 @@ def shrink_to_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.data.prompts_per_step = 4
     c.rollout.k = 4
     c.rollout.initial_rollouts = 2
-    c.rollout.max_prompt_len = 96
-    c.rollout.max_response_len = 32
+    c.rollout.max_prompt_len = 448  # system prompt + question take ~330 tokens of the 512-piece vocabulary
+    c.rollout.max_response_len = 64
     c.rollout.max_tool_calls = 2
     c.rollout.tool_timeout_s = 10.0
     c.train.total_steps = 20
     c.train.mini_batch_prompts = 2
     c.train.micro_batch_size = 4
-    c.train.max_seq_len = 128
-    c.train.length_bucket = 32
+    c.train.max_seq_len = 512
+    c.train.length_bucket = 64
     c.optim.lr = 1e-3  # tiny random model: a visible signal in a few steps
     c.optim.warmup_steps = 2
     c.checkpoint.every = 5

@@ -81,7 +81,7 @@ def test_big_config_builds_abstract_model_and_sharded_state(name):
     assert set(cfg.mesh.shape) == {"data", "fsdp", "tensor"}
 
     model_config = model_config_from(cfg)
-    graphdef, params = abstract_model(model_config)  # ShapeDtypeStructs only
+    _graphdef, params = abstract_model(model_config)  # ShapeDtypeStructs only
     leaves = jax.tree.leaves(params)
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
     count = sum(int(np.prod(x.shape)) for x in leaves)

@@ -1,0 +1,90 @@
+"""Cold-start SFT entry point (next-token loss on generated tokens only).
+
+    python -m launch.sft --config configs/aepo_tiny.py --workdir /tmp/sft \
+        [--config.train.total_steps=50 ...] [--resume]
+
+Data: `sft.path` (JSONL of {"question", "response"} with tool results as
+<result> blocks) or, for the synthetic task, scripted solutions executed with
+the real tools (`aepo_jax.envs.facts_sft`). The resolved config is printed
+and saved; unknown override keys are refused. The final parameters are in
+WORKDIR/checkpoints (orbax); point an RL run at them with `--resume` on a copy
+or load them with `aepo_jax.training.checkpoint.Checkpointer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg])",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory: metrics, checkpoints, config")
+_RESUME = flags.DEFINE_bool("resume", False, "continue from the newest complete checkpoint in WORKDIR")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def sft_records(cfg, env) -> list[dict]:
+    """Token records (`tokens`, `mask`) for SFT from `sft.path` or the scripted synthetic task."""
+    from aepo_jax.training.sft_trainer import text_record_to_tokens
+
+    if cfg.sft.path:
+        with open(cfg.sft.path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [text_record_to_tokens(env.encode_prompt(row), row["response"], env.tokenizer.encode,
+                                      env.tokenizer.eos_id) for row in rows]
+    if env.task is None:
+        raise ValueError("set sft.path: scripted SFT data exists only for the synthetic task")
+    from aepo_jax.envs.facts_sft import build_sft_sequences
+
+    towns = {t.name: t for t in env.task.towns}
+    questions = list(env.task.train)[: int(cfg.sft.num_sequences)]
+    sequences = build_sft_sequences(
+        questions, towns, env.tokenizer, env.tools, lambda q: env.encode_prompt({"question": q}),
+        np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob))
+    return [s.as_row() for s in sequences]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+    cfg = _CONFIG.value
+    process_index, _ = maybe_initialize_distributed(cfg.distributed)
+
+    from aepo_jax.training.agent_env import build_agent_environment
+    from aepo_jax.training.build import init_model
+    from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
+    from launch.run_setup import prepare_workdir
+
+    workdir = _WORKDIR.value
+    prepare_workdir(cfg, workdir, resume=_RESUME.value, process_index=process_index)
+    env = build_agent_environment(cfg, workdir)
+    trainer = None
+    try:
+        if not cfg.model.checkpoint_dir:
+            with cfg.unlocked():
+                cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+        records = sft_records(cfg, env)
+        graphdef, params = init_model(cfg)
+        trainer = SFTTrainer(cfg, workdir, batches=SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed)),
+                             graphdef=graphdef, params=params, pad_id=int(env.tokenizer.pad_id),
+                             process_index=process_index)
+        if _RESUME.value and trainer.restore_latest():
+            print(f"resumed from step {int(trainer.state.rounds)}", flush=True)
+        trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())  # config files import `configs.base`
+    app.run(main)

@@ -1,0 +1,58 @@
+"""SFT: the text-to-token mask (tool results are context) and a short training run."""
+
+import json
+
+import numpy as np
+
+from aepo_jax.agent.scripted import ByteTokenizer
+from aepo_jax.training.sft_trainer import (
+    SequenceBatches,
+    SFTTrainer,
+    text_record_to_tokens,
+)
+from configs.aepo_tiny import get_config
+from tests.training.fixtures import tiny_model
+
+
+def test_result_blocks_are_masked_and_pieces_tokenised_separately():
+    tok = ByteTokenizer()
+    response = "<search>x</search> <result>\nfound\n</result>then<answer>\\boxed{1}</answer>"
+    record = text_record_to_tokens([5, 6], response, tok.encode, eos_id=tok.eos_id)
+    tokens, mask = record["tokens"], record["mask"]
+    result_ids = tok.encode(" <result>\nfound\n</result>")
+    start = 2 + len(tok.encode("<search>x</search>"))
+    assert tokens[start:start + len(result_ids)] == result_ids
+    assert mask[:2].tolist() == [0, 0]
+    assert mask[start:start + len(result_ids)].tolist() == [0] * len(result_ids)
+    assert mask[2:start].all() and mask[start + len(result_ids):].all()
+    assert tokens[-1] == tok.eos_id
+    assert tok.decode(tokens[2:-1]) == response
+
+
+def test_sft_loss_falls_on_a_repeated_batch_and_checkpoints(tmp_path):
+    rng = np.random.default_rng(0)
+    records = []
+    for _ in range(8):
+        prompt = rng.integers(1, 64, 5).tolist()
+        answer = [7, 8, 9, 10, 11, 12]  # the same continuation after every prompt: learnable
+        records.append({"tokens": prompt + answer, "mask": np.array([0] * 5 + [1] * 6, np.float32)})
+    cfg = get_config()
+    cfg.train.total_steps = 6
+    cfg.train.max_seq_len = 16
+    cfg.train.length_bucket = 16
+    cfg.optim.lr = 1e-2
+    cfg.optim.warmup_steps = 0
+    cfg.checkpoint.every = 3
+    cfg.log.progress_bar = False
+    cfg.log.tensorboard = False
+    graphdef, params = tiny_model()
+    trainer = SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=8), graphdef=graphdef,
+                         params=params)
+    logged = trainer.train()
+    trainer.close()
+    losses = [r["loss"] for r in logged]
+    assert losses[-1] < 0.5 * losses[0]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
+    assert {"nll", "token_accuracy", "learning_rate"} <= set(lines[0])
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
