@@ -27,7 +27,13 @@ from aepo_jax.models import Decoder, get_preset
 from aepo_jax.rollout.strategies import RolloutConfig
 from aepo_jax.servers import start_search_server
 from aepo_jax.tokenizers import train_sentencepiece
-from aepo_jax.tools import PythonSandbox, PythonTool, SandboxLimits, SearchTool, ToolRegistry
+from aepo_jax.tools import (
+    PythonSandbox,
+    PythonTool,
+    SandboxLimits,
+    SearchTool,
+    ToolRegistry,
+)
 
 CORPUS = {
     "brindle": "Brindle\nBrindle is a river town of 4200 people, founded in 1803 on the Kell river.",
@@ -41,14 +47,14 @@ EXAMPLES = [
     {"id": "c", "question": "What is six times seven?", "answers": ["42"], "data_source": "arith_qa"},
     {"id": "d", "question": "What is forty two?", "answers": ["forty two", "42"], "data_source": "arith_qa"},
 ]
-LOOP = LoopConfig(max_tool_calls=3, max_response_tokens=160, max_context_len=512)
+LOOP = LoopConfig(max_tool_calls=3, max_response_tokens=100, max_context_len=256)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     texts = list(CORPUS.values()) + [e["question"] for e in EXAMPLES] + [SYSTEM, "print(6 * 7) the a of in"] * 3
     tok = train_sentencepiece(texts, vocab_size=400, special_tokens=AGENT_SPECIAL_TOKENS)
-    graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size, n_layers=1), rngs=nnx.Rngs(0)))
     plan = [tok.encode("<search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<answer>\\boxed{42}</answer>")]
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
