@@ -37,6 +37,28 @@ from aepo_jax.tools import (
     ToolRegistry,
 )
 
+
+class TimedGenerator:
+    """Passes every call through to `inner`, adding up wall seconds per method (results fetched to host)."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, {}
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in ("prefill", "generate", "append", "fork", "concat"):
+            return attr
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = attr(*args, **kwargs)
+            jax.block_until_ready(jax.tree.leaves(getattr(out[0] if isinstance(out, tuple) else out, "inner", out)))
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            return out
+
+        return timed
+
+
 TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
 SYSTEM = "Think, then use <search>query</search> or <python>code</python>; answer as <answer>\\boxed{x}</answer>."
 
@@ -61,7 +83,7 @@ def main() -> None:
                       stop_sequences=agent_stop_sequences(tok), max_cache_len=8192, seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=16)
+    generator = TimedGenerator(ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=16))
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,6 +97,7 @@ def main() -> None:
                 loop = AgentLoop(generator, tok, registry, LoopConfig(max_tool_calls=4, max_response_tokens=512,
                                                                      max_context_len=1024, branch_by=branch_by))
                 for repeat in range(args.repeats + 1):
+                    generator.seconds, programs_before = {}, sampler.compiled_programs()
                     start = time.perf_counter()
                     groups, stats = rollout(prompts, args.k, loop=loop, config=RolloutConfig(strategy="aepo"),
                                             rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
@@ -88,7 +111,9 @@ def main() -> None:
                                  "generated_tokens_per_s": generated / seconds,
                                  "forward_tokens": stats.forward_tokens,
                                  "forward_to_trajectory_ratio": stats.forward_to_trajectory_ratio,
-                                 "branches": stats.num_branch, "stats": stats.as_dict()})
+                                 "branches": stats.num_branch, "stats": stats.as_dict(),
+                                 "generator_seconds": dict(generator.seconds),
+                                 "new_compiled_programs": sampler.compiled_programs() - programs_before})
             registry.close()
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, device={jax.devices()[0].platform}")
     print(f"{'branch_by':>9} {'rep':>3} {'sec':>7} {'traj tok/s':>10} {'gen tok/s':>9} {'fwd tok':>8} "
@@ -97,6 +122,8 @@ def main() -> None:
         print(f"{r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} {r['trajectory_tokens_per_s']:10.1f} "
               f"{r['generated_tokens_per_s']:9.1f} {r['forward_tokens']:8d} {r['trajectory_tokens']:8d} "
               f"{r['forward_to_trajectory_ratio']:8.3f} {r['branches']:8d}")
+        print("    generator seconds:", {k: round(v, 2) for k, v in r["generator_seconds"].items()},
+              "new compiled programs:", r["new_compiled_programs"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "device": str(jax.devices()[0]), "rows": rows},
                                          indent=1, default=str))

@@ -49,10 +49,14 @@ class ForcedOutput:
 
 
 class ToolForcingGenerator:
-    """Wraps `sampler` (a `aepo_jax.sampling.Sampler` of the model `graphdef, params`); see module docstring."""
+    """Wraps `sampler` (a `aepo_jax.sampling.Sampler` of the model `graphdef, params`); see module docstring.
+
+    `score_bucket`: the scoring forward pads rows to a multiple of this length
+    (and the batch to a multiple of 8) so it compiles once or twice per run.
+    """
 
     def __init__(self, sampler: Any, graphdef: nnx.GraphDef, params: nnx.State, plan: Sequence[Sequence[int]],
-                 free_tokens: int = 8, temperature: float = 1.0, score_bucket: int = 128) -> None:
+                 free_tokens: int = 8, temperature: float = 1.0, score_bucket: int = 512) -> None:
         if not plan or any(len(p) == 0 for p in plan):
             raise ValueError("plan needs at least one non-empty forced segment")
         if free_tokens < 0:
@@ -139,14 +143,15 @@ class ToolForcingGenerator:
 
     def _score_tail(self, rows: list[list[int]], tails: list[int]) -> list[tuple[list[float], list[float]]]:
         """Log-probs and entropies of the last `tails[i]` ids of each row, by a full forward (right-padded)."""
-        length = max(len(r) for r in rows)
+        scored = [i for i, tail in enumerate(tails) if tail > 0]
+        length = max(len(rows[i]) for i in scored)
         bucket = self.score_bucket * -(-length // self.score_bucket)
-        batch = np.zeros((len(rows), bucket), np.int32)
-        for i, r in enumerate(rows):
-            batch[i, : len(r)] = r
+        batch = np.zeros((8 * -(-len(scored) // 8), bucket), np.int32)  # rows padded to a multiple of 8
+        for j, i in enumerate(scored):
+            batch[j, : len(rows[i])] = rows[i]
         logp, entropy = jax.device_get(self._score(self._params, jnp.asarray(batch)))  # [B, T-1]
-        result = []
-        for i, (r, tail) in enumerate(zip(rows, tails, strict=True)):
-            positions = range(len(r) - 1 - tail, len(r) - 1)  # predicting r[len-tail:]
-            result.append(([float(logp[i, p]) for p in positions], [float(entropy[i, p]) for p in positions]))
+        result: list[tuple[list[float], list[float]]] = [([], []) for _ in rows]
+        for j, i in enumerate(scored):
+            positions = range(len(rows[i]) - 1 - tails[i], len(rows[i]) - 1)  # predicting the last tails[i] ids
+            result[i] = ([float(logp[j, p]) for p in positions], [float(entropy[j, p]) for p in positions])
         return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 
 import jax
@@ -47,7 +49,7 @@ def agent(tmp_path_factory):
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"),
             tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=6)
+    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=6, score_bucket=640)
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in CORPUS.items()))
     limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_bytes=256 << 20)
@@ -61,13 +63,33 @@ def agent(tmp_path_factory):
         registry.close()
 
 
-def full_forward_logp(model, traj) -> np.ndarray:
-    """The trainer's view: log-probs of the response ids under one causal forward over prompt + response."""
-    ids = jnp.asarray([traj.prompt_ids + traj.response_ids], jnp.int32)
-    logits = model(ids).astype(jnp.float32)  # [1, T, V]
-    logz = jax.nn.log_softmax(logits[0, :-1], axis=-1)  # [T-1, V]
-    logp = jnp.take_along_axis(logz, ids[0, 1:, None], axis=-1)[:, 0]
-    return np.asarray(logp)[len(traj.prompt_ids) - 1:]  # [R]
+@functools.partial(jax.jit, static_argnums=0)
+def _response_logp(graphdef, params, ids):  # ids int32[N, T] right-padded -> logp of ids[:, 1:], [N, T-1]
+    logits = nnx.merge(graphdef, params)(ids).astype(jnp.float32)  # [N, T, V]
+    logz = jax.nn.log_softmax(logits[:, :-1], axis=-1)  # [N, T-1, V]
+    return jnp.take_along_axis(logz, ids[:, 1:, None], axis=-1)[..., 0]
+
+
+def full_forward_logp(model, trajs) -> list[np.ndarray]:
+    """The trainer's view: log-probs of each response under one causal forward over prompt + response.
+
+    Right padding to a fixed [power of two, 640] shape keeps it to a few compiles; causal attention
+    makes the padding invisible to the real positions.
+    """
+    graphdef, params = nnx.split(model)
+    rows = [t.prompt_ids + t.response_ids for t in trajs]
+    batch = np.zeros((1 << (len(rows) - 1).bit_length(), 640), np.int32)
+    for i, r in enumerate(rows):
+        batch[i, :len(r)] = r
+    logp = np.asarray(_response_logp(graphdef, params, jnp.asarray(batch)))
+    return [logp[i, len(t.prompt_ids) - 1:len(rows[i]) - 1] for i, t in enumerate(trajs)]  # [R] each
+
+
+def assert_logp_old_matches_full_forward(model, trajs) -> None:
+    for t, recomputed in zip(trajs, full_forward_logp(model, trajs), strict=True):
+        mask = np.asarray(t.mask, bool)
+        assert mask.sum() > 0
+        np.testing.assert_allclose(recomputed[mask], np.asarray(t.logp_old)[mask], atol=2e-4, rtol=1e-4)
 
 
 def test_aepo_end_to_end_real_model_and_tools(agent):
@@ -91,37 +113,43 @@ def test_aepo_end_to_end_real_model_and_tools(agent):
         for step in t.tool_steps:
             expected[step.result_start:step.result_end] = 0
         np.testing.assert_array_equal(t.mask, expected)
-        # Trainer-side log-probs by a full forward equal the sampler's logp_old (float32).
-        mask = np.asarray(t.mask, bool)
-        np.testing.assert_allclose(full_forward_logp(agent["model"], t)[mask], np.asarray(t.logp_old)[mask],
-                                   atol=2e-4, rtol=1e-4)
+    # Trainer-side log-probs by a full forward equal the sampler's logp_old (float32).
+    assert_logp_old_matches_full_forward(agent["model"], trajs)
     assert stats.trajectories_per_prompt == k and stats.num_global + stats.num_branch == k * len(QUESTIONS)
     assert stats.forward_tokens > 0 and stats.trajectory_tokens > 0
     assert stats.global_budgets is not None and all(1 <= m <= k for m in stats.global_budgets)
+    # Branches were forked from the KV cache: the only prefilled tokens are the global trajectories' prompts
+    # (the pre-monitoring samples included), none of a branch's prefix.
+    by_id = {t.traj_id: t for t in trajs}
+    assert stats.num_branch > 0 and stats.repacks == 0
+    globals_started = [t for t in trajs if t.is_global]  # reused pre-monitoring samples are among them
+    assert stats.prefill_tokens == sum(len(t.prompt_ids) for t in globals_started)
+    check_branches(agent["model"], by_id)
 
 
-@pytest.mark.parametrize("branch_by", ["fork", "prefill"])
-def test_branches_fork_the_cache_instead_of_re_prefilling(agent, branch_by):
-    import dataclasses
-
+def test_branches_re_prefilled_cost_their_prefix_in_prefill_tokens(agent):
+    """The contrast to the fork path above: `branch_by="prefill"` recomputes every branch's prefix."""
     base = agent["loop"]
-    loop = AgentLoop(base.generator, base.tokenizer, base.tools, dataclasses.replace(base.config, branch_by=branch_by))
+    loop = AgentLoop(base.generator, base.tokenizer, base.tools, dataclasses.replace(base.config, branch_by="prefill"))
     config = RolloutConfig(strategy="arpo", initial_rollouts=1, branch_threshold=0.0)  # every decision branches
     groups, stats = rollout(agent["prompts"][:2], 4, loop=loop, config=config, rng=np.random.default_rng(1),
                             key=jax.random.key(1))
     trajs = {t.traj_id: t for g in groups for t in g}
     branches = [t for t in trajs.values() if not t.is_global]
-    assert branches and stats.repacks == 0
+    assert branches and stats.repacks == 0 and stats.branch_prefix_tokens > 0
     global_prompt_tokens = sum(len(t.prompt_ids) for t in trajs.values() if t.is_global)
-    if branch_by == "fork":
-        assert stats.prefill_tokens == global_prompt_tokens
-    else:
-        assert stats.prefill_tokens == global_prompt_tokens + stats.branch_prefix_tokens
+    assert stats.prefill_tokens == global_prompt_tokens + stats.branch_prefix_tokens
+    check_branches(agent["model"], trajs)
+
+
+def check_branches(model, trajs: dict) -> None:
+    branches = [t for t in trajs.values() if not t.is_global]
     for child in branches:
         parent, bp = trajs[child.parent_id], child.branch_point
+        assert bp in parent.tool_result_ends
+        assert child.prompt_ids == parent.prompt_ids
         assert child.response_ids[:bp] == parent.response_ids[:bp] and child.mask[:bp] == parent.mask[:bp]
-        assert child.logp_old[:bp] == parent.logp_old[:bp]
-        # The forked cache is right: the branch's own sampled tokens score the same under a full forward.
-        mask = np.asarray(child.mask, bool)
-        np.testing.assert_allclose(full_forward_logp(agent["model"], child)[mask], np.asarray(child.logp_old)[mask],
-                                   atol=2e-4, rtol=1e-4)
+        assert child.logp_old[:bp] == parent.logp_old[:bp] and child.entropy[:bp] == parent.entropy[:bp]
+        assert len(child.response_ids) > bp  # it sampled its own continuation
+    # The branches' caches are right: their own sampled tokens score the same under a full forward.
+    assert_logp_old_matches_full_forward(model, branches)
