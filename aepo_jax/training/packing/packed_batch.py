@@ -121,7 +121,7 @@ def build_packed_batch(
     if micro_batches > len(sizes):
         raise ValueError(f"micro_batches={micro_batches} exceeds the number of groups ({len(sizes)})")
     parts = _assign_groups(sizes, micro_batches)
-    members = [[i for i, g in enumerate(groups) if g in set(part)] for part in parts]
+    members = [[i for i, g in enumerate(groups) if g in chosen] for chosen in map(set, parts)]
     forests = [build_prefix_forest([token_lists[i] for i in idx], [groups[i] for i in idx]) for idx in members]
     layouts = [layout_forest(f, row_len, row_multiple, length_multiple) for f in forests]
 
@@ -169,7 +169,7 @@ def build_packed_batch(
         pieces += layout.num_pieces
     stats = PackingStats(
         flat_tokens=int(sum(len(t) for t in token_lists)),
-        flat_slots=int(m * flat_rows * length),
+        flat_slots=int(flat["input_ids"].size),
         unique_tokens=unique,
         copied_tokens=copied,
         packed_tokens=occupied,
