@@ -86,6 +86,7 @@ class _Row:
 @dataclass
 class ScriptedState:
     rows: list[_Row]
+    cursor: int = 0  # lockstep write cursor, as in the real sampler's cache (only grows; concat aligns)
 
     @property
     def num_rows(self) -> int:
@@ -104,8 +105,9 @@ class ScriptedOutput:
 class ScriptedGenerator:
     """Plays `script` for every row; `fork` copies rows (a pending segment included)."""
 
-    def __init__(self, script: Script, seed: int = 0) -> None:
+    def __init__(self, script: Script, seed: int = 0, max_cache_len: int | None = None) -> None:
         self.script = script
+        self.max_cache_len = max_cache_len  # when set, generate/append refuse to run past it, like the Sampler
         self.rng = np.random.default_rng(seed)
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
 
@@ -117,12 +119,17 @@ class ScriptedGenerator:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prefill needs non-empty prompts")
         self._counters["prefill_tokens"] += sum(len(p) for p in prompts)
-        return ScriptedState([_Row(list(map(int, p))) for p in prompts])
+        return ScriptedState([_Row(list(map(int, p))) for p in prompts], max(len(p) for p in prompts))
+
+    def _check_room(self, state: ScriptedState, needed: int) -> None:
+        if self.max_cache_len is not None and state.cursor + needed > self.max_cache_len:
+            raise ValueError(f"cache cursor {state.cursor} + {needed} exceeds max_cache_len {self.max_cache_len}")
 
     def generate(self, state: ScriptedState, max_new_tokens, rng=None) -> tuple[ScriptedState, ScriptedOutput]:
         budgets = [max_new_tokens] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(budgets) != state.num_rows:
             raise ValueError(f"generate got {len(budgets)} budgets for {state.num_rows} rows")
+        self._check_room(state, max([0, *budgets]))
         rows = copy.deepcopy(state.rows)
         width = max([0, *budgets])
         tokens = np.zeros((len(rows), width), np.int32)
@@ -145,24 +152,27 @@ class ScriptedGenerator:
             num[i] = n
             reasons.append("length" if row.queue or n == 0 else row.end)
         self._counters["decode_tokens"] += int(num.sum())
-        return ScriptedState(rows), ScriptedOutput(tokens, logp, entropy, num, reasons)
+        return ScriptedState(rows, state.cursor + int(num.max(initial=0))), ScriptedOutput(
+            tokens, logp, entropy, num, reasons)
 
     def append(self, state: ScriptedState, tokens: Sequence[Sequence[int]]) -> ScriptedState:
         if len(tokens) != state.num_rows:
             raise ValueError(f"append got {len(tokens)} token lists for {state.num_rows} rows")
+        longest = max([0, *(len(t) for t in tokens)])
+        self._check_room(state, longest)
         rows = copy.deepcopy(state.rows)
         for row, ids in zip(rows, tokens, strict=True):
             row.ids.extend(int(t) for t in ids)
         self._counters["append_tokens"] += sum(len(t) for t in tokens)
-        return ScriptedState(rows)
+        return ScriptedState(rows, state.cursor + longest)
 
     def fork(self, state: ScriptedState, rows: Sequence[int]) -> ScriptedState:
         if not rows:
             raise ValueError("fork needs at least one row")
-        return ScriptedState([copy.deepcopy(state.rows[r]) for r in rows])
+        return ScriptedState([copy.deepcopy(state.rows[r]) for r in rows], state.cursor)
 
     def concat(self, states: Sequence[ScriptedState]) -> ScriptedState:
-        return ScriptedState([copy.deepcopy(r) for s in states for r in s.rows])
+        return ScriptedState([copy.deepcopy(r) for s in states for r in s.rows], max(s.cursor for s in states))
 
     @staticmethod
     def row_ids(state: ScriptedState, row: int) -> list[int]:

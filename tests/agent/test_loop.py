@@ -173,3 +173,23 @@ def test_prompts_render_through_the_chat_template():
         build_messages("  ")
     stops = agent_stop_sequences(tok)
     assert all(len(s) == 1 for s in stops)  # every closing tag is one special token
+
+
+def test_rows_are_repacked_when_the_lockstep_cursor_runs_out_of_cache():
+    from aepo_jax.agent.scripted import tool_use_script
+    from aepo_jax.rollout.strategies import EntropyBranchPolicy
+
+    def go(max_cache_len):
+        gen = ScriptedGenerator(tool_use_script(TOK, 0.9, max_calls=5), seed=4, max_cache_len=max_cache_len)
+        loop = AgentLoop(gen, TOK, RecordingTools(), LoopConfig(max_response_tokens=300, max_context_len=400))
+        policy = EntropyBranchPolicy(3, 0.2, 0.5, 2)
+        return loop.run([TOK.encode(f"question {i}") for i in range(3)], 6, 2, rng=np.random.default_rng(4),
+                        key=jax.random.key(0), policy=policy)
+
+    roomy, tight = go(None), go(330)
+    assert roomy.repacks == 0 and tight.repacks > 0
+    # Same trajectories either way; the repacks cost re-prefilled tokens.
+    flat = lambda r: [(t.traj_id, t.parent_id, t.response_ids, t.mask, t.stop_reason) for g in r.groups for t in g]
+    assert flat(tight) == flat(roomy)
+    assert tight.counters["prefill_tokens"] > roomy.counters["prefill_tokens"]
+    assert tight.counters["decode_tokens"] == roomy.counters["decode_tokens"]
