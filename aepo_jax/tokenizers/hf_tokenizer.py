@@ -126,7 +126,13 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (special-token strings map to their ids), no BOS/EOS added."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        try:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # The Rust backend rejects strings that are not valid Unicode scalar values.
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+                raise ValueError("text contains lone surrogate code points, which no tokenizer can encode") from None
+            raise
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens included as their strings."""
