@@ -26,3 +26,42 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
         with open(path, "w", encoding="utf-8") as f:
             json.dump(json.loads(cfg.to_json_best_effort()), f, indent=2, sort_keys=True)
     return path
+
+
+def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+    import importlib.util
+
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("_launch_config", path)
+    if module_spec is None or not os.path.exists(path):
+        raise SystemExit(f"config file not found: {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def reject_unknown_overrides(argv: list[str]) -> None:
+    """Exit with a clear message when a `--config.a.b=v` names a key the config lacks.
+
+    (ml-collections would otherwise fail deep inside flag parsing with a bare
+    AttributeError.)
+    """
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if spec is None and "--config" in argv[:-1]:
+        spec = argv[argv.index("--config") + 1]
+    if spec is None:
+        return
+    config = None
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        dotted = arg[len("--config."):].split("=", 1)[0]
+        config = config or _load_config_file(spec)
+        node, walked = config, []
+        for part in dotted.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+                where = ".".join(walked) or "the config"
+                raise SystemExit(f"unknown config key {dotted!r} in {arg!r}: {where} has no {part!r}; "
+                                 f"its keys are {known}")
+            node, walked = node[part], walked + [part]

@@ -40,13 +40,16 @@ class AgentEnvironment:
         """`rollout_fn(prompts, k, params, key, rng)` over a sampler that starts from `params`."""
         from aepo_jax.rollout.strategies import RolloutConfig, rollout
         from aepo_jax.sampling import Sampler, SamplingParams
+        from aepo_jax.sampling.buckets import next_power_of_two
 
         r = cfg.rollout
         sampler = Sampler(
             graphdef, params, eos_ids=[self.tokenizer.eos_id], pad_id=self.tokenizer.pad_id,
             stop_sequences=agent_stop_sequences(self.tokenizer),
             params=SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p)),
-            max_cache_len=int(r.max_prompt_len) + int(r.max_response_len), mesh=mesh, seed=int(cfg.seed),
+            # the sampler buckets cache lengths to powers of two; the loop's max_context_len bounds real tokens
+            max_cache_len=next_power_of_two(int(r.max_prompt_len) + int(r.max_response_len)), mesh=mesh,
+            seed=int(cfg.seed),
         )
         loop = AgentLoop(sampler, self.tokenizer, self.tools, LoopConfig(
             max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),

@@ -1,0 +1,151 @@
+"""Train-step throughput and model-FLOPs utilisation (MFU).
+
+Times the jitted RL train step (forward, log-probs and entropies, AEPO policy
+loss, backward, AdamW) on ~10M and ~50M parameter decoders and compares the
+achieved model FLOP/s with the peak of a large float32 matmul measured in the
+same run on the same machine (timings vary 2-3x between runs here; the ratio
+within one run is what counts).
+
+Model FLOPs per trained token (PaLM appendix B convention, no rematerialisation):
+`6 * N_matmul + 12 * n_layers * d_attn * T`, with N_matmul the parameters used
+in matmuls (embedding lookup excluded, LM head included) and d_attn =
+n_heads * head_dim.
+
+    python benchmarks/train_bench.py [--out train_bench.json] [--steps 5]
+    python benchmarks/train_bench.py --configs qwen2_5_0_5b --dtype bfloat16 --peak-tflops 790   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from aepo_jax.models import Decoder, ModelConfig, get_preset
+from aepo_jax.training.optimizer import make_optimizer
+from aepo_jax.training.train_state import TrainState
+from aepo_jax.training.train_step import StepConfig, make_rl_train_step
+
+CONFIGS = {
+    # ~10M parameters
+    "10m": {"vocab_size": 8192, "d_model": 256, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "head_dim": 32, "mlp_dim": 1024,
+                "tie_embeddings": True, "max_seq_len": 1024},
+    # ~50M parameters
+    "50m": {"vocab_size": 16384, "d_model": 512, "n_layers": 10, "n_heads": 8, "n_kv_heads": 8, "head_dim": 64, "mlp_dim": 2048,
+                "tie_embeddings": True, "max_seq_len": 1024},
+}
+
+
+def model_config(name: str, dtype: str) -> ModelConfig:
+    if name in CONFIGS:
+        return ModelConfig(**CONFIGS[name], dtype=dtype, param_dtype="float32")
+    return get_preset(name, dtype=dtype, param_dtype="float32")
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    attn = cfg.d_model * cfg.head_dim * (cfg.n_heads * 2 + cfg.n_kv_heads * 2)
+    mlp = 3 * cfg.d_model * cfg.mlp_dim
+    return cfg.n_layers * (attn + mlp) + cfg.d_model * cfg.vocab_size  # + LM head
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    return 6.0 * matmul_params(cfg) + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+def measure_matmul_peak(size: int, dtype, repeats: int = 5) -> float:
+    """FLOP/s of a jitted [size, size] @ [size, size] matmul (best of `repeats`)."""
+    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+    b = jax.random.normal(jax.random.key(1), (size, size), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * size**3 / best
+
+
+def synthetic_batch(batch: int, seq_len: int, vocab: int, seed: int = 0) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq_len), np.float32)
+    mask[:, : seq_len // 4] = 0.0  # a prompt quarter
+    return {
+        "input_ids": jnp.asarray(rng.integers(0, vocab, (batch, seq_len)), jnp.int32),
+        "positions": jnp.asarray(np.broadcast_to(np.arange(seq_len), (batch, seq_len)), jnp.int32),
+        "valid": jnp.ones((batch, seq_len), jnp.int32),
+        "mask": jnp.asarray(mask),
+        "logp_old": jnp.asarray(rng.normal(-5.0, 0.5, (batch, seq_len)), jnp.float32),
+        "advantages": jnp.asarray(rng.normal(size=(batch, 1)) * np.ones((1, seq_len)), jnp.float32),
+    }
+
+
+def bench_config(name: str, batch: int, seq_len: int, steps: int, dtype: str) -> dict:
+    cfg = model_config(name, dtype)
+    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    tx, schedule = make_optimizer(1e-5, total_steps=1000)
+    state = TrainState.create(params, tx, seed=0)
+    step = make_rl_train_step(graphdef, tx, StepConfig(surrogate="aepo", compute_dtype=dtype), schedule)
+    data = synthetic_batch(batch, seq_len, cfg.vocab_size)
+    t = time.perf_counter()
+    state, metrics = step(state, data)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        state, metrics = step(state, data)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t)
+    best = min(times)
+    tokens = batch * seq_len
+    model_flops = flops_per_token(cfg, seq_len) * tokens
+    return {"config": name, "params": n_params, "batch": batch, "seq_len": seq_len, "dtype": dtype,
+            "compile_s": compile_s, "step_s_best": best, "step_s_median": float(np.median(times)),
+            "tokens_per_s": tokens / best, "model_tflops_per_s": model_flops / best / 1e12,
+            "loss": float(metrics["loss"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="train-step tokens/s and MFU")
+    parser.add_argument("--configs", default="10m,50m")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="use this peak instead of measuring (e.g. 790 for an H200 in bf16)")
+    parser.add_argument("--out", default="train_bench.json")
+    args = parser.parse_args()
+
+    peak_dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_matmul_peak(args.matmul_size, peak_dtype)
+    rows = []
+    for name in args.configs.split(","):
+        row = bench_config(name, args.batch, args.seq_len, args.steps, args.dtype)
+        peak_again = peak if args.peak_tflops else max(peak, measure_matmul_peak(args.matmul_size, peak_dtype))
+        row["peak_tflops_per_s"] = peak_again / 1e12
+        row["mfu"] = row["model_tflops_per_s"] * 1e12 / peak_again
+        rows.append(row)
+    print(f"backend {jax.default_backend()}, devices {jax.device_count()}, "
+          f"{args.matmul_size}^2 {args.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s")
+    print(f"{'config':>14} {'params':>10} {'B x T':>9} {'compile s':>10} {'step s':>8} {'tokens/s':>10} "
+          f"{'GFLOP/s':>9} {'MFU':>6}")
+    for r in rows:
+        print(f"{r['config']:>14} {r['params'] / 1e6:>9.1f}M {r['batch']:>4}x{r['seq_len']:<4} "
+              f"{r['compile_s']:>10.1f} {r['step_s_best']:>8.3f} {r['tokens_per_s']:>10.0f} "
+              f"{r['model_tflops_per_s'] * 1e3:>9.1f} {r['mfu']:>6.1%}")
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump({"backend": jax.default_backend(), "peak_flops": peak, "results": rows}, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
