@@ -20,3 +20,4 @@ __all__ = [
     "shard_state",
     "state_shardings",
 ]
+from aepo_jax.parallel.distributed import detect_multihost, maybe_initialize_distributed  # noqa: F401
