@@ -90,7 +90,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.strategy = get_preset(algorithm).rollout
 
     c.train = ml_collections.ConfigDict()
-    c.train.total_steps = 100
+    # Run length in RL (or SFT) steps; `--config.total_steps=N` and
+    # `--config.train.total_steps=N` set the same value (a shared reference).
+    c.total_steps = 100
+    c.train.total_steps = c.get_ref("total_steps")
     c.train.ppo_epochs = 1  # paper: one epoch over each batch
     c.train.mini_batch_prompts = 8  # PPO mini-batch in prompts (paper 8 / 16)
     c.train.micro_batch_size = 4  # sequences per forward/backward (memory knob; exact accumulation)
@@ -132,7 +135,7 @@ def shrink_to_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.rollout.max_response_len = 64
     c.rollout.max_tool_calls = 2
     c.rollout.tool_timeout_s = 10.0
-    c.train.total_steps = 20
+    c.total_steps = 20
     c.train.mini_batch_prompts = 2
     c.train.micro_batch_size = 4
     c.train.max_seq_len = 512
