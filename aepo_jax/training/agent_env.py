@@ -12,6 +12,7 @@ resumed run reuses the same vocabulary.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,11 +48,15 @@ class AgentEnvironment:
             graphdef, params, eos_ids=[self.tokenizer.eos_id], pad_id=self.tokenizer.pad_id,
             stop_sequences=agent_stop_sequences(self.tokenizer),
             params=SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p)),
-            # the sampler buckets cache lengths to powers of two; the loop's max_context_len bounds real tokens
-            max_cache_len=next_power_of_two(int(r.max_prompt_len) + int(r.max_response_len)), mesh=mesh,
+            # The sampler prefills into a power-of-two bucket of the prompt length; leave room after it for
+            # the whole response, or every decode round re-prefills (repacks). The loop's max_context_len
+            # still bounds the real tokens.
+            max_cache_len=next_power_of_two(next_power_of_two(int(r.max_prompt_len)) + int(r.max_response_len)),
+            mesh=mesh,
             seed=int(cfg.seed),
         )
-        loop = AgentLoop(sampler, self.tokenizer, self.tools, LoopConfig(
+        timed_tools = _TimedTools(self.tools)
+        loop = AgentLoop(sampler, self.tokenizer, timed_tools, LoopConfig(
             max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
             max_context_len=int(r.max_prompt_len) + int(r.max_response_len), entropy_tokens=int(r.entropy_tokens),
             entropy_measure=r.entropy_measure,
@@ -66,7 +71,10 @@ class AgentEnvironment:
 
         def rollout_fn(prompts, k, params, key, rng):
             sampler.set_params(params)
-            return rollout(prompts, k, loop=loop, config=strategy, rng=rng, key=key)
+            groups, stats = rollout(prompts, k, loop=loop, config=strategy, rng=rng, key=key)
+            stats = stats.as_dict()
+            stats["tool_seconds"] = timed_tools.take_seconds()  # wall time spent waiting on tools
+            return groups, stats
 
         return rollout_fn
 
@@ -74,6 +82,24 @@ class AgentEnvironment:
         for close in reversed(self.closers):
             close()
         self.closers.clear()
+
+
+class _TimedTools:
+    """Forwards `run_many` to a tool registry and adds up the wall time spent in it."""
+
+    def __init__(self, tools: Any):
+        self.tools, self.seconds = tools, 0.0
+
+    def run_many(self, calls):
+        start = time.perf_counter()
+        try:
+            return self.tools.run_many(calls)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def take_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
 
 def _synthetic_task(cfg: ml_collections.ConfigDict, directory: str) -> tuple[list[dict], str, Any]:
