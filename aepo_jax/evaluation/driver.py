@@ -32,6 +32,7 @@ from aepo_jax.evaluation.scoring import score_question
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.sampling.buckets import next_power_of_two
 
 # RolloutStats fields that are counts over rollout calls: summed over batches.
 _SUMMED_STATS = ("branch_decisions", "rounds", "repacks", "prefill_tokens", "append_tokens", "decode_tokens",
@@ -116,6 +117,18 @@ def batch_keys(seed: int, batch_index: int) -> tuple[jax.Array, np.random.Genera
     return jax.random.fold_in(jax.random.key(seed), batch_index), np.random.default_rng([seed, batch_index])
 
 
+def cache_slots(prompts: Sequence[Sequence[int]], loop: LoopConfig) -> int:
+    """KV-cache slots the sampler may use: the bucketed prompt block plus the response budget.
+
+    Prompts are left-padded to a power-of-two block, so the write cursor starts
+    at that block, not at the prompt length; a re-prefill (repack) of prompt +
+    response is bucketed again, hence the final power of two. The loop itself
+    keeps every trajectory within `max_context_len`.
+    """
+    block = next_power_of_two(max(8, max(len(p) for p in prompts)))
+    return next_power_of_two(block + loop.max_response_tokens)
+
+
 def _sample_record(example: dict, index: int, traj: Trajectory, text: str, result: QuestionResult) -> dict[str, Any]:
     return {
         "question_id": example["id"],
@@ -176,10 +189,11 @@ def evaluate(
       **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
     """
     _check_examples(examples)
+    prompts = [list(map(int, encode_prompt(ex))) for ex in examples]
     sampler = Sampler(
         graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
         stop_sequences=agent_stop_sequences(tokenizer), params=config.sampling_params,
-        max_cache_len=config.loop.max_context_len, seed=config.seed,
+        max_cache_len=cache_slots(prompts, config.loop), seed=config.seed,
     )
     generator = make_generator(sampler) if make_generator is not None else sampler
     loop = AgentLoop(generator, tokenizer, tools, config.loop)
@@ -191,9 +205,8 @@ def evaluate(
     try:
         for batch_index, start in enumerate(range(0, len(examples), config.questions_per_batch)):
             batch = examples[start:start + config.questions_per_batch]
-            prompts = [list(map(int, encode_prompt(ex))) for ex in batch]
             key, rng = batch_keys(config.seed, batch_index)
-            groups, stats = rollout(prompts, config.n, loop=loop, config=config.rollout, rng=rng, key=key)
+            groups, stats = rollout(prompts[start:start + len(batch)], config.n, loop=loop, config=config.rollout, rng=rng, key=key)
             batch_stats.append(stats)
             for ex, group in zip(batch, groups, strict=True):
                 texts = [tokenizer.decode(t.response_ids) for t in group]

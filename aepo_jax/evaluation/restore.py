@@ -1,0 +1,106 @@
+"""Policy parameters for evaluation from a checkpoint the RL trainer wrote (DESIGN.md, Trainer).
+
+The trainer saves a whole `TrainState` (params, optimiser state, step, RNG)
+with `aepo_jax.training.checkpoint.Checkpointer` under `WORKDIR/checkpoints/
+<step>/`. Evaluation accepts the run directory, its `checkpoints/` folder or
+one step folder, restores through an abstract target built from the config
+(no weights are allocated before the restore) and keeps only `params`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import ml_collections
+from flax import nnx
+
+from aepo_jax.models import ModelConfig
+from aepo_jax.training.build import abstract_model, updates_per_step
+from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.optimizer import optimizer_from_config
+from aepo_jax.training.train_state import TrainState
+
+
+@dataclass(frozen=True)
+class CheckpointLocation:
+    """Where a trainer checkpoint lives.
+
+    Attributes:
+      manager_dir: the orbax manager directory (holds numbered step folders).
+      step: the step to restore; None means the newest complete one.
+      run_dir: the training workdir (tokenizer.model, config.json), when known.
+    """
+
+    manager_dir: str
+    step: int | None
+    run_dir: str | None
+
+
+def _step_dirs(directory: str) -> list[int]:
+    return sorted(int(name) for name in os.listdir(directory)
+                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def locate_checkpoint(path: str) -> CheckpointLocation:
+    """Resolve a run directory, its `checkpoints/` folder or a step folder; a clear error when none holds steps."""
+    full = os.path.abspath(path)
+    if not os.path.exists(full):
+        raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    if not os.path.isdir(full):
+        raise NotADirectoryError(f"checkpoint path {path!r} is not a directory")
+    name, parent = os.path.basename(full), os.path.dirname(full)
+    if os.path.isdir(os.path.join(full, "checkpoints")):
+        location = CheckpointLocation(os.path.join(full, "checkpoints"), None, full)
+    elif name.isdigit() and os.path.isdir(os.path.join(full, "state")):
+        run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else None
+        location = CheckpointLocation(parent, int(name), run_dir)
+    else:
+        location = CheckpointLocation(full, None, parent if name == "checkpoints" else None)
+    if not _step_dirs(location.manager_dir):
+        raise FileNotFoundError(
+            f"no checkpoint in {path!r}: expected numbered step folders written by the trainer "
+            f"(WORKDIR/checkpoints/<step>/state), found {sorted(os.listdir(location.manager_dir))[:10]}"
+        )
+    return location
+
+
+def abstract_train_state(cfg: ml_collections.ConfigDict, abstract_params: Any) -> TrainState:
+    """The trainer's `TrainState` as ShapeDtypeStructs (optimiser from `cfg.optim`), nothing allocated."""
+    tx, _ = optimizer_from_config(cfg, max(1, int(cfg.train.total_steps) * updates_per_step(cfg)))
+    return jax.eval_shape(lambda p: TrainState.create(p, tx, seed=0), abstract_params)
+
+
+def restore_policy_params(
+    location: CheckpointLocation, cfg: ml_collections.ConfigDict, model_config: ModelConfig,
+    device: jax.Device | None = None,
+) -> tuple[nnx.GraphDef, Any, int]:
+    """(graphdef, float32 params on `device`, step) from the trainer checkpoint at `location`.
+
+    Raises:
+      FileNotFoundError: no complete step in the directory.
+      ValueError: the checkpoint's parameters do not fit the model the config builds.
+    """
+    graphdef, abstract_params = abstract_model(model_config)
+    target = abstract_train_state(cfg, abstract_params)
+    device = device or jax.devices()[0]
+    single = jax.sharding.SingleDeviceSharding(device)
+    shardings = jax.tree.map(lambda _: single, target)
+    checkpointer = Checkpointer(location.manager_dir, async_save=False)
+    try:
+        step = location.step if location.step is not None else checkpointer.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {location.manager_dir}")
+        try:
+            state, _ = checkpointer.restore(target, step=step, shardings=shardings)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"checkpoint {location.manager_dir}/{step} does not fit the model built from the config "
+                f"(preset {cfg.model.preset!r}, vocab_size {model_config.vocab_size}); use the config and "
+                f"tokenizer of the training run: {err}"
+            ) from err
+    finally:
+        checkpointer.close()
+    return graphdef, state.params, int(step)
