@@ -67,10 +67,7 @@ def generate_towns(n: int, seed: int) -> list[Town]:
 
 def town_document(town: Town, doc_id: str) -> dict[str, str]:
     """The corpus document for a town; the first line of `contents` is the title."""
-    text = (
-        f"{town.name}\n{town.name} is a town that was founded in the year {town.founded}. "
-        f"The population of {town.name} is {town.population}."
-    )
+    text = f"{town.name}\n{town.name} was founded in {town.founded}. Population {town.population}."
     return {"id": doc_id, "contents": text}
 
 
@@ -160,8 +157,7 @@ class FactsEnv:
 
 def _write_jsonl(path: Path, rows) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def build_env(
@@ -177,7 +173,7 @@ def build_env(
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     towns = generate_towns(n_towns, seed)
-    n_held = max(hops, int(round(n_towns * heldout_fraction)))
+    n_held = max(hops, round(n_towns * heldout_fraction))
     held_towns, train_towns = towns[:n_held], towns[n_held:]
     corpus = build_corpus(towns, n_distractors, seed + 1)
     train = make_questions(train_towns, n_train, seed + 2, hops, prefix="train")
@@ -202,8 +198,10 @@ def scripted_segments(
     towns = [towns_by_name[n] for n in question.towns]
     attr = _fact_name(question.kind)
     label = "founding year" if attr == "founded" else "population"
-    segments = [f"<think>I need the {label} of " + " and ".join(t.name for t in towns) + f".</think>\n<search>{towns[0].name}</search>"]
-    segments += [f"\n<search>{t.name}</search>" for t in towns[1:]]
+    # The query repeats the question's wording ("of Name"), so a name is tokenised the
+    # same way (after a space) in the question, the query and the retrieved passages.
+    segments = [f"<search>{label} of {towns[0].name}</search>"]
+    segments += [f"\n<search>{label} of {t.name}</search>" for t in towns[1:]]
     values = [getattr(t, attr) for t in towns]
     if rng.random() < skip_python_prob:
         segments.append(f"\n<answer>\\boxed{{{values[0]}}}</answer>")

@@ -12,7 +12,7 @@ def _facts_from_corpus(corpus):
     """Read every town's facts back out of the document text (independent of the generator)."""
     facts = {}
     for doc in corpus:
-        m = re.search(r"^(\w+)\n\1 is a town that was founded in the year (\d+)\. The population of \1 is (\d+)\.$", doc["contents"])
+        m = re.search(r"^(\w+)\n\1 was founded in (\d+)\. Population (\d+)\.$", doc["contents"])
         if m:
             facts[m.group(1)] = (int(m.group(2)), int(m.group(3)))
     return facts

@@ -1,0 +1,83 @@
+"""SFT cold-start data: scripted trajectories executed with the real tools, token-in/token-out.
+
+Each scripted solution (`synthetic_facts.scripted_segments`) is played
+segment by segment against the live tools (search through the server,
+python in the sandbox), and tokenised exactly as the agent loop will later
+see it (spec §4, DESIGN.md "Agent loop"): the prompt rendered with the
+rollout's chat template and system prompt, every generated segment encoded
+on its own (mask 1), every tool result formatted with `format_tool_result`
+and encoded on its own (mask 0). The flaw of the scripts (skipping python)
+is kept, so SFT copies it and RL has something to remove.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aepo_jax.agent.protocol import format_tool_result, parse_last_tool_call
+from aepo_jax.envs.synthetic_facts import Question, Town, scripted_segments
+
+
+@dataclass
+class SFTSequence:
+    """One executed scripted trajectory as the trainer sees it."""
+
+    question_id: str
+    tokens: list[int]  # prompt + response ids
+    mask: list[int]  # 1 on generated segments, 0 on prompt and tool results
+    used_python: bool
+    tool_failures: int
+
+    def as_row(self) -> dict[str, list[int]]:
+        return {"tokens": self.tokens, "mask": self.mask}
+
+
+def build_sft_sequences(
+    questions: Sequence[Question],
+    towns_by_name: dict[str, Town],
+    tokenizer: Any,
+    tools: Any,
+    encode_prompt: Callable[[str], list[int]],
+    rng: np.random.Generator,
+    skip_python_prob: float,
+) -> list[SFTSequence]:
+    """Execute one scripted trajectory per question with `tools.run_many` (one batch of calls per step).
+
+    Args:
+      questions: questions to script.
+      towns_by_name: the environment's facts (the scripts are written from them).
+      tokenizer: encodes segments and tool results (no BOS/EOS added).
+      tools: a `ToolRegistry` (or anything with `run_many(calls)`).
+      encode_prompt: question text -> prompt ids (chat template + system prompt of the rollout).
+      rng: drives the scripts' flaw.
+      skip_python_prob: probability a script answers without the python step.
+    """
+    if not 0.0 <= skip_python_prob <= 1.0:
+        raise ValueError(f"skip_python_prob must be in [0, 1], got {skip_python_prob}")
+    scripts = [scripted_segments(q, towns_by_name, rng, skip_python_prob) for q in questions]
+    sequences = []
+    for q, segments in zip(questions, scripts, strict=True):
+        prompt = list(encode_prompt(q.question))
+        sequences.append(SFTSequence(q.id, prompt, [0] * len(prompt),
+                                     any("<python>" in s for s in segments), 0))
+    for step in range(max(len(s) for s in scripts)):
+        active = [i for i, s in enumerate(scripts) if step < len(s)]
+        calls = []
+        for i in active:
+            segment = scripts[i][step]
+            ids = list(tokenizer.encode(segment))
+            sequences[i].tokens += ids
+            sequences[i].mask += [1] * len(ids)
+            calls.append(parse_last_tool_call(segment) if step < len(scripts[i]) - 1 else None)
+        wanted = [(i, c) for i, c in zip(active, calls, strict=True) if c is not None]
+        results = tools.run_many([c for _, c in wanted]) if wanted else []
+        for (i, _), result in zip(wanted, results, strict=True):
+            ids = list(tokenizer.encode(format_tool_result(str(result.text))))
+            sequences[i].tokens += ids
+            sequences[i].mask += [0] * len(ids)
+            sequences[i].tool_failures += 0 if result.ok else 1
+    return sequences

@@ -1,0 +1,147 @@
+"""Same environment, same SFT start, same budget: RL algorithms side by side over seeds.
+
+    python -m launch.compare [--config configs/demo.py[:smoke]] [--workdir runs/compare]
+        [--algorithms aepo,arpo,grpo,dapo,gppo,cispo] [--seeds 0,1,2] [--config.key=value]
+
+The project's small-scale version of the paper's main table and its
+rollout-diversity analysis. One SFT cold start (seed `config.seed`) is shared
+by every run; each (algorithm, seed) pair then trains `train.total_steps` RL
+steps from it and is evaluated on the held-out questions. Writes
+WORKDIR/compare.json (every run) and WORKDIR/compare.md (mean and spread over
+seeds): held-out pass@1, tool calls per question, top-3 branch concentration
+and policy entropy at the end of training (mean of the last 3 steps), wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as std_logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+COLUMNS = (  # (key, header, format)
+    ("pass@1", "held-out pass@1", "{:.3f}"),
+    ("tool_calls", "tool calls / question", "{:.2f}"),
+    ("python_rate", "answers using python", "{:.2f}"),
+    ("train_branch_top3", "top-3 branch share (train, end)", "{:.3f}"),
+    ("train_entropy", "entropy (train, end)", "{:.3f}"),
+    ("wall_s", "wall time (s)", "{:.0f}"),
+)
+
+
+def _tail_mean(records: list[dict], key: str, last: int = 3) -> float:
+    values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+    return float(np.mean(values[-last:])) if values else math.nan
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """algorithm -> key -> (mean, std over seeds); NaN entries (no branches) are skipped."""
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
+        rows = [r for r in runs if r["algorithm"] == algorithm]
+        table[algorithm] = {}
+        for key, _, _ in COLUMNS:
+            values = [float(r[key]) for r in rows if r.get(key) is not None and not math.isnan(float(r[key]))]
+            table[algorithm][key] = (float(np.mean(values)), float(np.std(values))) if values else (math.nan, math.nan)
+    return table
+
+
+def format_markdown(sft: dict[str, float], table: dict, seeds: list[int]) -> str:
+    head = "| algorithm | " + " | ".join(h for _, h, _ in COLUMNS) + " |"
+    intro = (f"Held-out results over seeds {seeds} (mean ± std); SFT start pass@1 {sft['pass@1']:.3f}, "
+             f"tool calls {sft['tool_calls']:.2f}, python in {sft['python_rate']:.2f} of answers.")
+    lines = [intro, "", head, "|---|" + "---:|" * len(COLUMNS)]
+    for algorithm, row in table.items():
+        cells = []
+        for key, _, fmt in COLUMNS:
+            mean, std = row[key]
+            cells.append("n/a" if math.isnan(mean) else f"{fmt.format(mean)} ± {fmt.format(std)}")
+        lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], progress: bool = True,
+                log=print) -> dict[str, Any]:
+    """SFT once, then RL + held-out evaluation for every (algorithm, seed); writes compare.json/.md."""
+    from aepo_jax.envs.demo_eval import evaluate_policy
+    from aepo_jax.envs.demo_pipeline import run_rl, run_sft, setup_task
+    from configs.demo import with_algorithm
+
+    os.makedirs(workdir, exist_ok=True)
+    t0 = time.perf_counter()
+    demo = setup_task(cfg, workdir)
+    runs: list[dict[str, Any]] = []
+    try:
+        log(f"SFT cold start ({cfg.sft.steps} steps), shared by every run")
+        graphdef, sft_params, _ = run_sft(cfg, demo, os.path.join(workdir, "sft"), progress=progress, log=log)
+        heldout = demo.heldout_examples[: int(cfg.eval.questions)]
+        sft = evaluate_policy(cfg, demo, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1, progress=progress)
+        log(f"SFT start: pass@1 {sft['pass@1']:.3f}")
+        for algorithm in algorithms:
+            for seed in seeds:
+                run_cfg = with_algorithm(cfg, algorithm)
+                run_cfg.seed = int(seed)
+                run_dir = os.path.join(workdir, f"{algorithm}_seed{seed}")
+                log(f"{algorithm} seed {seed}: {run_cfg.train.total_steps} RL steps")
+                t = time.perf_counter()
+                params, records = run_rl(run_cfg, demo, graphdef, sft_params, run_dir, progress=progress)
+                metrics = evaluate_policy(run_cfg, demo, graphdef, params, heldout, seed=int(cfg.seed) + 1,
+                                          progress=progress)
+                run = {"algorithm": algorithm, "seed": int(seed), **metrics, "wall_s": time.perf_counter() - t,
+                       "train_branch_top3": _tail_mean(records, "branch_top3_fraction"),
+                       "train_entropy": _tail_mean(records, "entropy_mean"),
+                       "train_reward_end": _tail_mean(records, "reward_mean")}
+                runs.append(run)
+                log(f"  pass@1 {run['pass@1']:.3f}, tool calls {run['tool_calls']:.2f}, "
+                    f"{run['wall_s']:.0f}s")
+                _write(workdir, cfg, sft, runs, seeds, time.perf_counter() - t0)
+    finally:
+        demo.close()
+    result = _write(workdir, cfg, sft, runs, seeds, time.perf_counter() - t0)
+    log(result["markdown"])
+    return result
+
+
+def _write(workdir: str, cfg, sft: dict, runs: list[dict], seeds: list[int], seconds: float) -> dict[str, Any]:
+    from launch.demo import _json_safe
+
+    table = summarise(runs)
+    markdown = format_markdown(sft, table, seeds)
+    result = {"sft": sft, "runs": runs, "summary": {a: {k: list(v) for k, v in row.items()} for a, row in table.items()},
+              "seeds": seeds, "rl_steps": int(cfg.train.total_steps), "seconds": seconds, "markdown": markdown}
+    with open(os.path.join(workdir, "compare.json"), "w", encoding="utf-8") as f:
+        json.dump(_json_safe(result), f, indent=2)
+    with open(os.path.join(workdir, "compare.md"), "w", encoding="utf-8") as f:
+        f.write(markdown + "\n")
+    return result
+
+
+def main(argv: list[str]) -> int:
+    from absl import app, logging
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)
+    algorithms = [a.strip() for a in _ALGORITHMS.value.split(",") if a.strip()]
+    seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
+    run_compare(_CONFIG.value, _WORKDIR.value, algorithms, seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "demo config (configs/demo.py[:smoke])",
+                                              lock_config=False)
+    _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "output directory")
+    _ALGORITHMS = flags.DEFINE_string("algorithms", "aepo,arpo,grpo,dapo,gppo,cispo", "comma-separated presets")
+    _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated RL seeds")
+    app.run(main)
