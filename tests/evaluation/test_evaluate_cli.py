@@ -1,0 +1,123 @@
+"""`python -m launch.evaluate` on a checkpoint written with the trainer's own code, and restore errors.
+
+The run directory is made as `launch.train` makes it: `build_agent_environment`
+(which trains and keeps WORKDIR/tokenizer.model), the config's initial model
+with that vocabulary, `build_run` for the sharded `TrainState`, and the
+trainer's `Checkpointer` for `WORKDIR/checkpoints/<step>`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from aepo_jax.evaluation.restore import locate_checkpoint, restore_policy_params
+from aepo_jax.training.agent_env import build_agent_environment
+from aepo_jax.training.build import build_run, init_model, model_config_from
+from aepo_jax.training.checkpoint import Checkpointer
+from configs.aepo_tiny import get_config
+
+REPO = Path(__file__).resolve().parents[2]
+OVERRIDES = ["--config.data.num_examples=16", "--config.rollout.max_response_len=24", "--config.seed=7"]
+STEP = 3
+
+
+def run_config():
+    cfg = get_config()
+    cfg.data.num_examples = 16
+    cfg.rollout.max_response_len = 24
+    cfg.seed = 7
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = run_config()
+    env = build_agent_environment(cfg, str(run_dir))
+    env.close()
+    cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+    graphdef, params = init_model(cfg)
+    parts = build_run(cfg, graphdef, params)
+    with Checkpointer(str(run_dir / "checkpoints"), keep=2) as checkpointer:
+        checkpointer.save(STEP, parts.state, {"epoch": 0, "index": 4}, force=True)
+    return run_dir, cfg, jax.device_get(parts.state.params)
+
+
+def test_restore_returns_the_saved_parameters_from_any_checkpoint_path(trained_run):
+    run_dir, cfg, saved = trained_run
+    for path in (run_dir, run_dir / "checkpoints", run_dir / "checkpoints" / str(STEP)):
+        location = locate_checkpoint(str(path))
+        assert location.run_dir == str(run_dir)
+        _, params, step = restore_policy_params(location, cfg, model_config_from(cfg))
+        assert step == STEP
+        leaves, expected = jax.tree.leaves(params), jax.tree.leaves(saved)
+        assert len(leaves) == len(expected) > 0
+        for got, want in zip(leaves, expected, strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_bad_checkpoint_paths_and_mismatched_models_are_clear_errors(trained_run, tmp_path):
+    run_dir, cfg, _ = trained_run
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        locate_checkpoint(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        locate_checkpoint(str(tmp_path / "empty"))
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        locate_checkpoint(str(tmp_path / "file.txt"))
+    other = cfg.copy_and_resolve_references()
+    other.model.vocab_size = int(cfg.model.vocab_size) + 64
+    with pytest.raises(ValueError, match="does not fit the model"):
+        restore_policy_params(locate_checkpoint(str(run_dir)), other, model_config_from(other))
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    return subprocess.run([sys.executable, "-m", "launch.evaluate", "--config", "configs/aepo_tiny.py", *args],
+                          check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_evaluates_a_trainer_checkpoint_and_writes_json_and_csv(trained_run, tmp_path):
+    run_dir, _, _ = trained_run
+    out = tmp_path / "eval"
+    proc = run_cli("--checkpoint", str(run_dir), "--n", "2", "--max_questions", "2", "--questions_per_batch", "2",
+                   "--out", str(out), "--progress=false", *OVERRIDES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pass@1" in proc.stdout and "synthetic_facts" in proc.stdout
+    reports = json.loads((out / "reports.json").read_text())
+    assert [r["dataset"] for r in reports] == ["synthetic_facts"]
+    report = reports[0]
+    assert set(report) == {"dataset", "num_questions", "samples_per_question", "pass_at_k", "mean_f1",
+                           "tool_calls_per_question", "mean_response_length"}
+    assert report["num_questions"] == 2 and report["samples_per_question"] == 2
+    assert set(report["pass_at_k"]) == {"1", "2"}
+    with open(out / "reports.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["dataset", "questions", "n", "pass@1", "pass@2", "f1", "tool_calls", "resp_len"]
+    assert rows[1][:3] == ["synthetic_facts", "2", "2"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and {s["question_id"] for s in samples} == {"heldout-0", "heldout-1"}
+    # pass@1 in the JSON is the mean of the per-sample correctness the samples file records.
+    assert report["pass_at_k"]["1"] == pytest.approx(np.mean([s["correct"] for s in samples]))
+    assert report["mean_response_length"] == pytest.approx(np.mean([s["response_length"] for s in samples]))
+    meta = json.loads((out / "eval_config.json").read_text())
+    assert meta["step"] == STEP and meta["n"] == 2 and meta["temperature"] == 0.6 and meta["top_p"] == 0.95
+    # The run's tokenizer was reused, not retrained.
+    assert (out / "env" / "tokenizer.model").read_bytes() == (run_dir / "tokenizer.model").read_bytes()
+
+
+def test_cli_refuses_a_missing_checkpoint_directory_before_starting_anything(tmp_path):
+    proc = run_cli("--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode != 0
+    assert "does not exist" in proc.stderr and "nope" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
