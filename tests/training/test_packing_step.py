@@ -103,26 +103,6 @@ def _assert_trees_close(a, b, rtol=2e-5):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale)
 
 
-def test_packed_logprobs_and_entropies_equal_flat_for_every_tree_shape(setup):
-    graphdef, params, sequences, group_ids, names = setup
-    batch, stats = build_packed_batch(sequences, ROW_LEN, group_ids)
-    assert stats.copied_tokens > 0  # the overflowing tree was split
-    assert stats.rows < stats.pieces  # several pieces share rows (bin packing)
-    assert stats.unique_tokens < stats.flat_tokens
-    logp, entropy = make_packed_logprob_fn(graphdef, StepConfig(temperature=0.8))(
-        params, {k: jnp.asarray(v) for k, v in batch.items()})
-    flat = pad_sequences(sequences, max_len=ROW_LEN, length_multiple=8)
-    want_logp, want_entropy = sequence_logprobs(graphdef, params, jax.tree.map(jnp.asarray, flat), temperature=0.8)
-    got_logp = unpack_flat(logp, batch, len(sequences))
-    got_entropy = unpack_flat(entropy, batch, len(sequences))
-    for i, seq in enumerate(sequences):
-        n, name = len(seq["tokens"]), names[group_ids[i]]
-        np.testing.assert_allclose(got_logp[i, :n], np.asarray(want_logp)[i, :n], rtol=1e-5, atol=2e-5,
-                                   err_msg=f"{name}: trajectory {i}")
-        np.testing.assert_allclose(got_entropy[i, :n], np.asarray(want_entropy)[i, :n], rtol=1e-5, atol=2e-5,
-                                   err_msg=f"{name}: trajectory {i}")
-
-
 def _cfg(objective, **overrides):
     p = get_preset(objective)
     fields = {"surrogate": p.surrogate, "clip_low": p.clip_low, "clip_high": p.clip_high, "dual_clip_c": p.dual_clip_c,
@@ -134,14 +114,14 @@ def _cfg(objective, **overrides):
 def all_objectives(setup):
     """Loss and gradients of every objective, flat and packed, each side in one compiled program."""
     graphdef, params, sequences, group_ids, _ = setup
-    packed, _ = build_packed_batch(sequences, ROW_LEN, group_ids)
-    packed = {k: jnp.asarray(v) for k, v in packed.items()}
+    packed_np, stats = build_packed_batch(sequences, ROW_LEN, group_ids)
+    packed = {k: jnp.asarray(v) for k, v in packed_np.items()}
     flat = {k: jnp.asarray(v) for k, v in pad_sequences(sequences, max_len=ROW_LEN, length_multiple=8).items()}
     cfgs = {name: _cfg(name) for name in OBJECTIVES}
 
     @jax.jit
     def flat_side(params, flat):
-        out = {}
+        out = {"logprobs": sequence_logprobs(graphdef, params, flat)}
         for name, cfg in cfgs.items():
             denominator = loss_denominator(flat["mask"], cfg.loss_agg)
             (loss, _), grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(params, flat, denominator)
@@ -150,14 +130,32 @@ def all_objectives(setup):
 
     @jax.jit
     def packed_side(params, packed):
-        return {name: packed_loss_and_grads(graphdef, cfg, params, packed)[:2] for name, cfg in cfgs.items()}
+        out = {name: packed_loss_and_grads(graphdef, cfg, params, packed)[:2] for name, cfg in cfgs.items()}
+        out["logprobs"] = make_packed_logprob_fn(graphdef, StepConfig())(params, packed)  # inlined into this jit
+        return out
 
-    return flat_side(params, flat), packed_side(params, packed)
+    return flat_side(params, flat), packed_side(params, packed), packed_np, stats
+
+
+def test_packed_logprobs_and_entropies_equal_flat_for_every_tree_shape(setup, all_objectives):
+    _, _, sequences, group_ids, names = setup
+    flat, packed, batch, stats = all_objectives
+    assert stats.copied_tokens > 0  # the overflowing trees were split
+    assert stats.rows < stats.pieces  # several pieces share rows (bin packing)
+    assert stats.unique_tokens < stats.flat_tokens
+    want_logp, want_entropy = (np.asarray(x) for x in flat["logprobs"])
+    got_logp, got_entropy = (unpack_flat(x, batch, len(sequences)) for x in packed["logprobs"])
+    for i, seq in enumerate(sequences):
+        n, name = len(seq["tokens"]), names[group_ids[i]]
+        np.testing.assert_allclose(got_logp[i, :n], want_logp[i, :n], rtol=1e-5, atol=2e-5,
+                                   err_msg=f"{name}: trajectory {i}")
+        np.testing.assert_allclose(got_entropy[i, :n], want_entropy[i, :n], rtol=1e-5, atol=2e-5,
+                                   err_msg=f"{name}: trajectory {i}")
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_packed_loss_and_gradients_equal_flat(all_objectives, objective):
-    flat, packed = all_objectives
+    flat, packed, _, _ = all_objectives
     (want_loss, want_grads), (loss, grads) = flat[objective], packed[objective]
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-7)
     assert float(optax.tree.norm(want_grads)) > 0
