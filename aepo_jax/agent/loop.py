@@ -81,6 +81,9 @@ class LoopConfig:
     entropy_tokens: int = 20
     entropy_measure: str = "exact_mean"
     branch_by: str = "fork"  # "prefill" re-prefills each branch (benchmark baseline only)
+    # Decode at most this many tokens per row per round (None: the whole remaining budget). Smaller
+    # chunks need less cache room past the shared cursor, so fewer repacks; must be >= entropy_tokens.
+    max_segment_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
@@ -90,6 +93,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
         if self.entropy_measure not in ENTROPY_MEASURES:
             raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
+        if self.max_segment_tokens is not None and self.max_segment_tokens < self.entropy_tokens:
+            raise ValueError(f"max_segment_tokens={self.max_segment_tokens} must be >= entropy_tokens={self.entropy_tokens}")
         if self.branch_by not in BRANCH_BY:
             raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
 
@@ -190,6 +195,7 @@ class _Run:
         self.snapshot: Any = None
         self.counters_start = dict(self.gen.counters)
         self.repacks = 0
+        self.paused: set[int] = set()  # rows whose last generate stopped early, mid-segment
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
@@ -263,6 +269,8 @@ class _Run:
         """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row."""
         self.key, sub = jax.random.split(self.key)
         limits = [self._limit(t) for t in self.rows]
+        if self.cfg.max_segment_tokens is not None:
+            limits = [min(n, self.cfg.max_segment_tokens) for n in limits]
         self._repack_if_needed(max(limits))
         room = self._cache_room()
         if room is not None:
@@ -275,13 +283,18 @@ class _Run:
             ids = [int(x) for x in out.tokens[i, :n]]
             start = len(traj.response_ids)
             traj.add_generated(ids, out.logp[i, :n].tolist(), out.entropy[i, :n].tolist())
-            if n > 0:
+            last = traj.segments[-1] if traj.segments else None
+            if n > 0 and traj.traj_id in self.paused and last is not None and last.end == start:
+                last.end = start + n  # a paused segment continues; its first-K entropy is already measured
+            elif n > 0:
                 h = self._segment_entropy(traj.entropy[start:], None if top is None else top[i, :n])
                 after_tool = bool(traj.tool_steps) and traj.tool_steps[-1].result_end == start
                 traj.segments.append(Segment(start, start + n, h, after_tool))
                 if traj.h_init is None:
                     traj.h_init = h
-            results.append((ids, str(out.stop_reason[i])))
+            segment_start = traj.segments[-1].start if traj.segments else start
+            results.append((traj.response_ids[segment_start:], str(out.stop_reason[i])))
+        self.paused = set()
         return results
 
     def _segment_entropy(self, token_entropy: list[float], top_logprobs: np.ndarray | None) -> float:
@@ -335,7 +348,8 @@ class _Run:
             elif stop == "length":
                 if self._limit(traj) <= 0:
                     traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
-                # otherwise the generator paused the row early (e.g. cache room): it simply continues next round
+                else:  # paused before a stop (segment chunk, cache room): the segment continues next round
+                    self.paused.add(traj.traj_id)
             elif stop != "stop":
                 raise ValueError(f"generator returned unknown stop_reason {stop!r}")
             elif _ends_with_answer(text):

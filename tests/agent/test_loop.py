@@ -193,3 +193,17 @@ def test_rows_are_repacked_when_the_lockstep_cursor_runs_out_of_cache():
     assert flat(tight) == flat(roomy)
     assert tight.counters["prefill_tokens"] > roomy.counters["prefill_tokens"]
     assert tight.counters["decode_tokens"] == roomy.counters["decode_tokens"]
+
+
+def test_segments_decoded_in_chunks_are_parsed_and_measured_whole():
+    think = "<think>" + "z" * 45 + "</think>"
+    script = segments_script([think + "<search>split across chunks</search>", think + "<answer>\\boxed{3}</answer>"])
+    whole, _ = run(script, n_prompts=2)
+    chunked, _ = run(script, n_prompts=2, max_segment_tokens=20)
+    for (a,), (b,) in zip(whole.groups, chunked.groups, strict=True):
+        assert b.response_ids == a.response_ids and b.mask == a.mask and b.stop_reason == END_ANSWER
+        assert [(s.start, s.end, s.after_tool) for s in b.segments] == [(s.start, s.end, s.after_tool) for s in a.segments]
+        assert [(s.tag, s.content) for s in b.tool_steps] == [("search", "split across chunks")]
+    assert chunked.rounds > whole.rounds
+    with pytest.raises(ValueError, match="max_segment_tokens"):
+        LoopConfig(max_segment_tokens=5, entropy_tokens=20)
