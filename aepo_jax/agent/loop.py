@@ -196,6 +196,7 @@ class _Run:
         self.counters_start = dict(self.gen.counters)
         self.repacks = 0
         self.paused: set[int] = set()  # rows whose last generate stopped early, mid-segment
+        self.generated_this_round: list[int] = []  # tokens each row generated in the current round
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
@@ -276,6 +277,7 @@ class _Run:
         if room is not None:
             limits = [max(0, min(n, room)) for n in limits]
         self.state, out = self.gen.generate(self.state, limits, sub)
+        self.generated_this_round = [int(n) for n in out.num_tokens[: len(self.rows)]]
         results = []
         top = getattr(out, "top_logprobs", None)
         for i, traj in enumerate(self.rows):
@@ -346,7 +348,9 @@ class _Run:
             if stop == "eos":
                 traj.stop_reason = END_ANSWER if tags.ANSWER_CLOSE in text else END_EOS
             elif stop == "length":
-                if self._limit(traj) <= 0:
+                if self._limit(traj) <= 0 or self.generated_this_round[i] == 0:
+                    # No budget left, or no cache room even after a repack: a row that cannot
+                    # make progress ends here instead of pausing forever.
                     traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
                 else:  # paused before a stop (segment chunk, cache room): the segment continues next round
                     self.paused.add(traj.traj_id)

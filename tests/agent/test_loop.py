@@ -207,3 +207,22 @@ def test_segments_decoded_in_chunks_are_parsed_and_measured_whole():
     assert chunked.rounds > whole.rounds
     with pytest.raises(ValueError, match="max_segment_tokens"):
         LoopConfig(max_segment_tokens=5, entropy_tokens=20)
+
+
+def test_loop_ends_rows_that_have_no_cache_room_instead_of_spinning():
+    """A cache no larger than the prompt's bucket leaves no room to decode even after a repack:
+    the rows must end with END_CONTEXT (regression: the loop used to pause them forever)."""
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.sampling import Sampler, SamplingParams
+
+    model = Decoder(get_preset("tiny", n_layers=1), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True), max_cache_len=32, eos_ids=[1])
+    loop = AgentLoop(sampler, TOK, RecordingTools(), LoopConfig(max_response_tokens=64, max_context_len=512))
+    prompt = list(range(2, 34))  # 32 tokens: the whole cache
+    result = loop.run([prompt], 2, 2, key=jax.random.key(0), rng=np.random.default_rng(0))
+    trajs = result.groups[0]
+    assert len(trajs) == 2
+    assert all(t.stop_reason == END_CONTEXT for t in trajs), [t.stop_reason for t in trajs]
