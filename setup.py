@@ -25,6 +25,7 @@ EXTRAS = {
     # CPU build that lies on the project's machines.
     "test": [
         "pytest>=8",
+        "pytest-timeout>=2.3",
         "hypothesis>=6.100",
         "torch==2.13.0",
         "transformers>=4.51",
