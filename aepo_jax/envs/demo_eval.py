@@ -108,3 +108,33 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, demo: Any, graphdef: Any, pa
         metrics["branch_top3"] = float(stats.top3_branch_fraction)
         metrics["branches_per_question"] = float(stats.num_branch) / tree_questions
     return metrics
+
+
+def format_rollout_tree(group: Sequence[Any], tokenizer: Any, width: int = 100) -> str:
+    """One prompt's trajectories as an indented text tree: each branch under the trajectory it forked from.
+
+    A line shows the trajectory id, why it ended, its tool calls, and the text it
+    generated after its branch point (the shared prefix is not repeated).
+    """
+    children: dict[int | None, list[Any]] = {}
+    for traj in group:
+        children.setdefault(traj.parent_id, []).append(traj)
+    lines: list[str] = []
+
+    def show(traj: Any, depth: int) -> None:
+        start = traj.branch_point or 0
+        text = tokenizer.decode([t for t, m in zip(traj.response_ids[start:], traj.mask[start:]) if m])
+        text = " ".join(text.split())
+        kind = "global" if traj.is_global else f"branch of #{traj.parent_id} after tool call {_calls_before(traj)}"
+        lines.append(f"{'    ' * depth}#{traj.traj_id} [{kind}; {traj.stop_reason}; {traj.num_tool_calls} calls] "
+                     f"{text[:width]}{'...' if len(text) > width else ''}")
+        for child in sorted(children.get(traj.traj_id, []), key=lambda t: t.traj_id):
+            show(child, depth + 1)
+
+    for root in sorted(children.get(None, []), key=lambda t: t.traj_id):
+        show(root, 0)
+    return "\n".join(lines)
+
+
+def _calls_before(traj: Any) -> int:
+    return sum(1 for step in traj.tool_steps if step.result_end <= (traj.branch_point or 0))

@@ -43,6 +43,7 @@ class DemoTask:
     encode_question: Callable[[str], list[int]]
     server_url: str
     closers: list[Callable[[], None]] = field(default_factory=list)
+    pretrained: tuple[nnx.GraphDef, Any] | None = None  # (graphdef, params) when the policy is a GGUF checkpoint
 
     @property
     def train_examples(self) -> list[dict]:
@@ -80,10 +81,20 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
     kinds = tuple(k.strip() for k in str(cfg.env.kinds).split(",") if k.strip())
     task = write_task(os.path.join(workdir, "task"), seed=int(cfg.seed), n_towns=int(cfg.env.n_towns),
                       n_train=int(cfg.env.n_train), n_heldout=int(cfg.env.n_heldout),
-                      n_distractors=int(cfg.env.n_distractors), hops=int(cfg.env.hops), kinds=kinds)
+                      n_distractors=int(cfg.env.n_distractors), hops=int(cfg.env.hops), kinds=kinds,
+                      heldout_fraction=float(cfg.env.heldout_fraction))
     system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
-    tokenizer = train_sentencepiece(tokenizer_texts(task, system_prompt, int(cfg.seed)),
-                                    int(cfg.tokenizer.vocab_size), model_prefix=os.path.join(workdir, "tokenizer"))
+    pretrained = None
+    if cfg.tokenizer.kind == "gguf":  # a pretrained policy brings its own tokenizer and chat template
+        from aepo_jax.envs.pretrained import load_gguf_policy
+
+        graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""))
+        pretrained = (graphdef, params)
+    elif cfg.tokenizer.kind:
+        raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported by the demo; use '' or 'gguf'")
+    else:
+        tokenizer = train_sentencepiece(tokenizer_texts(task, system_prompt, int(cfg.seed)),
+                                        int(cfg.tokenizer.vocab_size), model_prefix=os.path.join(workdir, "tokenizer"))
     closers: list[Callable[[], None]] = []
     if not search_url:
         server = start_search_server(str(task.corpus))
@@ -104,7 +115,7 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
             raise ValueError(f"prompt has {len(ids)} tokens > rollout.max_prompt_len={cfg.rollout.max_prompt_len}")
         return ids
 
-    return DemoTask(task, tokenizer, registry, encode_question, search_url, closers)
+    return DemoTask(task, tokenizer, registry, encode_question, search_url, closers, pretrained)
 
 
 def demo_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> tuple[nnx.GraphDef, Any]:
@@ -146,7 +157,7 @@ def run_sft(cfg: ml_collections.ConfigDict, demo: DemoTask, workdir: str, progre
     failures = sum(seq.tool_failures for seq in sequences)
     log(f"  {len(sequences)} scripted trajectories executed with the real tools in {time.perf_counter() - t0:.1f}s "
         f"({sum(seq.used_python for seq in sequences)} use python, {failures} tool failures)")
-    graphdef, params = demo_model(cfg, demo.tokenizer.vocab_size)
+    graphdef, params = demo.pretrained or demo_model(cfg, demo.tokenizer.vocab_size)
     log(f"  model: {parameter_count(params):,} parameters, vocabulary {demo.tokenizer.vocab_size}")
     tx, schedule = make_optimizer(float(s.lr), int(s.steps), warmup_steps=int(s.warmup_steps), schedule=s.schedule,
                                   final_lr_fraction=float(s.final_lr_fraction))

@@ -54,11 +54,14 @@ class TaskFiles:
 
 
 def write_task(directory: str | Path, *, seed: int, n_towns: int, n_train: int, n_heldout: int,
-               n_distractors: int, hops: int = 2, kinds: tuple[str, ...] = QUESTION_KINDS) -> TaskFiles:
+               n_distractors: int, hops: int = 2, kinds: tuple[str, ...] = QUESTION_KINDS,
+               heldout_fraction: float = 0.25) -> TaskFiles:
     """Generate the environment (`build_env`) keeping only questions of `kinds`, and write it to `directory`.
 
     `kinds` is a difficulty knob: `years_between` copies two 4-digit numbers,
-    the population kinds two 6-digit ones.
+    the population kinds two 6-digit ones. Many towns with few questions each
+    keep a small model from memorising facts: copying from the tool results
+    is then the only way to answer, and that is what transfers to held-out towns.
     """
     unknown = sorted(set(kinds) - set(QUESTION_KINDS))
     if unknown or not kinds:
@@ -66,7 +69,7 @@ def write_task(directory: str | Path, *, seed: int, n_towns: int, n_train: int, 
     # Ask for enough questions that `n` remain of the wanted kinds (kinds rotate evenly).
     factor = -(-len(QUESTION_KINDS) // len(kinds)) if hops == 2 else 1
     env = build_env(seed=seed, n_towns=n_towns, n_train=n_train * factor, n_heldout=n_heldout * factor,
-                    hops=hops, n_distractors=n_distractors)
+                    hops=hops, n_distractors=n_distractors, heldout_fraction=heldout_fraction)
     env = dataclasses.replace(
         env,
         train=tuple(q for q in env.train if q.kind in kinds)[:n_train],
