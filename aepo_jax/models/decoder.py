@@ -65,7 +65,16 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,  # int32[B, T]
         attention_mask: jax.Array | None = None,  # bool[B, T, T], or bool[B, T, S] with a cache
         kv_cache: KVCache | None = None,
+        *,
+        last_logits_only: bool = False,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """Logits `[B, T, V]` (and the updated cache when `kv_cache` is given).
+
+        `last_logits_only=True` projects only the last position to the
+        vocabulary and returns `[B, 1, V]`, equal to the default's `[:, -1:]`:
+        prefill and append of a right-aligned block need nothing else, and the
+        `[B, T, V]` projection is the largest matmul of a short model's prefill.
+        """
         config = self.config
         batch, length = input_ids.shape
         offset = jnp.zeros((), jnp.int32) if kv_cache is None else kv_cache.index
@@ -93,10 +102,12 @@ class Decoder(nnx.Module):
             if cache_kv is not None:
                 new_k.append(cache_kv[0])
                 new_v.append(cache_kv[1])
+        if last_logits_only:
+            x = x[:, -1:]  # [B, 1, D]
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]  # [D, V]
         logits = jnp.einsum("btd,dv->btv", x, head.astype(config.dtype), preferred_element_type=jnp.float32)
-        logits = logits.astype(jnp.float32)  # [B, T, V]
+        logits = logits.astype(jnp.float32)  # [B, T, V] ([B, 1, V] with last_logits_only)
         if kv_cache is None:
             return logits
         return logits, KVCache(k=tuple(new_k), v=tuple(new_v), index=offset + length)

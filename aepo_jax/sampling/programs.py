@@ -3,6 +3,8 @@
 `forward(params, tokens, positions, mask, cache) -> (logits, cache)` is the
 model's cached forward (docs/interfaces.md): the T new tokens are written at
 slots [cache.index, cache.index + T) of every row and mask is bool[B, T, S].
+Only the last position's logits are read, so `logits` may be [B, T, V] or
+just [B, 1, V] (the model's `last_logits_only`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def forward_block(
     offsets = jnp.cumsum(token_valid.astype(jnp.int32), axis=1) - 1  # [B, T]
     positions = arrays.next_position[:, None] + jnp.maximum(offsets, 0)  # [B, T]
     mask = block_attention_mask(slot_valid, first_slot, tokens.shape[1])  # [B, T, S]
-    logits, cache = forward(params, tokens, positions, mask, cache)  # [B, T, V]
+    logits, cache = forward(params, tokens, positions, mask, cache)  # [B, T or 1, V]
     received = jnp.any(token_valid, axis=1)  # [B]
     last_logits = jnp.where(received[:, None], logits[:, -1].astype(jnp.float32), arrays.last_logits)  # [B, V]
     next_position = arrays.next_position + jnp.sum(token_valid, axis=1, dtype=jnp.int32)  # [B]

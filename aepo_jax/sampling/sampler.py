@@ -37,9 +37,14 @@ MIN_NEW_TOKENS = 16  # smallest output-length bucket
 
 
 def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache):
-    """The model's cached forward as a pure function of its parameter state."""
+    """The model's cached forward as a pure function of its parameter state.
+
+    Returns logits [B, 1, V] of the block's last position only: blocks are
+    right-aligned, so that is every receiving row's last real token, and the
+    [B, T, V] projection of the other positions would be thrown away.
+    """
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache)
+    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True)
 
 
 # Programs are module-level so that every Sampler of the same model (same
