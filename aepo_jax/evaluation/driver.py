@@ -118,15 +118,19 @@ def batch_keys(seed: int, batch_index: int) -> tuple[jax.Array, np.random.Genera
 
 
 def cache_slots(prompts: Sequence[Sequence[int]], loop: LoopConfig) -> int:
-    """KV-cache slots the sampler may use: the bucketed prompt block plus the response budget.
+    """KV-cache slots for the sampler: twice the power-of-two bucket of the longest context.
 
-    Prompts are left-padded to a power-of-two block, so the write cursor starts
-    at that block, not at the prompt length; a re-prefill (repack) of prompt +
-    response is bucketed again, hence the final power of two. The loop itself
-    keeps every trajectory within `max_context_len`.
+    Rows are left-padded to a power-of-two block and share one write cursor; a
+    repack re-prefills prompt + response into a block of up to
+    `next_power_of_two(max_context_len)` slots. Twice that leaves room for at
+    least `max_context_len` more tokens after any repack, so a segment always
+    has room to decode (with exactly one bucket the cursor can sit at the end
+    of the cache and no row can make progress). The loop itself keeps every
+    trajectory within `max_context_len`; the cache grows by buckets, so unused
+    slots cost nothing.
     """
-    block = next_power_of_two(max(8, max(len(p) for p in prompts)))
-    return next_power_of_two(block + loop.max_response_tokens)
+    longest = max(loop.max_context_len, max(len(p) for p in prompts))
+    return 2 * next_power_of_two(longest)
 
 
 def _sample_record(example: dict, index: int, traj: Trajectory, text: str, result: QuestionResult) -> dict[str, Any]:
