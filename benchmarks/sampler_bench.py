@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -122,6 +123,7 @@ def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], arg
     return {
         "first_call_s": first_call,
         "prefill_ms_mean": 1e3 * statistics.mean(prefill_s),
+        "prefill_ms_best": 1e3 * min(prefill_s),
         "decode_tokens_per_s_mean": tokens / statistics.mean(decode_s),
         "decode_tokens_per_s_best": tokens / min(decode_s),
         "tokens_per_s_mean": tokens / statistics.mean(total),
@@ -159,10 +161,13 @@ def main() -> None:
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
     sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0)
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
+    load_before = os.getloadavg()[0]
     gflops_before = matmul_gflops()
     result = time_sampler(sampler, model, prompts, args)
     result.update(
         matmul_gflops=min(gflops_before, matmul_gflops()),
+        load_average_1min=max(load_before, os.getloadavg()[0]),
+        cpu_count=os.cpu_count(),
         config={k: v for k, v in vars(args).items() if k != "json"},
         backend=jax.default_backend(),
         devices=jax.device_count(),
@@ -174,11 +179,12 @@ def main() -> None:
         ("tokens/s (prefill+decode) mean / best", f"{r['tokens_per_s_mean']:.0f} / {r['tokens_per_s_best']:.0f}"),
         ("tokens/s (decode only) mean / best", f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
         ("first call (compile) s", f"{r['first_call_s']:.2f}"),
-        ("prefill ms mean", f"{r['prefill_ms_mean']:.2f}"),
+        ("prefill ms mean / best", f"{r['prefill_ms_mean']:.2f} / {r['prefill_ms_best']:.2f}"),
         ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
         ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
         ("step / floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
         ("matmul GFLOP/s (median, lower = busier CPU)", f"{r['matmul_gflops']:.0f}"),
+        (f"load average 1 min (max of start/end, {r['cpu_count']} CPUs)", f"{r['load_average_1min']:.1f}"),
     ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
