@@ -4,7 +4,8 @@
 unbiased pass@k; each sample is a full agent-loop rollout with the real tools,
 scored with the math-equivalence reward's correctness. One extra tree rollout
 (the AEPO strategy) over a few questions measures where branches go: the share
-of branches on the three most-branched trajectories of each question (spec §2.4).
+of branches on the three most-branched trajectories of each question (spec §2.4),
+and the policy's segment entropy. Both go through `aepo_jax.evaluation.driver`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
-from aepo_jax.evaluation import build_reports, score_question
-from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.rollout.strategies import RolloutConfig
 from aepo_jax.sampling import Sampler, SamplingParams
 
 
@@ -51,62 +50,52 @@ def tree_rollout_config(cfg: ml_collections.ConfigDict, strategy: str = "aepo") 
         penalty_scope=r.penalty_scope)
 
 
-def _mean_generated_entropy(trajs: Sequence[Any]) -> float:
-    total = sum(float(np.dot(t.entropy, t.mask)) for t in trajs)
-    count = sum(float(np.sum(t.mask)) for t in trajs)
-    return total / max(count, 1.0)
+def _loop_config(cfg: ml_collections.ConfigDict) -> LoopConfig:
+    r = cfg.rollout
+    return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
+                      max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
+                      entropy_tokens=int(r.entropy_tokens))
 
 
 def evaluate_policy(cfg: ml_collections.ConfigDict, demo: Any, graphdef: Any, params: Any,
                     examples: Sequence[dict], *, seed: int = 0, progress: bool = True,
                     tree_strategy: str = "aepo") -> dict[str, float]:
-    """Metrics of `params` on `examples` (see the module docstring); every value is a plain float."""
-    e = cfg.eval
-    n = int(e.samples)
-    loop = make_agent_loop(cfg, demo, graphdef, params, float(e.temperature), seed)
-    key = jax.random.key(seed)
-    rng = np.random.default_rng(seed)
-    results, trajectories = [], []
-    per_batch = max(1, int(e.batch_questions))
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    """Metrics of `params` on `examples` through the evaluation driver (see the module docstring).
 
-        bar = tqdm(total=len(examples), desc="eval", unit="question", dynamic_ncols=True)
-    for start in range(0, len(examples), per_batch):
-        batch = list(examples[start:start + per_batch])
-        key, sub = jax.random.split(key)
-        groups, _ = rollout([demo.encode_prompt(ex) for ex in batch], n, loop=loop,
-                            config=RolloutConfig(strategy="independent"), rng=rng, key=sub)
-        for ex, group in zip(batch, groups, strict=True):
-            texts = [demo.tokenizer.decode(t.response_ids) for t in group]
-            results.append(score_question(ex, texts, [int(np.sum(t.mask)) for t in group],
-                                          tool_calls=[t.num_tool_calls for t in group], reward=cfg.reward.name))
-            trajectories += group
-        if bar is not None:
-            bar.update(len(batch))
-    if bar is not None:
-        bar.close()
-    report = build_reports(results)[-1]
+    Every value is a plain float: `pass@1..n`, `tool_calls` (per answer),
+    `python_rate` and `answer_rate` (shares of answers), `response_length`
+    (generated tokens), and from the tree rollout `branch_top3` (NaN when
+    nothing branched) and `entropy` (mean segment entropy, spec §1).
+    """
+    from aepo_jax.evaluation.driver import EvalConfig, evaluate
+    from aepo_jax.rewards import count_tool_calls
+
+    e = cfg.eval
+    common = {"temperature": float(e.temperature), "top_p": 1.0, "seed": seed, "loop": _loop_config(cfg),
+                  "reward": cfg.reward.name, "questions_per_batch": max(1, int(e.batch_questions))}
+    kwargs = {"graphdef": graphdef, "params": params, "tokenizer": demo.tokenizer, "tools": demo.tools,
+                  "encode_prompt": demo.encode_prompt}
+    result = evaluate(list(examples), config=EvalConfig(n=int(e.samples), **common), progress=progress, **kwargs)
+    report = result.reports[-1]
     metrics = {f"pass@{k}": float(v) for k, v in report.pass_at_k.items()}
     metrics.update({
         "questions": float(len(examples)),
-        "samples": float(n),
+        "samples": float(e.samples),
         "tool_calls": float(report.tool_calls_per_question),
         "response_length": float(report.mean_response_length),
-        "python_rate": float(np.mean([any(s.tag == "python" for s in t.tool_steps) for t in trajectories])),
-        "answer_rate": float(np.mean([t.stop_reason == "answer" for t in trajectories])),
-        "entropy": _mean_generated_entropy(trajectories),
+        "python_rate": float(np.mean([count_tool_calls(s["response"])["python"] > 0 for s in result.samples])),
+        "answer_rate": float(np.mean([s["stop_reason"] == "answer" for s in result.samples])),
+        "branch_top3": math.nan,
+        "entropy": math.nan,
     })
     tree_questions = min(int(e.tree_questions), len(examples))
-    metrics["branch_top3"] = math.nan
     if tree_questions > 0:
-        key, sub = jax.random.split(key)
-        prompts = [demo.encode_prompt(ex) for ex in examples[:tree_questions]]
-        _, stats = rollout(prompts, int(cfg.rollout.k), loop=loop, config=tree_rollout_config(cfg, tree_strategy),
-                           rng=rng, key=sub)
-        metrics["branch_top3"] = float(stats.top3_branch_fraction)
-        metrics["branches_per_question"] = float(stats.num_branch) / tree_questions
+        tree = evaluate(list(examples[:tree_questions]), progress=False, **kwargs, config=EvalConfig(
+            n=int(cfg.rollout.k), rollout=tree_rollout_config(cfg, tree_strategy), **common))
+        stats = tree.tree_stats["all"]
+        metrics["branch_top3"] = float(stats["top3_branch_fraction"])
+        metrics["entropy"] = float(stats["mean_segment_entropy"])
+        metrics["branches_per_question"] = float(stats["num_branch"]) / tree_questions
     return metrics
 
 

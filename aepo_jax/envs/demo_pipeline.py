@@ -82,7 +82,7 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
     task = write_task(os.path.join(workdir, "task"), seed=int(cfg.seed), n_towns=int(cfg.env.n_towns),
                       n_train=int(cfg.env.n_train), n_heldout=int(cfg.env.n_heldout),
                       n_distractors=int(cfg.env.n_distractors), hops=int(cfg.env.hops), kinds=kinds,
-                      heldout_fraction=float(cfg.env.heldout_fraction))
+                      heldout_fraction=float(cfg.env.heldout_fraction), max_syllables=int(cfg.env.max_syllables))
     system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
     pretrained = None
     if cfg.tokenizer.kind == "gguf":  # a pretrained policy brings its own tokenizer and chat template
@@ -93,7 +93,8 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
     elif cfg.tokenizer.kind:
         raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported by the demo; use '' or 'gguf'")
     else:
-        tokenizer = train_sentencepiece(tokenizer_texts(task, system_prompt, int(cfg.seed)),
+        texts = tokenizer_texts(task, system_prompt, int(cfg.seed), max_syllables=int(cfg.env.max_syllables))
+        tokenizer = train_sentencepiece(texts,
                                         int(cfg.tokenizer.vocab_size), model_prefix=os.path.join(workdir, "tokenizer"))
     closers: list[Callable[[], None]] = []
     if not search_url:

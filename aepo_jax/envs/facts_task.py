@@ -25,7 +25,7 @@ from aepo_jax.envs.synthetic_facts import (
     FactsEnv,
     Question,
     build_env,
-    generate_towns,
+    invent_names,
     scripted_segments,
 )
 
@@ -55,7 +55,7 @@ class TaskFiles:
 
 def write_task(directory: str | Path, *, seed: int, n_towns: int, n_train: int, n_heldout: int,
                n_distractors: int, hops: int = 2, kinds: tuple[str, ...] = QUESTION_KINDS,
-               heldout_fraction: float = 0.25) -> TaskFiles:
+               heldout_fraction: float = 0.25, max_syllables: int = 2) -> TaskFiles:
     """Generate the environment (`build_env`) keeping only questions of `kinds`, and write it to `directory`.
 
     `kinds` is a difficulty knob: `years_between` copies two 4-digit numbers,
@@ -69,7 +69,8 @@ def write_task(directory: str | Path, *, seed: int, n_towns: int, n_train: int, 
     # Ask for enough questions that `n` remain of the wanted kinds (kinds rotate evenly).
     factor = -(-len(QUESTION_KINDS) // len(kinds)) if hops == 2 else 1
     env = build_env(seed=seed, n_towns=n_towns, n_train=n_train * factor, n_heldout=n_heldout * factor,
-                    hops=hops, n_distractors=n_distractors, heldout_fraction=heldout_fraction)
+                    hops=hops, n_distractors=n_distractors, heldout_fraction=heldout_fraction,
+                    max_syllables=max_syllables)
     env = dataclasses.replace(
         env,
         train=tuple(q for q in env.train if q.kind in kinds)[:n_train],
@@ -90,7 +91,8 @@ def _passage(doc: dict[str, str], number: int) -> str:
     return f"Doc {number} (Title: {title.strip()}) {body.strip()}"
 
 
-def tokenizer_texts(task: TaskFiles, system_prompt: str, seed: int, num_scripts: int = 300) -> list[str]:
+def tokenizer_texts(task: TaskFiles, system_prompt: str, seed: int, num_scripts: int = 300,
+                    max_syllables: int = 2) -> list[str]:
     """Training text for the demo tokenizer: prompt, corpus, questions, scripted trajectories, names masked.
 
     Tool results inside the scripts are rendered like the search tool's passages
@@ -119,5 +121,5 @@ def tokenizer_texts(task: TaskFiles, system_prompt: str, seed: int, num_scripts:
     # whole-name piece it never produced in training it cannot).
     names = sorted((t.name for t in task.env.towns), key=len, reverse=True)
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
-    fresh = iter(generate_towns(sum(len(pattern.findall(t)) for t in texts) + 1, seed + 7919))
-    return [pattern.sub(lambda _: next(fresh).name, text) for text in texts]
+    fresh = iter(invent_names(sum(len(pattern.findall(t)) for t in texts) + 1, seed + 7919, max_syllables))
+    return [pattern.sub(lambda _: next(fresh), text) for text in texts]

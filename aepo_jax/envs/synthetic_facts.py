@@ -43,21 +43,34 @@ class Question:
     kind: str
 
 
-def _town_name(rng: np.random.Generator) -> str:
-    syllables = rng.integers(1, 3)
+def _town_name(rng: np.random.Generator, max_syllables: int = 2) -> str:
+    syllables = rng.integers(1, max_syllables + 1)
     stem = "".join(
         str(rng.choice(_ONSETS)) + str(rng.choice(_VOWELS)) + str(rng.choice(_CODAS)) for _ in range(syllables)
     )
     return (stem + str(rng.choice(_SUFFIXES))).capitalize()
 
 
-def generate_towns(n: int, seed: int) -> list[Town]:
-    """`n` towns with distinct names, founding years in [1100, 1990], populations in [1e3, 1e6)."""
+def invent_names(count: int, seed: int, max_syllables: int = 2) -> list[str]:
+    """`count` invented town names, drawn independently (repeats allowed)."""
+    rng = np.random.default_rng(seed)
+    return [_town_name(rng, max_syllables) for _ in range(count)]
+
+
+def generate_towns(n: int, seed: int, max_syllables: int = 2) -> list[Town]:
+    """`n` towns with distinct names, founding years in [1100, 1990], populations in [1e3, 1e6).
+
+    Names are 1..`max_syllables` invented syllables plus a suffix ("Kraiford"); shorter
+    names are easier for a small model to copy into a search query.
+    """
+    capacity = (len(_ONSETS) * len(_VOWELS) * len(_CODAS)) ** max_syllables * len(_SUFFIXES)
+    if n > capacity // 2:
+        raise ValueError(f"{n} towns is too many distinct names for max_syllables={max_syllables}")
     rng = np.random.default_rng(seed)
     names: set[str] = set()
     towns = []
     while len(towns) < n:
-        name = _town_name(rng)
+        name = _town_name(rng, max_syllables)
         if name in names:
             continue
         names.add(name)
@@ -168,11 +181,12 @@ def build_env(
     n_heldout: int = 200,
     hops: int = 2,
     n_distractors: int = 60,
+    max_syllables: int = 2,
 ) -> FactsEnv:
     """Generate towns, split them into train and held-out sets, and ask questions on each side."""
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
-    towns = generate_towns(n_towns, seed)
+    towns = generate_towns(n_towns, seed, max_syllables)
     n_held = max(hops, round(n_towns * heldout_fraction))
     held_towns, train_towns = towns[:n_held], towns[n_held:]
     corpus = build_corpus(towns, n_distractors, seed + 1)
