@@ -20,6 +20,7 @@ import os
 
 import pytest
 
+from aepo_jax.agent.protocol import ToolCall
 from aepo_jax.training.agent_env import build_agent_environment, pipeline_for
 from aepo_jax.training.build import init_model, model_config_from
 from aepo_jax.training.rl_trainer import RLTrainer
@@ -85,6 +86,15 @@ def test_tiny_configs_share_the_environment_settings():
     assert len({repr(v) for v in views.values()}) == 1, views
 
 
+def test_shared_tools_answer_on_loopback(agent_env):
+    """A random policy seldom calls a tool, so check here that the shared search
+    server and sandbox the rollouts are wired to really answer."""
+    town = agent_env.task.towns[0]
+    search, python = agent_env.tools.run_many([ToolCall("search", town.name), ToolCall("python", "print(6 * 7)")])
+    assert search.ok and town.name in search.text, search
+    assert python.ok and "42" in python.text, python
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
     cfg = _shrink(_load_config(family), vocab_size=int(agent_env.tokenizer.vocab_size))
@@ -120,6 +130,13 @@ def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
         assert -1.0 <= record["reward_mean"] <= 1.1  # qa_f1 range (format failures give -1)
         assert record["entropy_mean"] > 0  # a random policy is far from deterministic
         assert record["updates"] == 1.0  # 2 prompts in one mini-batch of 2
+        k = cfg.rollout.k
+        assert record["trajectories"] == cfg.data.prompts_per_step * k
+        assert record["rollout/trajectories_per_prompt"] == k
+        # the rows built from the real rollout line up with the sampler: the training
+        # forward reproduces its log-probs, and every generated token is trained on
+        assert record["logp_old_abs_diff"] < 1e-4, record["logp_old_abs_diff"]
+        assert record["train_tokens"] == pytest.approx(record["generated_tokens_mean"] * record["trajectories"])
     assert os.listdir(tmp_path / "checkpoints") == ["1"]
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["algorithm"] == family and saved["name"] == f"{family}_tiny"
