@@ -110,5 +110,7 @@ def compute_advantages(
         metrics.update(entropy_metrics)
     count = jnp.maximum(jnp.sum(mask), 1.0)
     metrics["advantage_mean"] = jnp.sum(advantages * mask) / count
-    metrics["reward_mean"] = jnp.mean(rewards)
+    # Padding rows (no valid token) must not dilute the logged mean reward.
+    real_rows = (jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)  # [B]
+    metrics["reward_mean"] = jnp.sum(rewards * real_rows) / jnp.maximum(jnp.sum(real_rows), 1.0)
     return advantages, metrics

@@ -145,3 +145,14 @@ def test_dynamic_sampling_drops_all_equal_groups():
     groups = np.array([0, 0, 1, 1, 2, 3, 3])  # equal, mixed, single, equal
     keep = np.asarray(dynamic_sampling_keep(rewards, groups))
     np.testing.assert_array_equal(keep, [False, False, True, True, False, False, False])
+
+
+def test_logged_reward_mean_ignores_padding_rows():
+    """Rows padded for the mesh (mask all zero) must not enter the logged mean reward."""
+    preset = objectives.get_preset("grpo")
+    rewards = np.array([1.0, 0.0, -1.0, -1.0, 0.0, 0.0], np.float32)
+    mask = np.zeros((6, 3), np.float32)
+    mask[:4] = 1.0  # rows 4 and 5 are padding
+    group_ids = np.array([0, 0, 1, 1, 2, 3])
+    _, metrics = objectives.compute_advantages(preset, rewards, group_ids, mask)
+    assert float(metrics["reward_mean"]) == pytest.approx(-0.25)
