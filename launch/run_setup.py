@@ -1,5 +1,6 @@
-"""Shared start-up of `launch.train` and `launch.sft`: print and save the
-resolved config, and refuse to mix a new run into an old workdir."""
+"""Shared start-up of the `launch` entry points: check the config arguments,
+print and save the resolved config, and refuse to mix a new run into an old
+workdir."""
 
 from __future__ import annotations
 
@@ -28,29 +29,35 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     return path
 
 
+def _config_path(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
 def _load_config_file(spec: str) -> ml_collections.ConfigDict:
     import importlib.util
 
     path, _, arg = spec.partition(":")
     module_spec = importlib.util.spec_from_file_location("_launch_config", path)
-    if module_spec is None or not os.path.exists(path):
-        raise SystemExit(f"config file not found: {path}")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.get_config(arg) if arg else module.get_config()
 
 
-def reject_unknown_overrides(argv: list[str]) -> None:
-    """Exit with a clear message when a `--config.a.b=v` names a key the config lacks.
+def check_config_arguments(argv: list[str]) -> None:
+    """Exit with a clear message when `--config FILE` does not exist or a
+    `--config.a.b=v` names a key the config lacks.
 
-    (ml-collections would otherwise fail deep inside flag parsing with a bare
-    AttributeError.)
+    (ml-collections would otherwise fail deep inside flag parsing: a missing
+    file surfaces as a chained traceback at the first config access, an
+    unknown key as a bare AttributeError.)
     """
     spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if spec is None and "--config" in argv[:-1]:
         spec = argv[argv.index("--config") + 1]
     if spec is None:
         return
+    if not os.path.isfile(_config_path(spec)):
+        raise SystemExit(f"config file not found: {_config_path(spec)} (from --config {spec})")
     config = None
     for arg in argv:
         if not arg.startswith("--config."):

@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())  # config files import `configs.base`
-    from launch.run_setup import reject_unknown_overrides
+    from launch.run_setup import check_config_arguments
 
-    reject_unknown_overrides(sys.argv[1:])
+    check_config_arguments(sys.argv[1:])
     app.run(main)

@@ -30,6 +30,16 @@ def test_unknown_override_key_is_refused_by_name(tmp_path):
     assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
+@pytest.mark.parametrize("module", ["launch.train", "launch.sft", "launch.evaluate"])
+def test_missing_config_file_is_one_clear_line(tmp_path, module):
+    missing = str(tmp_path / "no_such_config.py")
+    out = subprocess.run([sys.executable, "-m", module, "--config", missing + ":arg", "--workdir", str(tmp_path),
+                          "--checkpoint", "none"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip() == f"config file not found: {missing} (from --config {missing}:arg)"
+
+
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("run")
