@@ -197,6 +197,9 @@ def load_hf_checkpoint(
       mesh: if given, every parameter is placed on the mesh by its logical axes.
     """
     directory = Path(path)
+    if directory.is_file():
+        raise NotADirectoryError(f"{directory} is a file; load_hf_checkpoint takes the model directory that "
+                                 f"holds config.json and the safetensors files (here: {directory.parent})")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory does not exist: {directory}")
     config_path = directory / "config.json"

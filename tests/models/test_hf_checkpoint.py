@@ -146,6 +146,15 @@ def test_saved_checkpoint_loads_in_transformers_with_same_logits(overrides, tmp_
     np.testing.assert_array_equal(np.asarray(reloaded(jnp.asarray(input_ids))), got)
 
 
+def test_a_file_instead_of_the_directory_raises_naming_both(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not read")
+    with pytest.raises(NotADirectoryError, match=f"{weights} is a file.*model directory.*{tmp_path}"):
+        load_hf_checkpoint(weights)
+    with pytest.raises(FileNotFoundError, match="checkpoint directory does not exist"):
+        load_hf_checkpoint(tmp_path / "absent")
+
+
 def test_directory_without_weights_raises_naming_the_directory(tmp_path):
     make_hf_model("llama_tied_mha").config.save_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="no weights in .*model.safetensors"):
