@@ -6,9 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from aepo_jax import tools
 from aepo_jax.rewards import compute_reward
-
-tools = pytest.importorskip("aepo_jax.tools", reason="aepo_jax.tools not landed yet")
 
 
 class _JudgeHandler(BaseHTTPRequestHandler):
