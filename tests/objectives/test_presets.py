@@ -121,7 +121,9 @@ def test_gigpo_and_reinforce_pipelines_need_their_inputs():
     with pytest.raises(ValueError, match="needs kl"):
         compute_advantages(get_preset("reinforce_pp"), REWARDS, GROUPS, MASK)
     adv, _ = compute_advantages(get_preset("reinforce_pp_baseline"), REWARDS, GROUPS, MASK)
-    assert np.asarray(adv).shape == (4, 3)
+    # group-centred rewards [0.5, -0.5, 0, 0] on every token, whitened over the 12 valid tokens
+    centred = np.array([0.5, -0.5, 0.0, 0.0])[:, None] * MASK
+    np.testing.assert_allclose(np.asarray(adv), centred / np.sqrt(np.var(centred, ddof=1) + 1e-8), rtol=1e-6)
 
 
 def test_compute_advantages_jits_for_array_only_presets():
