@@ -154,8 +154,9 @@ def _accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, denominato
     return loss, grads, metrics
 
 
-def _apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformation,
-                  schedule: optax.Schedule | None) -> tuple[TrainState, dict[str, jax.Array]]:
+def apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformation,
+                 schedule: optax.Schedule | None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update from summed gradients; shared by the flat, SFT and tree-packed steps."""
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
@@ -164,7 +165,8 @@ def _apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformatio
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def _jit_step(step: Callable, state_sharding: Any | None, batch_sharding: Any | None) -> Callable:
+def jit_step(step: Callable, state_sharding: Any | None, batch_sharding: Any | None) -> Callable:
+    """`jax.jit` a `(state, batch) -> (state, metrics)` step, donating the state, with optional shardings."""
     if state_sharding is None and batch_sharding is None:
         return jax.jit(step, donate_argnums=0)
     return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
@@ -209,11 +211,11 @@ def make_rl_train_step(
         denominator = loss_denominator(batch["mask"], cfg.loss_agg)
         loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
                                                      cfg.micro_batch_size)
-        state, update_metrics = _apply_update(state, grads, tx, schedule)
+        state, update_metrics = apply_update(state, grads, tx, schedule)
         metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"]))
         return state, metrics
 
-    return _jit_step(step, state_sharding, batch_sharding)
+    return jit_step(step, state_sharding, batch_sharding)
 
 
 def sft_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig) -> LossFn:
@@ -248,11 +250,11 @@ def make_sft_train_step(
         denominator = jnp.sum(batch["mask"].astype(jnp.float32))
         loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
                                                      cfg.micro_batch_size)
-        state, update_metrics = _apply_update(state, grads, tx, schedule)
+        state, update_metrics = apply_update(state, grads, tx, schedule)
         metrics.update(update_metrics, loss=loss, train_tokens=denominator)
         return state, metrics
 
-    return _jit_step(step, state_sharding, batch_sharding)
+    return jit_step(step, state_sharding, batch_sharding)
 
 
 def make_logprob_fn(

@@ -27,9 +27,9 @@ from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import (
     StepConfig,
-    _apply_update,
-    _jit_step,
+    apply_update,
     forward_logits,
+    jit_step,
 )
 
 Batch = dict[str, jax.Array]
@@ -132,11 +132,11 @@ def make_packed_rl_train_step(
 
     def step(state: TrainState, batch: Batch):
         loss, grads, metrics = packed_loss_and_grads(graphdef, cfg, state.params, batch)
-        state, update_metrics = _apply_update(state, grads, tx, schedule)
+        state, update_metrics = apply_update(state, grads, tx, schedule)
         metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"]))
         return state, metrics
 
-    return _jit_step(step, state_sharding, batch_sharding)
+    return jit_step(step, state_sharding, batch_sharding)
 
 
 def make_packed_logprob_fn(
