@@ -4,7 +4,9 @@ One step: prompts from the pipeline -> `rollout_fn` with the current
 parameters -> rewards -> (DAPO) dynamic sampling -> padded rows -> log-probs
 of the training forward (and of the reference model when KL is needed) ->
 advantages of the algorithm preset -> `ppo_epochs` passes over mini-batches
-of whole groups, each an exact micro-batch gradient accumulation -> metrics
+of whole groups, each an exact micro-batch gradient accumulation in the
+`train.pack` layout ("tree": every shared prefix token computed once,
+docs/packing.md; "flat": padded rows; same loss and gradients) -> metrics
 and checkpoints. `--resume` restores parameters, optimiser, step, RNG and
 data position, so an interrupted run continues exactly.
 
@@ -29,16 +31,24 @@ from aepo_jax.training.batch import select_rows
 from aepo_jax.training.build import (
     RunParts,
     build_run,
+    data_parallel_size,
     place_batch,
     preset_from,
     row_multiple,
     step_config_from,
     updates_per_step,
 )
-from aepo_jax.training.checkpoint import Checkpointer
-from aepo_jax.training.metrics_log import MetricsLogger
+from aepo_jax.training.packing import (
+    DEFAULT_PACK,
+    PackingTally,
+    build_train_batch,
+    make_train_step_for_pack,
+    place_tree_batch,
+    rows_to_sequences,
+)
 from aepo_jax.training.rollout_batch import build_rollout_rows, rollout_metrics
-from aepo_jax.training.train_step import make_logprob_fn, make_rl_train_step
+from aepo_jax.training.step_loop import CheckpointedTrainer
+from aepo_jax.training.train_step import make_logprob_fn
 
 
 class RolloutFn(Protocol):
@@ -61,8 +71,10 @@ def _stats_dict(stats: Any) -> dict[str, float]:
     return out
 
 
-class RLTrainer:
+class RLTrainer(CheckpointedTrainer):
     """Drives RL training for one config; see the module docstring.
+
+    `train()`, `restore_latest()`, `save()` and `close()` come from `CheckpointedTrainer`.
 
     Args:
       config: the resolved experiment config (configs/base.py layout).
@@ -75,6 +87,8 @@ class RLTrainer:
       pad_id: token id used for padding rows.
       process_index: this host (only process 0 writes metrics).
     """
+
+    progress_name = "rl"
 
     def __init__(
         self,
@@ -103,9 +117,10 @@ class RLTrainer:
         self.state = self.run.state
         mesh = self.run.mesh
         self.row_multiple = row_multiple(config.train.micro_batch_size, mesh)
-        self._train_step = make_rl_train_step(
-            self.run.graphdef, self.run.tx, self.step_config, self.run.schedule,
-            state_sharding=self.run.state_sharding, batch_sharding=None,
+        self.pack = str(config.train.get("pack", DEFAULT_PACK))
+        self._train_step = make_train_step_for_pack(
+            self.run.graphdef, self.run.tx, self.step_config, self.pack, self.run.schedule,
+            self.run.state_sharding,
         )
         self._logprobs = make_logprob_fn(self.run.graphdef, self.step_config)
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
@@ -113,25 +128,19 @@ class RLTrainer:
         self.reference_params = (
             jax.tree.map(jnp.copy, self.state.params) if self.needs_reference else None
         )
-        self.checkpointer = Checkpointer(
-            f"{workdir}/checkpoints", keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save)
-        )
-        self.logger = MetricsLogger(workdir, tensorboard=bool(config.log.tensorboard), process_index=process_index)
-        self.process_index = process_index
+        self._open_outputs(workdir, process_index)
 
-    # -- checkpoints -------------------------------------------------------
-    def restore_latest(self) -> bool:
-        """Continue from the newest complete checkpoint; False when there is none."""
-        if self.checkpointer.latest_step() is None:
-            return False
-        self.state, data_position = self.checkpointer.restore(self.state, shardings=self.run.state_sharding)
-        if data_position and hasattr(self.pipeline, "restore"):
-            self.pipeline.restore(data_position)
-        return True
+    # -- data position and progress (CheckpointedTrainer hooks) ------------
+    def _data_position(self) -> dict:
+        return self.pipeline.state() if hasattr(self.pipeline, "state") else {}
 
-    def save(self, force: bool = False) -> None:
-        position = self.pipeline.state() if hasattr(self.pipeline, "state") else {}
-        self.checkpointer.save(int(self.state.rounds), self.state, position, force=force)
+    def _restore_data_position(self, position: dict) -> None:
+        if hasattr(self.pipeline, "restore"):
+            self.pipeline.restore(position)
+
+    def _progress_postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"reward": f"{metrics.get('reward_mean', float('nan')):.3f}",
+                "loss": f"{metrics.get('loss', float('nan')):.4f}"}
 
     # -- one step ----------------------------------------------------------
     def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator):
@@ -202,6 +211,30 @@ class RLTrainer:
                 rows = np.flatnonzero(np.isin(group_ids, list(chosen)))
                 yield rows, rows_per_mini
 
+    def _update_batch(self, batch: dict[str, np.ndarray], row_ids: np.ndarray, rows_per_mini: int,
+                      group_ids: np.ndarray, tally: PackingTally) -> dict[str, jax.Array]:
+        """The mini-batch `row_ids` of the flat rows, on the mesh in the `train.pack` layout.
+
+        "tree" packs the rows' trajectories with the flat `T` (Dr. GRPO's
+        normaliser needs it) into whole-group micro-batches of about
+        `micro_batch_size` trajectories; its rows are padded to the
+        data-parallel size only (a micro-batch is fixed by its groups, so
+        padding to `micro_batch_size` would only add empty rows).
+        """
+        length = batch["input_ids"].shape[1]  # T
+        flat_slots = rows_per_mini * length
+        if self.pack == "flat":
+            tally.add_flat(int(batch["valid"][row_ids].sum()), flat_slots)
+            return place_batch(_pad_rows(select_rows(batch, row_ids), rows_per_mini), self.run.mesh)
+        train = self.config.train
+        tree, stats = build_train_batch(
+            rows_to_sequences(batch, row_ids), self.pack, group_ids=group_ids[row_ids], max_len=length,
+            row_len=train.get("row_len"), micro_batch_size=int(train.micro_batch_size), pad_id=self.pad_id,
+            row_multiple=data_parallel_size(self.run.mesh), length_multiple=length,
+        )
+        tally.add_tree(stats, flat_slots)
+        return place_tree_batch(tree, self.run.mesh)
+
     def train_step(self) -> dict[str, float]:
         """One RL step; returns the logged metrics."""
         cfg = self.config
@@ -247,11 +280,12 @@ class RLTrainer:
 
         t_train = time.perf_counter()
         update_metrics: list[dict[str, Any]] = []
+        tally = PackingTally()
         for row_ids, rows_per_mini in self._mini_batches(len(groups), rows.group_ids, rng):
-            mini = select_rows(batch, row_ids)
-            mini = _pad_rows(mini, rows_per_mini)
-            self.state, m = self._train_step(self.state, place_batch(mini, self.run.mesh))
+            mini = self._update_batch(batch, row_ids, rows_per_mini, rows.group_ids, tally)
+            self.state, m = self._train_step(self.state, mini)
             update_metrics.append(m)
+        metrics.update(tally.metrics())
         update_metrics = jax.device_get(update_metrics)
         for key_name in update_metrics[0]:
             values = [float(m[key_name]) for m in update_metrics]
@@ -271,41 +305,6 @@ class RLTrainer:
         if "rollout/tool_seconds" in metrics:  # reported by rollouts that time their tools
             metrics["tools_s"] = metrics["rollout/tool_seconds"]
         return metrics
-
-    # -- loop --------------------------------------------------------------
-    def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
-        """Run until `config.train.total_steps` (or `num_steps` more); returns logged records."""
-        total = int(self.config.train.total_steps)
-        start = int(self.state.rounds)
-        end = total if num_steps is None else min(total, start + num_steps)
-        show = bool(self.config.log.progress_bar) if progress is None else progress
-        bar = None
-        if show and self.process_index == 0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=end - start, initial=0, desc="rl", unit="step", dynamic_ncols=True)
-        records = []
-        every = max(1, int(self.config.checkpoint.every))
-        try:
-            for _ in range(start, end):
-                metrics = self.train_step()
-                step = int(self.state.rounds)
-                records.append(self.logger.log(step, metrics))
-                if step % every == 0 or step == end:
-                    self.save(force=True)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{metrics.get('reward_mean', float('nan')):.3f}",
-                                    loss=f"{metrics.get('loss', float('nan')):.4f}")
-        finally:
-            if bar is not None:
-                bar.close()
-            self.checkpointer.wait_until_finished()
-        return records
-
-    def close(self) -> None:
-        self.checkpointer.close()
-        self.logger.close()
 
 
 def _pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:

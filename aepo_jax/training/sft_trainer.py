@@ -29,8 +29,7 @@ from aepo_jax.training.build import (
     row_multiple,
     step_config_from,
 )
-from aepo_jax.training.checkpoint import Checkpointer
-from aepo_jax.training.metrics_log import MetricsLogger
+from aepo_jax.training.step_loop import CheckpointedTrainer
 from aepo_jax.training.train_step import make_sft_train_step
 
 _RESULT_BLOCK = re.compile(r"(\s*" + re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE) + r")", re.DOTALL)
@@ -86,8 +85,13 @@ class SequenceBatches:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-class SFTTrainer:
-    """Supervised steps over `SequenceBatches`; same config layout as RL (`train`, `optim`, ...)."""
+class SFTTrainer(CheckpointedTrainer):
+    """Supervised steps over `SequenceBatches`; same config layout as RL (`train`, `optim`, ...).
+
+    `train()`, `restore_latest()`, `save()` and `close()` come from `CheckpointedTrainer`.
+    """
+
+    progress_name = "sft"
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, batches: SequenceBatches,
                  graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0):
@@ -100,18 +104,13 @@ class SFTTrainer:
         step_cfg = step_config_from(config, preset_from(config))
         self._step = make_sft_train_step(self.run.graphdef, self.run.tx, step_cfg, self.run.schedule,
                                          state_sharding=self.run.state_sharding)
-        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(config.checkpoint.keep),
-                                         async_save=bool(config.checkpoint.async_save))
-        self.logger = MetricsLogger(workdir, tensorboard=bool(config.log.tensorboard), process_index=process_index)
-        self.process_index = process_index
+        self._open_outputs(workdir, process_index)
 
-    def restore_latest(self) -> bool:
-        if self.checkpointer.latest_step() is None:
-            return False
-        self.state, position = self.checkpointer.restore(self.state, shardings=self.run.state_sharding)
-        if position:
-            self.batches.restore(position)
-        return True
+    def _data_position(self) -> dict:
+        return self.batches.state()
+
+    def _restore_data_position(self, position: dict) -> None:
+        self.batches.restore(position)
 
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -124,33 +123,3 @@ class SFTTrainer:
         elapsed = time.perf_counter() - t0
         metrics.update(step_time_s=elapsed, tokens_per_s=metrics["train_tokens"] / max(elapsed, 1e-9))
         return metrics
-
-    def train(self, num_steps: int | None = None) -> list[dict[str, Any]]:
-        total = int(self.config.train.total_steps)
-        start = int(self.state.rounds)
-        end = total if num_steps is None else min(total, start + num_steps)
-        every = max(1, int(self.config.checkpoint.every))
-        bar = None
-        if bool(self.config.log.progress_bar) and self.process_index == 0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=end - start, desc="sft", unit="step", dynamic_ncols=True)
-        records = []
-        try:
-            for _ in range(start, end):
-                metrics = self.train_step()
-                step = int(self.state.rounds)
-                records.append(self.logger.log(step, metrics))
-                if step % every == 0 or step == end:
-                    self.checkpointer.save(step, self.state, self.batches.state(), force=True)
-                if bar is not None:
-                    bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
-            self.checkpointer.wait_until_finished()
-        return records
-
-    def close(self) -> None:
-        self.checkpointer.close()
-        self.logger.close()

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 
 from aepo_jax.agent.scripted import ByteTokenizer
@@ -56,3 +57,36 @@ def test_sft_loss_falls_on_a_repeated_batch_and_checkpoints(tmp_path):
     assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
     assert {"nll", "token_accuracy", "learning_rate"} <= set(lines[0])
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
+
+
+def test_sft_resume_continues_exactly_with_the_batch_position(tmp_path):
+    rng = np.random.default_rng(1)
+    records = [{"tokens": rng.integers(1, 64, 9).tolist(), "mask": np.array([0] * 3 + [1] * 6, np.float32)}
+               for _ in range(6)]
+    cfg = get_config()
+    cfg.train.total_steps = 4
+    cfg.train.max_seq_len = 16
+    cfg.train.length_bucket = 16
+    cfg.checkpoint.every = 2
+    cfg.log.progress_bar = False
+    cfg.log.tensorboard = False
+
+    def trainer(workdir):
+        graphdef, params = tiny_model()
+        # batch 4 of 6 records: the shuffle order, hence the data position, matters
+        return SFTTrainer(cfg, str(workdir), batches=SequenceBatches(records, batch_size=4, seed=3),
+                          graphdef=graphdef, params=params)
+
+    full = trainer(tmp_path / "full")
+    full.train()
+    full.close()
+    part = trainer(tmp_path / "part")
+    part.train(num_steps=2)
+    part.close()
+    resumed = trainer(tmp_path / "part")
+    assert resumed.restore_latest() and int(resumed.state.rounds) == 2
+    assert resumed.batches.state() == part.batches.state()
+    resumed.train()
+    resumed.close()
+    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(full.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

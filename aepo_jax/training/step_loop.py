@@ -1,0 +1,95 @@
+"""What the RL and SFT trainers share (DESIGN.md, Trainer): checkpoints with
+the data position, the metrics log, and the step loop that saves every
+`checkpoint.every` steps and at the last one.
+
+A trainer subclasses `CheckpointedTrainer`, sets `config`, `state` and `run`
+(a `RunParts`), calls `_open_outputs`, and provides `train_step()` plus the
+data position (`_data_position` / `_restore_data_position`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from aepo_jax.training.build import RunParts
+from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.metrics_log import MetricsLogger
+
+
+class CheckpointedTrainer:
+    """Checkpoint, resume, log and loop over `train_step()`; see the module docstring."""
+
+    config: ml_collections.ConfigDict
+    state: Any  # TrainState; `state.rounds` counts finished steps
+    run: RunParts
+    progress_name: str = "train"
+
+    def _open_outputs(self, workdir: str, process_index: int) -> None:
+        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
+                                         async_save=bool(self.config.checkpoint.async_save))
+        self.logger = MetricsLogger(workdir, tensorboard=bool(self.config.log.tensorboard),
+                                    process_index=process_index)
+        self.process_index = process_index
+
+    # -- what a trainer provides -------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _data_position(self) -> dict:
+        """JSON-able position of the data iterator, saved with each checkpoint."""
+        return {}
+
+    def _restore_data_position(self, position: dict) -> None:
+        """Continue the data iterator from a saved (non-empty) position."""
+
+    def _progress_postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {}
+
+    # -- checkpoints -------------------------------------------------------
+    def restore_latest(self) -> bool:
+        """Continue from the newest complete checkpoint; False when there is none."""
+        if self.checkpointer.latest_step() is None:
+            return False
+        self.state, position = self.checkpointer.restore(self.state, shardings=self.run.state_sharding)
+        if position:
+            self._restore_data_position(position)
+        return True
+
+    def save(self, force: bool = False) -> None:
+        self.checkpointer.save(int(self.state.rounds), self.state, self._data_position(), force=force)
+
+    # -- loop --------------------------------------------------------------
+    def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
+        """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records."""
+        total = int(self.config.train.total_steps)
+        start = int(self.state.rounds)
+        end = total if num_steps is None else min(total, start + num_steps)
+        show = bool(self.config.log.progress_bar) if progress is None else progress
+        bar = None
+        if show and self.process_index == 0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=end - start, desc=self.progress_name, unit="step", dynamic_ncols=True)
+        records = []
+        every = max(1, int(self.config.checkpoint.every))
+        try:
+            for _ in range(start, end):
+                metrics = self.train_step()
+                step = int(self.state.rounds)
+                records.append(self.logger.log(step, metrics))
+                if step % every == 0 or step == end:
+                    self.save(force=True)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(self._progress_postfix(metrics))
+        finally:
+            if bar is not None:
+                bar.close()
+            self.checkpointer.wait_until_finished()
+        return records
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.logger.close()
