@@ -36,7 +36,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.n_distractors = 200
     c.env.max_syllables = 1  # one-syllable names ("Kraiford"): 2-3 pieces to copy into a query
     c.env.hops = 2
-    c.env.kinds = "years_between"  # comma-separated; population kinds copy 6-digit numbers (harder)
+    # Comma-separated question kinds. "years_since" (one search, then `print(2000 - year)`) is
+    # what a 0.2M-parameter model learns in minutes; "years_between" needs two searches and
+    # two copied numbers, the population kinds 6-digit numbers (harder, for bigger runs).
+    c.env.kinds = "years_since"
     c.env.skip_python_prob = 0.5  # the scripts' flaw: answer with the first retrieved number
     c.env.search_topk = 1  # passages per search; top-1 is the right town on this corpus
     c.env.system_prompt = ""  # "" = aepo_jax.envs.facts_task.DEMO_SYSTEM_PROMPT

@@ -21,7 +21,7 @@ import numpy as np
 from aepo_jax.agent.prompts import PromptConfig
 from aepo_jax.agent.protocol import format_tool_result
 from aepo_jax.envs.synthetic_facts import (
-    QUESTION_KINDS,
+    DEFAULT_KINDS,
     FactsEnv,
     Question,
     build_env,
@@ -54,28 +54,19 @@ class TaskFiles:
 
 
 def write_task(directory: str | Path, *, seed: int, n_towns: int, n_train: int, n_heldout: int,
-               n_distractors: int, hops: int = 2, kinds: tuple[str, ...] = QUESTION_KINDS,
+               n_distractors: int, hops: int = 2, kinds: tuple[str, ...] = DEFAULT_KINDS,
                heldout_fraction: float = 0.25, max_syllables: int = 2) -> TaskFiles:
-    """Generate the environment (`build_env`) keeping only questions of `kinds`, and write it to `directory`.
+    """Generate the environment (`build_env`) with questions of `kinds` and write it to `directory`.
 
-    `kinds` is a difficulty knob: `years_between` copies two 4-digit numbers,
-    the population kinds two 6-digit ones. Many towns with few questions each
+    `kinds` is a difficulty knob: `years_since` needs one search and copies one
+    4-digit number, `years_between` two searches and two numbers, the population
+    kinds two 6-digit numbers. Many towns with few questions each
     keep a small model from memorising facts: copying from the tool results
     is then the only way to answer, and that is what transfers to held-out towns.
     """
-    unknown = sorted(set(kinds) - set(QUESTION_KINDS))
-    if unknown or not kinds:
-        raise ValueError(f"kinds must be a non-empty subset of {QUESTION_KINDS}, got {kinds}")
-    # Ask for enough questions that `n` remain of the wanted kinds (kinds rotate evenly).
-    factor = -(-len(QUESTION_KINDS) // len(kinds)) if hops == 2 else 1
-    env = build_env(seed=seed, n_towns=n_towns, n_train=n_train * factor, n_heldout=n_heldout * factor,
-                    hops=hops, n_distractors=n_distractors, heldout_fraction=heldout_fraction,
-                    max_syllables=max_syllables)
-    env = dataclasses.replace(
-        env,
-        train=tuple(q for q in env.train if q.kind in kinds)[:n_train],
-        heldout=tuple(q for q in env.heldout if q.kind in kinds)[:n_heldout],
-    )
+    env = build_env(seed=seed, n_towns=n_towns, n_train=n_train, n_heldout=n_heldout, hops=hops,
+                    n_distractors=n_distractors, heldout_fraction=heldout_fraction, max_syllables=max_syllables,
+                    kinds=tuple(kinds))
     paths = env.write(directory)
     return TaskFiles(env, paths["corpus"], paths["train"], paths["heldout"])
 

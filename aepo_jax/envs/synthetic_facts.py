@@ -105,9 +105,14 @@ def build_corpus(towns: list[Town], n_distractors: int, seed: int) -> list[dict[
 
 
 def make_question(towns: tuple[Town, ...], kind: str, qid: str) -> Question:
-    """A question of `kind` over the given towns (2 towns, or more for `total_population`)."""
+    """A question of `kind` over the given towns (`years_since` uses the first town only)."""
     names = tuple(t.name for t in towns)
-    if kind == "years_between":
+    if kind == "years_since":
+        a = towns[0]
+        text = f"How many years before the year {REFERENCE_YEAR} was {a.name} founded?"
+        answer = REFERENCE_YEAR - a.founded
+        names = (a.name,)
+    elif kind == "years_between":
         a, b = towns
         text = f"How many years passed between the founding of {a.name} and the founding of {b.name}?"
         answer = abs(a.founded - b.founded)
@@ -121,21 +126,27 @@ def make_question(towns: tuple[Town, ...], kind: str, qid: str) -> Question:
         text = f"What is the total population of {listed}?"
         answer = sum(t.population for t in towns)
     else:
-        raise ValueError(f"unknown question kind {kind!r}; expected years_between, population_difference, total_population")
+        raise ValueError(f"unknown question kind {kind!r}; expected one of {QUESTION_KINDS}")
     return Question(qid, text, str(answer), names, kind)
 
 
-QUESTION_KINDS = ("years_between", "population_difference", "total_population")
+QUESTION_KINDS = ("years_between", "population_difference", "total_population", "years_since")
+DEFAULT_KINDS = QUESTION_KINDS[:3]  # two facts each; `years_since` (one fact) is opt-in
+REFERENCE_YEAR = 2000  # `years_since` questions count back from it: one search, one subtraction
 
 
-def make_questions(towns: list[Town], n: int, seed: int, hops: int = 2, prefix: str = "q") -> list[Question]:
-    """`n` questions over `towns`, each needing `hops` towns (`hops > 2` only for totals)."""
+def make_questions(towns: list[Town], n: int, seed: int, hops: int = 2, prefix: str = "q",
+                   kinds: tuple[str, ...] = DEFAULT_KINDS) -> list[Question]:
+    """`n` questions over `towns`, each needing `hops` towns (`hops > 2` only for totals), kinds in turn."""
     if hops < 2:
         raise ValueError(f"hops must be >= 2, got {hops}")
     if len(towns) < hops:
         raise ValueError(f"need at least {hops} towns to ask {hops}-hop questions, got {len(towns)}")
     rng = np.random.default_rng(seed)
-    kinds = QUESTION_KINDS if hops == 2 else ("total_population",)
+    unknown = sorted(set(kinds) - set(QUESTION_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be a non-empty subset of {QUESTION_KINDS}, got {kinds}")
+    kinds = kinds if hops == 2 else ("total_population",)  # years_since ignores the second town
     out = []
     for i in range(n):
         picked = tuple(towns[j] for j in rng.choice(len(towns), size=hops, replace=False))
@@ -182,6 +193,7 @@ def build_env(
     hops: int = 2,
     n_distractors: int = 60,
     max_syllables: int = 2,
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
 ) -> FactsEnv:
     """Generate towns, split them into train and held-out sets, and ask questions on each side."""
     if not 0.0 < heldout_fraction < 1.0:
@@ -190,13 +202,13 @@ def build_env(
     n_held = max(hops, round(n_towns * heldout_fraction))
     held_towns, train_towns = towns[:n_held], towns[n_held:]
     corpus = build_corpus(towns, n_distractors, seed + 1)
-    train = make_questions(train_towns, n_train, seed + 2, hops, prefix="train")
-    heldout = make_questions(held_towns, n_heldout, seed + 3, hops, prefix="heldout")
+    train = make_questions(train_towns, n_train, seed + 2, hops, prefix="train", kinds=kinds)
+    heldout = make_questions(held_towns, n_heldout, seed + 3, hops, prefix="heldout", kinds=kinds)
     return FactsEnv(tuple(towns), tuple(corpus), tuple(train), tuple(heldout))
 
 
 def _fact_name(kind: str) -> str:
-    return "founded" if kind == "years_between" else "population"
+    return "founded" if kind in ("years_between", "years_since") else "population"
 
 
 def scripted_segments(
@@ -220,7 +232,9 @@ def scripted_segments(
     if rng.random() < skip_python_prob:
         segments.append(f"\n<answer>\\boxed{{{values[0]}}}</answer>")
         return segments
-    if question.kind == "years_between":
+    if question.kind == "years_since":
+        code = f"print({REFERENCE_YEAR} - {values[0]})"
+    elif question.kind == "years_between":
         code = f"print(abs({values[0]} - {values[1]}))"
     elif question.kind == "population_difference":
         code = f"print({values[0]} - {values[1]})"

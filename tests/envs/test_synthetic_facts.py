@@ -5,7 +5,13 @@ import re
 import numpy as np
 import pytest
 
-from aepo_jax.envs.synthetic_facts import build_env, make_questions, scripted_segments
+from aepo_jax.envs.synthetic_facts import (
+    DEFAULT_KINDS,
+    QUESTION_KINDS,
+    build_env,
+    make_questions,
+    scripted_segments,
+)
 
 
 def _facts_from_corpus(corpus):
@@ -18,18 +24,22 @@ def _facts_from_corpus(corpus):
     return facts
 
 
-def test_answers_follow_from_the_corpus_text():
-    env = build_env(seed=3, n_train=90, n_heldout=30)
+@pytest.mark.parametrize("kinds", [DEFAULT_KINDS, QUESTION_KINDS])
+def test_answers_follow_from_the_corpus_text(kinds):
+    env = build_env(seed=3, n_train=90, n_heldout=30, kinds=kinds)
     facts = _facts_from_corpus(env.corpus)
     assert len(facts) == len(env.towns)
     for q in env.train + env.heldout:
         years = [facts[n][0] for n in q.towns]
         pops = [facts[n][1] for n in q.towns]
-        expected = {
-            "years_between": abs(years[0] - years[1]),
-            "population_difference": pops[0] - pops[1],
-            "total_population": sum(pops),
-        }[q.kind]
+        if q.kind == "years_between":
+            expected = abs(years[0] - years[1])
+        elif q.kind == "population_difference":
+            expected = pops[0] - pops[1]
+        elif q.kind == "total_population":
+            expected = sum(pops)
+        else:
+            expected = 2000 - years[0]
         assert q.answer == str(expected), q
         assert all(name in q.question for name in q.towns)
 
@@ -63,3 +73,14 @@ def test_bad_arguments_raise_clear_errors():
         make_questions(list(env.towns), 3, seed=0, hops=1)
     with pytest.raises(ValueError, match="heldout_fraction"):
         build_env(heldout_fraction=1.5)
+
+
+def test_years_since_needs_one_search_and_one_subtraction():
+    env = build_env(seed=2, n_train=10, n_heldout=2, kinds=("years_since",))
+    towns = {t.name: t for t in env.towns}
+    q = env.train[0]
+    assert q.kind == "years_since" and len(q.towns) == 1
+    segments = scripted_segments(q, towns, np.random.default_rng(0))
+    assert segments[1] == f"\n<python>print(2000 - {towns[q.towns[0]].founded})</python>"
+    with pytest.raises(ValueError, match="kinds"):
+        build_env(seed=2, n_train=2, n_heldout=2, kinds=("distance",))
