@@ -72,3 +72,50 @@ def check_config_arguments(argv: list[str]) -> None:
                 raise SystemExit(f"unknown config key {dotted!r} in {arg!r}: {where} has no {part!r}; "
                                  f"its keys are {known}")
             node, walked = node[part], walked + [part]
+
+
+def define_run_flags() -> tuple:
+    """`--config`, `--workdir` and `--resume` of the training entry points (call once, at import)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    config = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg])",
+                                             lock_config=True)
+    workdir = flags.DEFINE_string("workdir", None, "run directory: metrics, checkpoints, config")
+    resume = flags.DEFINE_bool("resume", False, "continue from the newest complete checkpoint in WORKDIR")
+    flags.mark_flags_as_required(["config", "workdir"])
+    return config, workdir, resume
+
+
+def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer) -> int:
+    """The body `launch.train` and `launch.sft` share.
+
+    Initialises multi-host JAX when the environment asks for it, prepares
+    WORKDIR, builds the agent environment (tokenizer, tools), sizes a fresh
+    model's vocabulary to the tokenizer, then `make_trainer(cfg, env,
+    process_index, process_count)` -> a trainer that is resumed (with
+    `resume`), trained and closed; the environment's processes are stopped
+    whatever happens.
+    """
+    from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+    process_index, process_count = maybe_initialize_distributed(cfg.distributed)
+
+    from aepo_jax.training.agent_env import build_agent_environment
+
+    prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)
+    env = build_agent_environment(cfg, workdir)
+    trainer = None
+    try:
+        if not cfg.model.checkpoint_dir:
+            with cfg.unlocked():
+                cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+        trainer = make_trainer(cfg, env, process_index, process_count)
+        if resume and trainer.restore_latest():
+            print(f"resumed from step {int(trainer.state.rounds)}", flush=True)
+        trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+        env.close()
+    return 0

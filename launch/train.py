@@ -15,52 +15,34 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg])",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory: metrics, checkpoints, config")
-_RESUME = flags.DEFINE_bool("resume", False, "continue from the newest complete checkpoint in WORKDIR")
-flags.mark_flags_as_required(["config", "workdir"])
+from launch.run_setup import define_run_flags
+
+_CONFIG, _WORKDIR, _RESUME = define_run_flags()
+
+
+def make_rl_trainer(cfg, env, process_index: int, process_count: int):
+    """An `RLTrainer` over the agent environment's real rollout."""
+    from aepo_jax.training.agent_env import pipeline_for
+    from aepo_jax.training.build import init_model
+    from aepo_jax.training.rl_trainer import RLTrainer
+
+    graphdef, params = init_model(cfg)
+    return RLTrainer(
+        cfg, _WORKDIR.value, rollout_fn=env.make_rollout_fn(cfg, graphdef, params),
+        pipeline=pipeline_for(cfg, env.examples, process_index, process_count),
+        encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
+        pad_id=int(env.tokenizer.pad_id), process_index=process_index,
+    )
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from aepo_jax.parallel.distributed import maybe_initialize_distributed
+    from launch.run_setup import run_training
 
-    cfg = _CONFIG.value
-    process_index, process_count = maybe_initialize_distributed(cfg.distributed)
-
-    from aepo_jax.training.agent_env import build_agent_environment, pipeline_for
-    from aepo_jax.training.build import init_model
-    from aepo_jax.training.rl_trainer import RLTrainer
-    from launch.run_setup import prepare_workdir
-
-    workdir = _WORKDIR.value
-    prepare_workdir(cfg, workdir, resume=_RESUME.value, process_index=process_index)
-    env = build_agent_environment(cfg, workdir)
-    trainer = None
-    try:
-        if not cfg.model.checkpoint_dir:
-            with cfg.unlocked():
-                cfg.model.vocab_size = int(env.tokenizer.vocab_size)
-        graphdef, params = init_model(cfg)
-        trainer = RLTrainer(
-            cfg, workdir, rollout_fn=env.make_rollout_fn(cfg, graphdef, params),
-            pipeline=pipeline_for(cfg, env.examples, process_index, process_count),
-            encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
-            pad_id=int(env.tokenizer.pad_id), process_index=process_index,
-        )
-        if _RESUME.value and trainer.restore_latest():
-            print(f"resumed from step {int(trainer.state.rounds)}", flush=True)
-        trainer.train()
-    finally:
-        if trainer is not None:
-            trainer.close()
-        env.close()
-    return 0
+    return run_training(_CONFIG.value, _WORKDIR.value, _RESUME.value, make_rl_trainer)
 
 
 if __name__ == "__main__":
