@@ -97,6 +97,13 @@ class SFTTrainer(CheckpointedTrainer):
                  graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0):
         from aepo_jax.training.build import preset_from
 
+        max_len = int(config.train.max_seq_len)
+        too_long = [i for i, r in enumerate(batches.records) if len(r["tokens"]) > max_len]
+        if too_long:
+            longest = max(len(batches.records[i]["tokens"]) for i in too_long)
+            raise ValueError(f"{len(too_long)} of {len(batches.records)} SFT records are longer than "
+                             f"train.max_seq_len={max_len} (longest {longest} tokens, record {too_long[0]} first); "
+                             f"raise --config.train.max_seq_len or shorten the records")
         self.config, self.batches, self.pad_id = config, batches, pad_id
         self.run: RunParts = build_run(config, graphdef, params)
         self.state = self.run.state

@@ -4,6 +4,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from aepo_jax.agent.scripted import ByteTokenizer
 from aepo_jax.training.sft_trainer import (
@@ -90,3 +91,14 @@ def test_sft_resume_continues_exactly_with_the_batch_position(tmp_path):
     resumed.close()
     for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(full.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_records_longer_than_max_seq_len_are_refused_naming_the_key(tmp_path):
+    records = [{"tokens": list(range(1, 10)), "mask": np.ones(9, np.float32)},
+               {"tokens": list(range(1, 30)), "mask": np.ones(29, np.float32)}]
+    cfg = get_config()
+    cfg.train.max_seq_len = 16
+    graphdef, params = tiny_model()
+    with pytest.raises(ValueError, match=r"1 of 2 SFT records are longer than train.max_seq_len=16 \(longest 29"):
+        SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
+                   params=params)
