@@ -57,6 +57,8 @@ def decode_example(raw: Mapping[str, Any]) -> Example:
 def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number from 1, row dict) for each row of a JSONL or parquet file; blank lines skipped."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass one JSONL or parquet file")
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     if path.suffix == ".parquet":

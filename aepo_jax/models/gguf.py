@@ -191,6 +191,8 @@ def load_gguf(path: str | os.PathLike, dtype: Any = jnp.float32, *, add_agent_to
     from aepo_jax.models.hf_checkpoint import model_from_hf_tensors
 
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; load_gguf takes the .gguf file itself")
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:

@@ -56,6 +56,8 @@ class SequenceBatches:
     """Endless shuffled batches of token records with a resumable position."""
 
     def __init__(self, records: Sequence[dict], batch_size: int, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"SFT batch_size must be >= 1, got {batch_size}")
         if len(records) < batch_size:
             raise ValueError(f"{len(records)} SFT records are fewer than one batch of {batch_size}")
         self.records, self.batch_size, self.seed = list(records), int(batch_size), int(seed)

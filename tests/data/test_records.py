@@ -111,6 +111,8 @@ def test_bad_json_and_missing_file(tmp_path):
         read_examples(path)
     with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
         read_examples(tmp_path / "nowhere.jsonl")
+    with pytest.raises(IsADirectoryError, match="is a directory; pass one JSONL or parquet file"):
+        read_examples(tmp_path)
     with pytest.raises(ValueError, match="unknown dataset layout"):
         example_from_row(
             {"question": "q", "answer": "a"}, layout="csv", data_source="x", where="w"

@@ -219,6 +219,8 @@ def test_gguf_of_another_architecture_is_refused_by_name(tmp_path):
 def test_gguf_bad_files_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="GGUF file not found"):
         load_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(IsADirectoryError, match="is a directory; load_gguf takes the .gguf file"):
+        load_gguf(tmp_path)
     (tmp_path / "junk.gguf").write_bytes(b"GGUF but not really" * 10)
     with pytest.raises(ValueError, match="not a readable GGUF file"):
         load_gguf(tmp_path / "junk.gguf")

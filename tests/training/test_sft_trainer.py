@@ -93,6 +93,14 @@ def test_sft_resume_continues_exactly_with_the_batch_position(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_sequence_batches_reject_bad_sizes():
+    records = [{"tokens": [1, 2], "mask": np.ones(2, np.float32)}] * 3
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        SequenceBatches(records, batch_size=0)
+    with pytest.raises(ValueError, match="3 SFT records are fewer than one batch of 4"):
+        SequenceBatches(records, batch_size=4)
+
+
 def test_records_longer_than_max_seq_len_are_refused_naming_the_key(tmp_path):
     records = [{"tokens": list(range(1, 10)), "mask": np.ones(9, np.float32)},
                {"tokens": list(range(1, 30)), "mask": np.ones(29, np.float32)}]
