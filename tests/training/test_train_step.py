@@ -145,7 +145,9 @@ def test_bf16_compute_step_stays_float32_and_close(setup):
                         params, tx, batch)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16.params))
     assert all(x.dtype in (jnp.float32, jnp.int32) for x in jax.tree.leaves(bf16.opt_state))
-    np.testing.assert_allclose(bf16_m["loss"], f32_m["loss"], rtol=0.1, atol=0.02)
+    # bfloat16 keeps ~3 significant digits: measured |diff| 8e-4 on a loss of 0.63 (rtol 1.3e-3);
+    # rtol 1e-2 still refuses e.g. a lost term of the loss (the old 0.1 + 0.02 allowed a 13% error).
+    np.testing.assert_allclose(bf16_m["loss"], f32_m["loss"], rtol=1e-2)
 
 
 def test_uneven_micro_batch_is_a_clear_error(setup):
