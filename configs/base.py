@@ -100,6 +100,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.max_seq_len = 8192  # padded training length (prompt + response)
     c.train.length_bucket = 256  # pad T up to a multiple of this: few compiled shapes
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
+    # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
+    # update (docs/packing.md); "flat": every trajectory padded to T. Loss and gradients are the same.
+    c.train.pack = "tree"
+    c.train.row_len = config_dict.placeholder(int)  # packed row length; None: the flat T of the step
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-6  # paper: AdamW lr 1e-6, constant

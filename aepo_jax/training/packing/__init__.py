@@ -32,6 +32,12 @@ from aepo_jax.training.packing.packed_step import (
     packed_loss_and_grads,
     packed_rl_loss_fn,
 )
+from aepo_jax.training.packing.trainer_batches import (
+    PackingTally,
+    place_tree_batch,
+    rows_to_sequences,
+    tree_batch_shardings,
+)
 from aepo_jax.training.packing.trie import (
     PrefixForest,
     build_prefix_forest,
@@ -43,6 +49,7 @@ __all__ = [
     "PACK_MODES",
     "PackedLayout",
     "PackingStats",
+    "PackingTally",
     "PrefixForest",
     "ancestor_mask",
     "build_packed_batch",
@@ -59,6 +66,9 @@ __all__ = [
     "packed_loss_and_grads",
     "packed_rl_loss_fn",
     "per_sequence_values",
+    "place_tree_batch",
     "preorder_and_sizes",
+    "rows_to_sequences",
+    "tree_batch_shardings",
     "unpack_flat",
 ]

@@ -1,0 +1,110 @@
+"""The RL trainer's update batches in the `train.pack` layout, and the packing counts it logs.
+
+The trainer scores rollouts and computes advantages on flat padded rows
+(`training/rollout_batch.py`), then updates on mini-batches of whole groups.
+For `pack = "tree"` a mini-batch's flat rows become per-trajectory sequences
+again (`rows_to_sequences`) and are tree-packed with the flat `T`
+(`build_train_batch(..., max_len=T, length_multiple=T)`), so every
+`T`-dependent aggregation (Dr. GRPO's constant normaliser) is the flat one.
+A tree batch has a leading micro-batch axis `[M, ...]`; its rows (axis 1) go
+over the data-parallel axes (`place_tree_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from aepo_jax.parallel.sharding import logical_to_spec
+from aepo_jax.training.packing.packed_batch import PackingStats
+
+# Per-token arrays a tree batch carries per trajectory (the step recomputes entropies itself).
+SEQUENCE_KEYS = ("mask", "logp_old", "advantages", "logp_ref")
+
+
+def rows_to_sequences(batch: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """Flat right-padded rows -> one dict per row: `tokens` up to its `valid` length and the
+    per-token `SEQUENCE_KEYS` present in `batch`, cut to the same length."""
+    keys = [k for k in SEQUENCE_KEYS if k in batch]
+    lengths = np.asarray(batch["valid"])[np.asarray(rows)].sum(axis=1)  # [n]
+    sequences = []
+    for row, n in zip(rows, lengths, strict=True):
+        if n < 1:
+            raise ValueError(f"row {int(row)} has no valid token; only real trajectories can be packed")
+        sequence = {"tokens": np.asarray(batch["input_ids"][row, :n])}
+        sequence.update({k: np.asarray(batch[k][row, :n]) for k in keys})
+        sequences.append(sequence)
+    return sequences
+
+
+def tree_batch_shardings(batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
+    """`[M, rows, ...]` arrays: axis 1 over the batch (data, fsdp) axes, the micro-batch axis replicated."""
+    out = {}
+    for key, value in batch.items():
+        if np.ndim(value) < 2:
+            raise ValueError(f"tree batch array {key!r} has shape {np.shape(value)}; expected [M, rows, ...]")
+        names = (None, "batch") + (None,) * (np.ndim(value) - 2)
+        out[key] = NamedSharding(mesh, logical_to_spec(names, mesh=mesh))
+    return out
+
+
+def place_tree_batch(batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+    """Host tree batch -> device arrays sharded by `tree_batch_shardings`."""
+    return jax.device_put(dict(batch), tree_batch_shardings(batch, mesh))
+
+
+@dataclass
+class PackingTally:
+    """Tokens computed by the updates of one RL step versus the flat padded layout.
+
+    `flat_tokens`: real tokens of the trained trajectories; `flat_slots`: the
+    `[B, T]` slots the flat step computes; `computed_tokens` / `computed_slots`:
+    what this step's layout computed (tree: unique prefix nodes plus ancestor
+    copies / all `[M, R, L]` slots; flat: the same as the flat counts).
+    """
+
+    flat_tokens: int = 0
+    flat_slots: int = 0
+    computed_tokens: int = 0
+    computed_slots: int = 0
+    unique_tokens: int = 0
+    copied_tokens: int = 0
+    packed_rows: int = 0
+    tree_batches: int = 0
+
+    def add_flat(self, tokens: int, slots: int) -> None:
+        self.flat_tokens += int(tokens)
+        self.flat_slots += int(slots)
+        self.computed_tokens += int(tokens)
+        self.computed_slots += int(slots)
+
+    def add_tree(self, stats: PackingStats, flat_slots: int) -> None:
+        """One tree mini-batch; `flat_slots` is what the flat step would compute for it."""
+        self.flat_tokens += stats.flat_tokens
+        self.flat_slots += int(flat_slots)
+        self.computed_tokens += stats.packed_tokens
+        self.computed_slots += stats.packed_slots
+        self.unique_tokens += stats.unique_tokens
+        self.copied_tokens += stats.copied_tokens
+        self.packed_rows += stats.rows
+        self.tree_batches += 1
+
+    def metrics(self) -> dict[str, float]:
+        """`pack/*` entries of the metrics line; the ratios are the compute saving (flat / computed)."""
+        out = {
+            "pack/flat_tokens": float(self.flat_tokens),
+            "pack/flat_slots": float(self.flat_slots),
+            "pack/computed_tokens": float(self.computed_tokens),
+            "pack/computed_slots": float(self.computed_slots),
+            "pack/token_ratio": self.flat_tokens / max(self.computed_tokens, 1),
+            "pack/slot_ratio": self.flat_slots / max(self.computed_slots, 1),
+        }
+        if self.tree_batches:
+            out.update({"pack/unique_tokens": float(self.unique_tokens),
+                        "pack/copied_tokens": float(self.copied_tokens),
+                        "pack/rows": float(self.packed_rows)})
+        return out

@@ -1,0 +1,151 @@
+"""`train.pack = "tree"` versus `"flat"` in the RL trainer: one step on the same real
+AEPO rollout of the tiny model (real sampler and agent loop, AEPO branching at tool
+results so trajectories share whole turns) gives the same loss, metrics and updated
+parameters, and the tree step logs that it computed fewer tokens."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from aepo_jax.agent.forcing import ToolForcingGenerator
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.prompts import PromptConfig, render_prompts
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.data import PromptPipeline
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.sampling import Sampler
+from aepo_jax.tokenizers import train_sentencepiece
+from aepo_jax.tools import ToolRegistry
+from aepo_jax.training.rl_trainer import RLTrainer
+from configs.aepo_tiny import get_config as aepo_config
+
+QUESTIONS = ["How many people live in Brindle?", "When was the Ostwick bridge built?"]
+SYSTEM = "Think, then use <search>query</search> or <python>code</python>; answer as <answer>\\boxed{x}</answer>."
+
+
+class ReplayedRollout:
+    """The real AEPO rollout, run once on the first call and replayed after it, so that
+    both trainers train on the very same trees (the sampler is not what is compared)."""
+
+    def __init__(self, tok, graphdef, params):
+        self.tok, self.graphdef, self.initial = tok, graphdef, params
+        self.cache = {}
+        self.branches = 0
+
+    def __call__(self, prompts, k, params, key, rng):
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(self.initial), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a first step: initial weights
+        cache_key = (tuple(map(tuple, prompts)), k)
+        if cache_key not in self.cache:
+            self.cache[cache_key] = self._run(prompts, k, params, key, rng)
+        return self.cache[cache_key]
+
+    def _run(self, prompts, k, params, key, rng):
+        tok = self.tok
+        sampler = Sampler(self.graphdef, params, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
+                          stop_sequences=agent_stop_sequences(tok), max_cache_len=512, seed=0)
+        plan = [tok.encode("<search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
+                tok.encode("<answer>\\boxed{42}</answer>")]
+        generator = ToolForcingGenerator(sampler, self.graphdef, params, plan, free_tokens=4)
+        registry = ToolRegistry({}, max_workers=2)  # every call gets the registry's failure text (mask 0)
+        loop = AgentLoop(generator, tok, registry, LoopConfig(max_tool_calls=3, max_response_tokens=120,
+                                                              max_context_len=256))
+        # AEPO with a fixed budget of one global sample and tau = 0: the group is a branched tree.
+        config = RolloutConfig(strategy="aepo", initial_rollouts=1, dynamic_budget=False, branch_threshold=0.0)
+        try:
+            groups, stats = rollout(prompts, k, loop=loop, config=config, rng=rng, key=key)
+        finally:
+            registry.close()
+        self.branches += sum(not t.is_global for g in groups for t in g)
+        return groups, stats.as_dict()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    texts = QUESTIONS + [SYSTEM, "Brindle river town people Ostwick bridge print(6 * 7) the a of in is to"] * 3
+    tok = train_sentencepiece(texts, vocab_size=400, special_tokens=AGENT_SPECIAL_TOKENS)
+    graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
+    params = jax.tree.map(np.array, params)  # host copy: each trainer donates its own device buffers
+    prompts = {q: ids for q, ids in zip(QUESTIONS, render_prompts(tok, QUESTIONS, PromptConfig(system_prompt=SYSTEM)))}
+    return tok, graphdef, params, prompts, ReplayedRollout(tok, graphdef, params)
+
+
+def _config(pack: str):
+    c = aepo_config()
+    c.train.pack = pack
+    c.data.prompts_per_step = 2
+    c.rollout.k = 4
+    c.train.mini_batch_prompts = 2  # one update over both groups ...
+    c.train.micro_batch_size = 2  # ... accumulated over micro-batches (flat: 4 of 2 rows; tree: 2 of one group)
+    c.train.max_seq_len = 512
+    c.train.length_bucket = 64
+    c.total_steps = 1
+    c.optim.warmup_steps = 0  # the tiny config warms up from lr 0: the first update would be a no-op
+    # Adam's first step is lr * g / (|g| + eps): with eps = 1e-8 it is ~lr * sign(g), so a gradient within
+    # float32 rounding of zero may move a weight by up to lr either way. A larger eps keeps the update a
+    # smooth function of the gradient, so equal gradients show as equal parameters.
+    c.optim.eps = 1e-3
+    c.log.progress_bar = False
+    c.log.tensorboard = False
+    c.checkpoint.async_save = False
+    return c
+
+
+def _reward(example, trajectory):
+    """Fraction of response tokens with an even id: differs between branches of a tree."""
+    del example
+    return float(np.mean(np.asarray(trajectory.response_ids) % 2 == 0))
+
+
+def _one_step(setup, pack, workdir):
+    _, graphdef, params, _, rollout_fn = setup
+    cfg = _config(pack)
+    examples = [{"id": f"q{i}", "question": q, "answers": ["42"], "data_source": "test"}
+                for i, q in enumerate(QUESTIONS)]
+    trainer = RLTrainer(cfg, str(workdir), rollout_fn=rollout_fn, pipeline=PromptPipeline(examples, 2, seed=0),
+                        encode_prompt=lambda ex: prompts[ex["question"]], reward_fn=_reward,
+                        graphdef=graphdef, params=jax.tree.map(jnp.asarray, params), pad_id=tok.pad_id)
+    try:
+        metrics = trainer.train_step()
+        return metrics, jax.device_get(trainer.state.params)
+    finally:
+        trainer.close()
+
+
+def test_tree_and_flat_trainer_steps_agree(setup, tmp_path):
+    tree_metrics, tree_params = _one_step(setup, "tree", tmp_path / "tree")
+    flat_metrics, flat_params = _one_step(setup, "flat", tmp_path / "flat")
+    assert setup[4].branches > 0  # the rollout really branched
+    assert tree_metrics["updates"] == flat_metrics["updates"] == 1.0
+
+    np.testing.assert_allclose(tree_metrics["loss"], flat_metrics["loss"], rtol=1e-5, atol=1e-7)
+    assert abs(flat_metrics["loss"]) > 1e-6
+    for key in ("grad_norm", "clip_frac_upper", "train_tokens", "entropy_mean", "adv/advantage_mean"):
+        if key in flat_metrics:
+            np.testing.assert_allclose(tree_metrics[key], flat_metrics[key], rtol=2e-5, atol=1e-7, err_msg=key)
+    initial = setup[2]
+    moved = 0.0
+    for t, f, p in zip(jax.tree.leaves(tree_params), jax.tree.leaves(flat_params), jax.tree.leaves(initial),
+                       strict=True):
+        np.testing.assert_allclose(np.asarray(t), np.asarray(f), rtol=1e-5, atol=1e-6)
+        moved = max(moved, float(np.abs(np.asarray(f) - np.asarray(p)).max()))
+    assert moved > 1e-4  # the update is not a no-op (lr 1e-3)
+
+    # packing statistics: same flat counts, fewer tokens computed by the tree step
+    assert tree_metrics["pack/flat_tokens"] == flat_metrics["pack/flat_tokens"] > 0
+    assert tree_metrics["pack/flat_slots"] == flat_metrics["pack/flat_slots"]
+    assert flat_metrics["pack/token_ratio"] == 1.0 and flat_metrics["pack/slot_ratio"] == 1.0
+    assert tree_metrics["pack/computed_tokens"] == tree_metrics["pack/unique_tokens"] + tree_metrics[
+        "pack/copied_tokens"]
+    assert tree_metrics["pack/computed_tokens"] < tree_metrics["pack/flat_tokens"]
+    assert tree_metrics["pack/token_ratio"] > 1.5  # four trajectories per group share the prompt and turns
+
+
+def test_unknown_pack_mode_is_a_clear_error(setup, tmp_path):
+    _, graphdef, params, _, rollout_fn = setup
+    with pytest.raises(ValueError, match="unknown train.pack 'ragged'"):
+        RLTrainer(_config("ragged"), str(tmp_path), rollout_fn=rollout_fn, pipeline=iter([]),
+                  encode_prompt=lambda ex: [], reward_fn=_reward, graphdef=graphdef, params=params)
