@@ -123,19 +123,29 @@ def test_optimizer_moments_follow_parameter_sharding(setup):
 def test_sft_loss_is_masked_next_token_nll_float64_reference(setup):
     graphdef, params, batch, tx, schedule = setup
     cfg = StepConfig(micro_batch_size=4)
+    forward = jax.jit(forward_logits, static_argnums=0)
+    # Make each row's last trained token the model's own argmax there (the logits before it do not
+    # see it), so token_accuracy is not trivially 0 for a random model.
+    batch = dict(batch, input_ids=np.array(batch["input_ids"]))
+    before = np.asarray(forward(graphdef, params, batch))  # [B, T, V]
+    for b in range(batch["input_ids"].shape[0]):
+        last = np.flatnonzero(batch["mask"][b])[-1]
+        batch["input_ids"][b, last] = np.argmax(before[b, last - 1])
     _, metrics = _run(make_sft_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
-    logits = np.asarray(jax.jit(forward_logits, static_argnums=0)(graphdef, params, batch), np.float64)  # [B, T, V]
+    logits = np.asarray(forward(graphdef, params, batch), np.float64)  # [B, T, V]
     shifted = logits - logits.max(-1, keepdims=True)
     log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     ids, mask = batch["input_ids"], batch["mask"]
-    nll, count = 0.0, 0.0
+    nll, count, hits = 0.0, 0.0, 0
     for b in range(ids.shape[0]):
         for t in range(1, ids.shape[1]):
             if mask[b, t]:
                 nll -= log_softmax[b, t - 1, ids[b, t]]
+                hits += int(np.argmax(logits[b, t - 1]) == ids[b, t])
                 count += 1
     np.testing.assert_allclose(metrics["loss"], nll / count, rtol=1e-5)
-    assert 0 <= metrics["token_accuracy"] <= 1
+    assert hits >= batch["input_ids"].shape[0]
+    assert metrics["token_accuracy"] == pytest.approx(hits / count, abs=1e-6)
 
 
 def test_bf16_compute_step_stays_float32_and_close(setup):
