@@ -101,7 +101,7 @@ def _reward(example, trajectory):
 
 
 def _one_step(setup, pack, workdir):
-    _, graphdef, params, _, rollout_fn = setup
+    tok, graphdef, params, prompts, rollout_fn = setup
     cfg = _config(pack)
     examples = [{"id": f"q{i}", "question": q, "answers": ["42"], "data_source": "test"}
                 for i, q in enumerate(QUESTIONS)]
