@@ -18,6 +18,7 @@ import json
 import logging as std_logging
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -78,6 +79,7 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
     runs: list[dict[str, Any]] = []
     try:
         log(f"SFT cold start ({cfg.sft.steps} steps), shared by every run")
+        shutil.rmtree(os.path.join(workdir, "sft"), ignore_errors=True)
         graphdef, sft_params, _ = run_sft(cfg, demo, os.path.join(workdir, "sft"), progress=progress, log=log)
         heldout = demo.heldout_examples[: int(cfg.eval.questions)]
         sft = evaluate_policy(cfg, demo, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1, progress=progress)
@@ -87,6 +89,7 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
                 run_cfg = with_algorithm(cfg, algorithm)
                 run_cfg.seed = int(seed)
                 run_dir = os.path.join(workdir, f"{algorithm}_seed{seed}")
+                shutil.rmtree(run_dir, ignore_errors=True)  # a rerun replaces, never resumes, a run
                 log(f"{algorithm} seed {seed}: {run_cfg.train.total_steps} RL steps")
                 t = time.perf_counter()
                 params, records = run_rl(run_cfg, demo, graphdef, sft_params, run_dir, progress=progress)
