@@ -70,6 +70,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"EvalConfig.n must be >= 1, got {self.n}")
+        _ = self.sampling_params  # SamplingParams checks temperature / top_p / top_k now, not at the first rollout
         if self.greedy and self.n != 1:
             raise ValueError(f"greedy decoding gives {self.n} identical samples: use n=1 with greedy, "
                              "or sampling (greedy=False) for n > 1")

@@ -67,6 +67,11 @@ def compute_advantages(
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     mask = jnp.asarray(mask, jnp.float32)
+    if rewards.ndim != 1 or mask.ndim != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"compute_advantages needs rewards [B] and mask [B, T], got {rewards.shape} and {mask.shape}")
+    for name, value in (("entropy", entropy), ("kl", kl)):
+        if value is not None and jnp.shape(value) != mask.shape:
+            raise ValueError(f"{name} must be [B, T] like mask {mask.shape}, got {jnp.shape(value)}")
     metrics: dict[str, jax.Array] = {}
     if preset.overlong_shaping:
         penalty = overlong_penalty(

@@ -135,3 +135,10 @@ def test_compute_advantages_jits_for_array_only_presets():
     eager, _ = compute_advantages(preset, REWARDS, GROUPS, MASK, entropy=entropy,
                                   shared_prefix_len=shared)
     np.testing.assert_allclose(np.asarray(adv), np.asarray(eager), rtol=1e-6)
+
+
+def test_compute_advantages_names_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"rewards \[B\] and mask \[B, T\], got \(4,\) and \(3, 3\)"):
+        compute_advantages(get_preset("grpo"), REWARDS, GROUPS, np.ones((3, 3)))
+    with pytest.raises(ValueError, match=r"entropy must be \[B, T\] like mask \(4, 3\), got \(4, 2\)"):
+        compute_advantages(get_preset("aepo"), REWARDS, GROUPS, MASK, entropy=np.ones((4, 2)))
