@@ -41,8 +41,8 @@ from aepo_jax.training.build import (
 from aepo_jax.training.packing import (
     DEFAULT_PACK,
     PackingTally,
-    build_train_batch,
     make_train_step_for_pack,
+    pack_mini_batch,
     place_tree_batch,
     rows_to_sequences,
 )
@@ -216,10 +216,8 @@ class RLTrainer(CheckpointedTrainer):
         """The mini-batch `row_ids` of the flat rows, on the mesh in the `train.pack` layout.
 
         "tree" packs the rows' trajectories with the flat `T` (Dr. GRPO's
-        normaliser needs it) into whole-group micro-batches of about
-        `micro_batch_size` trajectories; its rows are padded to the
-        data-parallel size only (a micro-batch is fixed by its groups, so
-        padding to `micro_batch_size` would only add empty rows).
+        normaliser needs it) into whole-group micro-batches of about the flat
+        micro-batch's slots (`pack_mini_batch`).
         """
         length = batch["input_ids"].shape[1]  # T
         flat_slots = rows_per_mini * length
@@ -227,12 +225,12 @@ class RLTrainer(CheckpointedTrainer):
             tally.add_flat(int(batch["valid"][row_ids].sum()), flat_slots)
             return place_batch(_pad_rows(select_rows(batch, row_ids), rows_per_mini), self.run.mesh)
         train = self.config.train
-        tree, stats = build_train_batch(
-            rows_to_sequences(batch, row_ids), self.pack, group_ids=group_ids[row_ids], max_len=length,
-            row_len=train.get("row_len"), micro_batch_size=int(train.micro_batch_size), pad_id=self.pad_id,
-            row_multiple=data_parallel_size(self.run.mesh), length_multiple=length,
+        tree, stats = pack_mini_batch(
+            rows_to_sequences(batch, row_ids), group_ids[row_ids], length, row_len=train.get("row_len"),
+            micro_batch_size=int(train.micro_batch_size), data_parallel=data_parallel_size(self.run.mesh),
+            pad_id=self.pad_id,
         )
-        tally.add_tree(stats, flat_slots)
+        tally.add_tree(stats, flat_slots, tree["mask"].shape[0])
         return place_tree_batch(tree, self.run.mesh)
 
     def train_step(self) -> dict[str, float]:

@@ -19,6 +19,7 @@ from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler
 from aepo_jax.tokenizers import train_sentencepiece
 from aepo_jax.tools import ToolRegistry
+from aepo_jax.training.packing import pack_mini_batch
 from aepo_jax.training.rl_trainer import RLTrainer
 from configs.aepo_tiny import get_config as aepo_config
 
@@ -80,6 +81,7 @@ def _config(pack: str):
     c.rollout.k = 4
     c.train.mini_batch_prompts = 2  # one update over both groups ...
     c.train.micro_batch_size = 2  # ... accumulated over micro-batches (flat: 4 of 2 rows; tree: 2 of one group)
+    c.mesh.shape = {"data": 2, "fsdp": 1, "tensor": -1}  # rows over 2 devices, so a tree micro-batch fills them
     c.train.max_seq_len = 512
     c.train.length_bucket = 64
     c.total_steps = 1
@@ -142,6 +144,8 @@ def test_tree_and_flat_trainer_steps_agree(setup, tmp_path):
         "pack/copied_tokens"]
     assert tree_metrics["pack/computed_tokens"] < tree_metrics["pack/flat_tokens"]
     assert tree_metrics["pack/token_ratio"] > 1.5  # four trajectories per group share the prompt and turns
+    assert tree_metrics["pack/micro_batches"] == 2.0  # one group's tree (two rows of T) per forward
+    assert tree_metrics["pack/slot_ratio"] > 1.5
 
 
 def test_unknown_pack_mode_is_a_clear_error(setup, tmp_path):
@@ -149,3 +153,24 @@ def test_unknown_pack_mode_is_a_clear_error(setup, tmp_path):
     with pytest.raises(ValueError, match="unknown train.pack 'ragged'"):
         RLTrainer(_config("ragged"), str(tmp_path), rollout_fn=rollout_fn, pipeline=iter([]),
                   encode_prompt=lambda ex: [], reward_fn=_reward, graphdef=graphdef, params=params)
+
+
+def _chain(group: int, length: int) -> dict:
+    """A group of two trajectories sharing all but the last token."""
+    return {"tokens": [group + 1] * (length - 1) + [group + 2], "mask": [0] + [1] * (length - 1),
+            "logp_old": [0.0] * length, "advantages": [1.0] * length}
+
+
+@pytest.mark.parametrize(("micro_batch_size", "data_parallel", "parts", "rows"),
+                         [(2, 1, 2, 2), (4, 1, 1, 4), (1, 4, 1, 4), (1, 2, 2, 2), (1, 1, 4, 1)])
+def test_pack_mini_batch_sizes_micro_batches_by_packed_slots(micro_batch_size, data_parallel, parts, rows):
+    # four groups, each a tree of 8 nodes that fills one row of T = 8
+    sequences, groups = [], []
+    for g in range(4):
+        sequences += [_chain(10 * g, 7), dict(_chain(10 * g, 7), tokens=[10 * g + 1] * 6 + [10 * g + 3])]
+        groups += [g, g]
+    batch, stats = pack_mini_batch(sequences, groups, 8, micro_batch_size=micro_batch_size,
+                                   data_parallel=data_parallel)
+    assert batch["packed_ids"].shape == (parts, rows, 8)
+    assert batch["mask"].shape[0] == parts and batch["mask"].shape[2] == 8
+    assert stats.unique_tokens == 4 * 8 and stats.flat_tokens == 8 * 7

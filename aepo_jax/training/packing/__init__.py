@@ -34,6 +34,7 @@ from aepo_jax.training.packing.packed_step import (
 )
 from aepo_jax.training.packing.trainer_batches import (
     PackingTally,
+    pack_mini_batch,
     place_tree_batch,
     rows_to_sequences,
     tree_batch_shardings,
@@ -62,6 +63,7 @@ __all__ = [
     "make_packed_logprob_fn",
     "make_packed_rl_train_step",
     "make_train_step_for_pack",
+    "pack_mini_batch",
     "packed_logprobs",
     "packed_loss_and_grads",
     "packed_rl_loss_fn",

@@ -4,7 +4,7 @@ The trainer scores rollouts and computes advantages on flat padded rows
 (`training/rollout_batch.py`), then updates on mini-batches of whole groups.
 For `pack = "tree"` a mini-batch's flat rows become per-trajectory sequences
 again (`rows_to_sequences`) and are tree-packed with the flat `T`
-(`build_train_batch(..., max_len=T, length_multiple=T)`), so every
+(`pack_mini_batch`: rows of `T` slots, `max_len = T`), so every
 `T`-dependent aggregation (Dr. GRPO's constant normaliser) is the flat one.
 A tree batch has a leading micro-batch axis `[M, ...]`; its rows (axis 1) go
 over the data-parallel axes (`place_tree_batch`).
@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from aepo_jax.parallel.sharding import logical_to_spec
-from aepo_jax.training.packing.packed_batch import PackingStats
+from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch
 
 # Per-token arrays a tree batch carries per trajectory (the step recomputes entropies itself).
 SEQUENCE_KEYS = ("mask", "logp_old", "advantages", "logp_ref")
@@ -39,6 +39,36 @@ def rows_to_sequences(batch: Mapping[str, np.ndarray], rows: Sequence[int]) -> l
         sequence.update({k: np.asarray(batch[k][row, :n]) for k in keys})
         sequences.append(sequence)
     return sequences
+
+
+def pack_mini_batch(
+    sequences: Sequence[Mapping[str, Sequence]],
+    group_ids: Sequence[int],
+    length: int,
+    *,
+    row_len: int | None = None,
+    micro_batch_size: int = 1,
+    data_parallel: int = 1,
+    pad_id: int = 0,
+) -> tuple[dict[str, np.ndarray], PackingStats]:
+    """Tree batch of one mini-batch: flat `T = length`, packed rows of `row_len` (default `T`).
+
+    Micro-batches (whole groups each) are sized like the flat step's: about
+    `max(micro_batch_size, data_parallel) x T` packed slots per forward, i.e.
+    the flat micro-batch's memory (`micro_batch_size` rows of `T`) and at least
+    a row per device. So the count follows the packed slots, not the number
+    of trajectories (several small trees share a micro-batch), and rows are
+    padded only to a multiple of `data_parallel`: padding every micro-batch
+    to `micro_batch_size` rows would add empty rows.
+    """
+    rows_per_micro = max(int(micro_batch_size), int(data_parallel), 1)
+    kwargs = {"max_len": length, "pad_id": pad_id, "row_multiple": data_parallel, "length_multiple": length}
+    row_len = int(row_len) if row_len else length
+    batch, stats = build_packed_batch(sequences, row_len, group_ids, micro_batches=1, **kwargs)
+    parts = min(-(-stats.packed_slots // (rows_per_micro * length)), len(set(group_ids)))
+    if parts > 1:
+        batch, stats = build_packed_batch(sequences, row_len, group_ids, micro_batches=parts, **kwargs)
+    return batch, stats
 
 
 def tree_batch_shardings(batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
@@ -74,6 +104,7 @@ class PackingTally:
     unique_tokens: int = 0
     copied_tokens: int = 0
     packed_rows: int = 0
+    micro_batches: int = 0
     tree_batches: int = 0
 
     def add_flat(self, tokens: int, slots: int) -> None:
@@ -82,8 +113,8 @@ class PackingTally:
         self.computed_tokens += int(tokens)
         self.computed_slots += int(slots)
 
-    def add_tree(self, stats: PackingStats, flat_slots: int) -> None:
-        """One tree mini-batch; `flat_slots` is what the flat step would compute for it."""
+    def add_tree(self, stats: PackingStats, flat_slots: int, micro_batches: int) -> None:
+        """One tree mini-batch of `micro_batches` parts; `flat_slots`: what the flat step computes for it."""
         self.flat_tokens += stats.flat_tokens
         self.flat_slots += int(flat_slots)
         self.computed_tokens += stats.packed_tokens
@@ -91,6 +122,7 @@ class PackingTally:
         self.unique_tokens += stats.unique_tokens
         self.copied_tokens += stats.copied_tokens
         self.packed_rows += stats.rows
+        self.micro_batches += int(micro_batches)
         self.tree_batches += 1
 
     def metrics(self) -> dict[str, float]:
@@ -106,5 +138,6 @@ class PackingTally:
         if self.tree_batches:
             out.update({"pack/unique_tokens": float(self.unique_tokens),
                         "pack/copied_tokens": float(self.copied_tokens),
-                        "pack/rows": float(self.packed_rows)})
+                        "pack/rows": float(self.packed_rows),
+                        "pack/micro_batches": float(self.micro_batches)})
         return out
