@@ -23,14 +23,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "qwen2_5_7b"
     c.model.checkpoint_dir = "/path/to/Qwen2.5-7B-Instruct"
     c.model.compute_dtype = "bfloat16"
-    c.model.remat = True
+    # No activation rematerialisation yet (the decoder has none): train.micro_batch_size is the memory knob.
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen2.5-7B-Instruct/tokenizer.json"
 
     c.data.name = "math_reasoning"
     c.data.path = "/path/to/aepo_reasoning_10k.jsonl"  # paper: 10,000 rows
     c.data.prompts_per_step = 128  # paper: 128
-    c.data.epochs = 2  # paper: 2
     c.reward.name = "math_equiv"
 
     c.rollout.strategy = "aepo"

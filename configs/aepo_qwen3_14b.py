@@ -25,14 +25,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "qwen3_14b"
     c.model.checkpoint_dir = "/path/to/Qwen3-14B"  # HF safetensors (after the SFT cold start)
     c.model.compute_dtype = "bfloat16"
-    c.model.remat = True  # 8k-token sequences: recompute activations in the backward pass
+    # No activation rematerialisation yet (the decoder has none): train.micro_batch_size is the memory knob.
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen3-14B/tokenizer.json"
 
     c.data.name = "deep_search"
     c.data.path = "/path/to/aepo_deep_search_1k.jsonl"  # paper: 1,071 training rows
     c.data.prompts_per_step = 64  # paper: 64
-    c.data.epochs = 5  # paper: 5
     c.reward.name = "qa_f1"  # released deep-research reward (spec §5)
 
     c.rollout.strategy = "aepo"

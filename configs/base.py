@@ -41,7 +41,6 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.vocab_size = config_dict.placeholder(int)  # override the preset's vocabulary (demo tokenizer)
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
-    c.model.remat = False
 
     # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
     c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})
@@ -54,7 +53,6 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.data.split = "train"
     c.data.prompts_per_step = 64  # paper: 64 (Qwen3-14B) / 128 (Qwen2.5-7B)
     c.data.shuffle = True
-    c.data.epochs = 5  # paper: 5 (deep search) / 2 (reasoning) epochs over the data
 
     c.rollout = ml_collections.ConfigDict()
     # strategy: "independent" | "arpo" | "aepo" (spec §2), set from the preset below
