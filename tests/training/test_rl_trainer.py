@@ -86,3 +86,37 @@ def test_one_step_of_other_families(tmp_path, factory):
         assert "resample_rounds" in record and "kept_groups" in record
     else:
         assert record["kl_ref_rollout"] == pytest.approx(0.0, abs=1e-6)  # reference == policy at step 0
+
+
+def test_dapo_dynamic_sampling_drops_equal_reward_groups_and_refills(tmp_path):
+    config = _config(dapo_config, total_steps=1)
+    constant = {f"q{i}" for i in range(0, 16, 2)}  # every trajectory of these prompts scores 0
+
+    def reward(example, trajectory):
+        if example["id"] in constant:
+            return 0.0
+        return low_token_reward(example, trajectory) + 1e-3 * trajectory.traj_id  # never all equal
+
+    # Expected counts from a replay of the pipeline's batches and the rule of spec (DAPO): drop
+    # equal-reward groups, roll out more prompts until a full batch is kept or the rounds run out.
+    replay = PromptPipeline(digit_examples(16), config.data.prompts_per_step, seed=config.seed)
+    wanted, max_rounds = config.data.prompts_per_step, config.objective.max_resample_rounds
+    kept, dropped, rounds = 0, 0, 0
+    while True:
+        batch = next(replay)
+        good = sum(ex["id"] not in constant for ex in batch)
+        dropped += len(batch) - good
+        kept = min(wanted, kept + good)
+        if kept >= wanted or rounds == max_rounds:
+            break
+        rounds += 1
+    assert dropped > 0  # the replayed batches do hold constant groups
+
+    graphdef, params = tiny_model(seed=config.seed)
+    pipeline = PromptPipeline(digit_examples(16), config.data.prompts_per_step, seed=config.seed)
+    trainer = RLTrainer(config, str(tmp_path), rollout_fn=make_sampling_rollout(graphdef), pipeline=pipeline,
+                        encode_prompt=encode_digits, reward_fn=reward, graphdef=graphdef, params=params)
+    (record,) = trainer.train()
+    trainer.close()
+    assert (record["resample_rounds"], record["kept_groups"], record["dropped_groups"]) == (rounds, kept, dropped)
+    assert record["trajectories"] == kept * config.rollout.k and np.isfinite(record["loss"])
