@@ -207,6 +207,7 @@ def run_rl(cfg: ml_collections.ConfigDict, demo: DemoTask, graphdef: nnx.GraphDe
     from aepo_jax.training.rl_trainer import RLTrainer
 
     tokenizer = demo.tokenizer
+    params = jax.tree.map(jnp.copy, params)  # the train step donates its state; keep the caller's start intact
 
     def reward_fn(example: dict, trajectory: Any) -> float:
         return compute_reward(cfg.reward.name, tokenizer.decode(trajectory.response_ids), example["answers"])
