@@ -84,8 +84,8 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
         heldout = demo.heldout_examples[: int(cfg.eval.questions)]
         sft = evaluate_policy(cfg, demo, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1, progress=progress)
         log(f"SFT start: pass@1 {sft['pass@1']:.3f}")
-        for algorithm in algorithms:
-            for seed in seeds:
+        for seed in seeds:  # seed-major: a run cut short still has every algorithm at the first seeds
+            for algorithm in algorithms:
                 run_cfg = with_algorithm(cfg, algorithm)
                 run_cfg.seed = int(seed)
                 run_dir = os.path.join(workdir, f"{algorithm}_seed{seed}")
