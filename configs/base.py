@@ -140,7 +140,7 @@ def shrink_to_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.total_steps = 20
     c.train.mini_batch_prompts = 2
     c.train.micro_batch_size = 4
-    c.train.max_seq_len = 512
+    c.train.max_seq_len = 1024  # a cap, not a padding length: scripted SFT trajectories of the tiny task reach ~590 tokens
     c.train.length_bucket = 64
     c.optim.lr = 1e-3  # tiny random model: a visible signal in a few steps
     c.optim.warmup_steps = 2
