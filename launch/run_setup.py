@@ -97,7 +97,12 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     `resume`), trained and closed; the environment's processes are stopped
     whatever happens.
     """
+    from absl import logging as absl_logging
+
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+    if absl_logging.get_verbosity() <= absl_logging.INFO and not cfg.get("verbose_logs", False):
+        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
 
     process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 

@@ -11,11 +11,10 @@ import re
 import time
 import urllib.parse
 
-import requests
 from bs4 import BeautifulSoup
 
 from aepo_jax.tools.base import ToolResult, truncate
-from aepo_jax.tools.http_client import HttpError, request_with_retries
+from aepo_jax.tools.http_client import HttpError, pooled_session, request_with_retries
 
 _WORD = re.compile(r"\w+")
 
@@ -64,7 +63,7 @@ class BrowseTool:
         self.search_url = search_url.rstrip("/") if search_url else None
         self.window_chars, self.max_result_chars, self.allow_urls = window_chars, max_result_chars, allow_urls
         self.timeout, self.retries, self.backoff_seconds = timeout, retries, backoff_seconds
-        self.session = requests.Session()
+        self.session = pooled_session()
 
     def fetch_text(self, target: str) -> str:
         """The page or document as plain text. Raises HttpError or ValueError saying what failed."""

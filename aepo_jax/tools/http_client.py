@@ -11,6 +11,20 @@ import time
 from typing import Any
 
 import requests
+import requests.adapters
+
+
+def pooled_session(pool_size: int = 64) -> requests.Session:
+    """A `requests.Session` whose connection pool holds `pool_size` connections per host.
+
+    The tool registry calls one tool from many threads at once; the default
+    pool of 10 would discard connections (and log a warning for each).
+    """
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
 
 
 class HttpError(RuntimeError):

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-import requests
-
-from aepo_jax.tools.http_client import HttpError, request_with_retries
+from aepo_jax.tools.http_client import HttpError, pooled_session, request_with_retries
 
 JUDGE_PROMPT = """You are grading an answer to a question.
 Question: {question}
@@ -41,7 +39,7 @@ class LLMJudgeClient:
         self.endpoint = url if url.endswith("/chat/completions") else url + "/v1/chat/completions"
         self.model, self.timeout, self.retries = model, timeout, retries
         self.backoff_seconds, self.max_tokens = backoff_seconds, max_tokens
-        self.session = requests.Session()
+        self.session = pooled_session()
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 

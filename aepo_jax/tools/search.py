@@ -12,10 +12,8 @@ import json
 import os
 import time
 
-import requests
-
 from aepo_jax.tools.base import ToolResult, truncate
-from aepo_jax.tools.http_client import HttpError, request_with_retries
+from aepo_jax.tools.http_client import HttpError, pooled_session, request_with_retries
 
 
 def format_passages(documents: list[dict[str, str]], max_result_chars: int) -> str:
@@ -47,7 +45,7 @@ class SearchTool:
         self.url = url.rstrip("/")
         self.topk, self.max_result_chars, self.cache_dir = topk, max_result_chars, cache_dir
         self.timeout, self.retries, self.backoff_seconds = timeout, retries, backoff_seconds
-        self.session = requests.Session()
+        self.session = pooled_session()
         if cache_dir:
             os.makedirs(cache_dir, exist_ok=True)
 
