@@ -1,3 +1,4 @@
+"""HTTP session set-up shared by the search, browse and judge clients."""
 
 
 def test_tool_sessions_pool_enough_connections_for_concurrent_calls():
