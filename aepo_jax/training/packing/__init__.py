@@ -6,6 +6,7 @@
 """
 
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
+from aepo_jax.training.packing.buckets import bucket_size, pad_to_buckets
 from aepo_jax.training.packing.layout import (
     PackedLayout,
     first_fit_decreasing,
@@ -23,6 +24,7 @@ from aepo_jax.training.packing.pack_mode import (
 from aepo_jax.training.packing.packed_batch import (
     PackingStats,
     build_packed_batch,
+    empty_tree_batch,
     unpack_flat,
 )
 from aepo_jax.training.packing.packed_step import (
@@ -53,10 +55,12 @@ __all__ = [
     "PackingTally",
     "PrefixForest",
     "ancestor_mask",
+    "bucket_size",
     "build_packed_batch",
     "build_prefix_forest",
     "build_train_batch",
     "check_pack_mode",
+    "empty_tree_batch",
     "first_fit_decreasing",
     "layout_forest",
     "make_logprob_fn_for_pack",
@@ -67,6 +71,7 @@ __all__ = [
     "packed_logprobs",
     "packed_loss_and_grads",
     "packed_rl_loss_fn",
+    "pad_to_buckets",
     "per_sequence_values",
     "place_tree_batch",
     "preorder_and_sizes",

@@ -41,7 +41,10 @@ class PackingStats:
     forward computes), `flat_slots` the padded `[B, T]` slots, `packed_tokens`
     the occupied packed slots (unique trie nodes plus ancestor copies),
     `packed_slots` all `[R, L]` slots, `pieces` the row segments (trees or
-    parts of split trees) that were bin-packed into `rows`.
+    parts of split trees) that were bin-packed into `rows`. `bucket_slots`:
+    the empty slots (`buckets.pad_to_buckets`: whole padding rows and
+    micro-batches) added to round `[M, R]` up to a compile bucket; they are
+    part of `packed_slots` and `rows`, since the step computes them.
     """
 
     flat_tokens: int
@@ -53,6 +56,7 @@ class PackingStats:
     rows: int
     row_len: int
     pieces: int
+    bucket_slots: int = 0
 
     def as_dict(self) -> dict[str, float]:
         out = dict(self.__dict__)
@@ -69,6 +73,40 @@ def _assign_groups(group_sizes: Mapping[int, int], parts: int) -> list[list[int]
         part = int(np.argmin(load))
         out[part].append(group)
         load[part] += group_sizes[group]
+    return out
+
+
+def empty_tree_batch(
+    micro_batches: int,
+    rows: int,
+    slots: int,
+    flat_rows: int,
+    length: int,
+    flat_dtypes: Mapping[str, np.dtype],
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """A tree batch of `[M, R, L]` / `[M, B, T]` arrays holding only padding (module doc's keys).
+
+    The one definition of a padding slot and a padding flat row: pad token,
+    position 0, `subtree_end = slot + 1` (the slot attends only to itself, so
+    its softmax is never empty), no first child; flat rows unscored with mask 0
+    and `sequence_index = -1`. `build_packed_batch` fills real parts into it and
+    `buckets.pad_to_buckets` copies a batch into a larger one, so both pad alike.
+    `flat_dtypes`: dtype of each per-token flat key (`input_ids`, `mask`, ...).
+    """
+    m = micro_batches
+    out: dict[str, np.ndarray] = {
+        "packed_ids": np.full((m, rows, slots), pad_id, np.int32),
+        "packed_positions": np.zeros((m, rows, slots), np.int32),
+        "packed_subtree_end": np.broadcast_to(np.arange(1, slots + 1, dtype=np.int32), (m, rows, slots)).copy(),
+        "packed_next_ids": np.zeros((m, rows, slots), np.int32),
+        "sequence_index": np.full((m, flat_rows), -1, np.int32),
+        "scored": np.zeros((m, flat_rows, length), np.float32),
+        "score_row": np.zeros((m, flat_rows, length), np.int32),
+        "score_col": np.zeros((m, flat_rows, length), np.int32),
+    }
+    for key, dtype in flat_dtypes.items():
+        out[key] = np.full((m, flat_rows, length), pad_id if key == "input_ids" else 0, dtype)
     return out
 
 
@@ -129,19 +167,8 @@ def build_packed_batch(
     slots = max(layout.row_len for layout in layouts)
     flat_rows = max(-(-len(idx) // row_multiple) * row_multiple for idx in members)
     m = micro_batches
-    out: dict[str, np.ndarray] = {
-        "packed_ids": np.full((m, rows, slots), pad_id, np.int32),
-        "packed_positions": np.zeros((m, rows, slots), np.int32),
-        "packed_subtree_end": np.broadcast_to(np.arange(1, slots + 1, dtype=np.int32), (m, rows, slots)).copy(),
-        "packed_next_ids": np.zeros((m, rows, slots), np.int32),
-        "sequence_index": np.full((m, flat_rows), -1, np.int32),
-        "scored": np.zeros((m, flat_rows, length), np.float32),
-        "score_row": np.zeros((m, flat_rows, length), np.int32),
-        "score_col": np.zeros((m, flat_rows, length), np.int32),
-    }
     flat_keys = [k for k in flat if k not in ("positions", "valid")]
-    for key in flat_keys:
-        out[key] = np.full((m, flat_rows, length), pad_id if key == "input_ids" else 0, flat[key].dtype)
+    out = empty_tree_batch(m, rows, slots, flat_rows, length, {k: flat[k].dtype for k in flat_keys}, pad_id)
 
     unique = copied = occupied = pieces = 0
     for part, (idx, forest, layout) in enumerate(zip(members, forests, layouts, strict=True)):

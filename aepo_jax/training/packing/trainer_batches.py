@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from aepo_jax.parallel.sharding import logical_to_spec
+from aepo_jax.training.packing.buckets import pad_to_buckets
 from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch
 
 # Per-token arrays a tree batch carries per trajectory (the step recomputes entropies itself).
@@ -50,6 +51,7 @@ def pack_mini_batch(
     micro_batch_size: int = 1,
     data_parallel: int = 1,
     pad_id: int = 0,
+    bucket: bool = True,
 ) -> tuple[dict[str, np.ndarray], PackingStats]:
     """Tree batch of one mini-batch: flat `T = length`, packed rows of `row_len` (default `T`).
 
@@ -60,6 +62,12 @@ def pack_mini_batch(
     of trajectories (several small trees share a micro-batch), and rows are
     padded only to a multiple of `data_parallel`: padding every micro-batch
     to `micro_batch_size` rows would add empty rows.
+
+    `bucket` (default on): `M`, the packed rows and the flat rows are padded
+    up to `buckets.bucket_size` (multiples of `data_parallel`) with empty
+    rows and micro-batches that change neither loss nor gradients, so the
+    jitted step compiles a few programs per run instead of one per step
+    (`stats.bucket_slots` counts the added slots).
     """
     rows_per_micro = max(int(micro_batch_size), int(data_parallel), 1)
     kwargs = {"max_len": length, "pad_id": pad_id, "row_multiple": data_parallel, "length_multiple": length}
@@ -68,6 +76,8 @@ def pack_mini_batch(
     parts = min(-(-stats.packed_slots // (rows_per_micro * length)), len(set(group_ids)))
     if parts > 1:
         batch, stats = build_packed_batch(sequences, row_len, group_ids, micro_batches=parts, **kwargs)
+    if bucket:
+        batch, stats = pad_to_buckets(batch, stats, row_multiple=data_parallel, pad_id=pad_id)
     return batch, stats
 
 
@@ -94,7 +104,9 @@ class PackingTally:
     `flat_tokens`: real tokens of the trained trajectories; `flat_slots`: the
     `[B, T]` slots the flat step computes; `computed_tokens` / `computed_slots`:
     what this step's layout computed (tree: unique prefix nodes plus ancestor
-    copies / all `[M, R, L]` slots; flat: the same as the flat counts).
+    copies / all `[M, R, L]` slots, compile-bucket padding included; flat: the
+    same as the flat counts); `bucket_slots`: the part of `computed_slots`
+    that is compile-bucket padding (`pad_to_buckets`).
     """
 
     flat_tokens: int = 0
@@ -104,6 +116,7 @@ class PackingTally:
     unique_tokens: int = 0
     copied_tokens: int = 0
     packed_rows: int = 0
+    bucket_slots: int = 0
     micro_batches: int = 0
     tree_batches: int = 0
 
@@ -122,6 +135,7 @@ class PackingTally:
         self.unique_tokens += stats.unique_tokens
         self.copied_tokens += stats.copied_tokens
         self.packed_rows += stats.rows
+        self.bucket_slots += stats.bucket_slots
         self.micro_batches += int(micro_batches)
         self.tree_batches += 1
 
@@ -139,5 +153,6 @@ class PackingTally:
             out.update({"pack/unique_tokens": float(self.unique_tokens),
                         "pack/copied_tokens": float(self.copied_tokens),
                         "pack/rows": float(self.packed_rows),
+                        "pack/bucket_slots": float(self.bucket_slots),
                         "pack/micro_batches": float(self.micro_batches)})
         return out
