@@ -158,10 +158,13 @@ def build_agent_environment(cfg: ml_collections.ConfigDict, workdir: str) -> Age
     tokenizer = _tokenizer(cfg, workdir, texts)
 
     tools: dict[str, Any] = {}
-    if corpus_path:
+    search_url = cfg.data.get("search_url") or ""
+    if not search_url and corpus_path:
         server = start_search_server(corpus_path)
         closers.append(server.stop)
-        tools["search"] = SearchTool(server.url, topk=2, max_result_chars=int(cfg.rollout.max_result_chars))
+        search_url = server.url
+    if search_url:
+        tools["search"] = SearchTool(search_url, topk=2, max_result_chars=int(cfg.rollout.max_result_chars))
     sandbox = PythonSandbox(SandboxLimits(wall_seconds=float(cfg.rollout.tool_timeout_s)), pool_size=2)
     if hasattr(sandbox, "close"):
         closers.append(sandbox.close)

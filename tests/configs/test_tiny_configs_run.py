@@ -141,3 +141,20 @@ def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["algorithm"] == family and saved["name"] == f"{family}_tiny"
     assert saved["rollout"]["strategy"] == cfg.rollout.strategy and saved["total_steps"] == 1
+
+
+def test_data_search_url_uses_a_running_server_instead_of_starting_one(agent_env, tmp_path):
+    """`data.search_url` points the search tool at an existing retrieval server (here: the shared one)."""
+    from aepo_jax.agent.protocol import ToolCall
+
+    url = agent_env.tools.tools["search"].url
+    cfg = _shrink(_load_config("aepo"))
+    cfg.data.search_url = url
+    env = build_agent_environment(cfg, str(tmp_path))
+    try:
+        assert env.tools.tools["search"].url == url
+        assert len(env.closers) == len(agent_env.closers) - 1  # no server of its own to stop
+        result = env.tools.run(ToolCall("search", agent_env.task.towns[0].name))
+        assert result.ok and agent_env.task.towns[0].name in result.text
+    finally:
+        env.close()
