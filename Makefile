@@ -24,10 +24,10 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q tests
+	AEPO_RUN_SLOW=1 $(PY) -m pytest -q tests
 
 demo: $(VENV)/.installed
-	$(PY) -m launch.ask
+	$(PY) -m launch.demo
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check aepo_jax launch tests benchmarks

@@ -418,6 +418,22 @@ class _Run:
         self._new_globals(short, "topup")
 
 
+def cache_slots(loop: LoopConfig, prompts: Sequence[Sequence[int]] = ()) -> int:
+    """KV-cache slots for the sampler: twice the power-of-two bucket of the longest context.
+
+    Rows are left-padded to a power-of-two block and share one write cursor; a
+    repack re-prefills prompt + response into a block of up to
+    `_next_power_of_two(max_context_len)` slots. Twice that leaves room for at
+    least `max_context_len` more tokens after any repack, so a segment always
+    has room to decode (with exactly one bucket the cursor can sit at the end
+    of the cache and no row can make progress). The loop itself keeps every
+    trajectory within `max_context_len`; the cache grows by buckets, so unused
+    slots cost nothing.
+    """
+    longest = max(loop.max_context_len, max((len(p) for p in prompts), default=0))
+    return 2 * _next_power_of_two(longest)
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 

@@ -25,14 +25,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences, cache_slots
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
 from aepo_jax.evaluation.scoring import score_question
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
-from aepo_jax.sampling.buckets import next_power_of_two
 
 # RolloutStats fields that are counts over rollout calls: summed over batches.
 _SUMMED_STATS = ("branch_decisions", "rounds", "repacks", "prefill_tokens", "append_tokens", "decode_tokens",
@@ -118,22 +117,6 @@ def batch_keys(seed: int, batch_index: int) -> tuple[jax.Array, np.random.Genera
     return jax.random.fold_in(jax.random.key(seed), batch_index), np.random.default_rng([seed, batch_index])
 
 
-def cache_slots(prompts: Sequence[Sequence[int]], loop: LoopConfig) -> int:
-    """KV-cache slots for the sampler: twice the power-of-two bucket of the longest context.
-
-    Rows are left-padded to a power-of-two block and share one write cursor; a
-    repack re-prefills prompt + response into a block of up to
-    `next_power_of_two(max_context_len)` slots. Twice that leaves room for at
-    least `max_context_len` more tokens after any repack, so a segment always
-    has room to decode (with exactly one bucket the cursor can sit at the end
-    of the cache and no row can make progress). The loop itself keeps every
-    trajectory within `max_context_len`; the cache grows by buckets, so unused
-    slots cost nothing.
-    """
-    longest = max(loop.max_context_len, max(len(p) for p in prompts))
-    return 2 * next_power_of_two(longest)
-
-
 def _sample_record(example: dict, index: int, traj: Trajectory, text: str, result: QuestionResult) -> dict[str, Any]:
     return {
         "question_id": example["id"],
@@ -198,7 +181,7 @@ def evaluate(
     sampler = Sampler(
         graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
         stop_sequences=agent_stop_sequences(tokenizer), params=config.sampling_params,
-        max_cache_len=cache_slots(prompts, config.loop), seed=config.seed,
+        max_cache_len=cache_slots(config.loop, prompts), seed=config.seed,
     )
     generator = make_generator(sampler) if make_generator is not None else sampler
     loop = AgentLoop(generator, tokenizer, tools, config.loop)

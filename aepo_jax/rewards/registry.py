@@ -43,6 +43,7 @@ SOURCE_REWARDS: tuple[tuple[str, str], ...] = (
     ("champ", "math_equiv"),
     ("reasoning_gym", "math_equiv"),
     ("arithmetic", "math_equiv"),
+    ("synthetic_facts", "math_equiv"),  # the demo task (aepo_jax/envs): numeric answers
     ("hotpot", "qa_f1"),
     ("2wiki", "qa_f1"),
     ("musique", "qa_f1"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences, cache_slots
 from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, render_prompt
 from aepo_jax.rewards import compute_reward
 
@@ -41,26 +41,25 @@ class AgentEnvironment:
         """`rollout_fn(prompts, k, params, key, rng)` over a sampler that starts from `params`."""
         from aepo_jax.rollout.strategies import RolloutConfig, rollout
         from aepo_jax.sampling import Sampler, SamplingParams
-        from aepo_jax.sampling.buckets import next_power_of_two
 
         r = cfg.rollout
+        loop_config = LoopConfig(
+            max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
+            max_context_len=int(r.max_prompt_len) + int(r.max_response_len), entropy_tokens=int(r.entropy_tokens),
+            entropy_measure=r.entropy_measure,
+        )
         sampler = Sampler(
             graphdef, params, eos_ids=[self.tokenizer.eos_id], pad_id=self.tokenizer.pad_id,
             stop_sequences=agent_stop_sequences(self.tokenizer),
             params=SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p)),
-            # The sampler prefills into a power-of-two bucket of the prompt length; leave room after it for
-            # the whole response, or every decode round re-prefills (repacks). The loop's max_context_len
-            # still bounds the real tokens.
-            max_cache_len=next_power_of_two(next_power_of_two(int(r.max_prompt_len)) + int(r.max_response_len)),
+            # Room for a repacked context plus a whole segment after it (see `cache_slots`); the loop's
+            # max_context_len still bounds the real tokens.
+            max_cache_len=cache_slots(loop_config),
             mesh=mesh,
             seed=int(cfg.seed),
         )
         timed_tools = _TimedTools(self.tools)
-        loop = AgentLoop(sampler, self.tokenizer, timed_tools, LoopConfig(
-            max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
-            max_context_len=int(r.max_prompt_len) + int(r.max_response_len), entropy_tokens=int(r.entropy_tokens),
-            entropy_measure=r.entropy_measure,
-        ))
+        loop = AgentLoop(sampler, self.tokenizer, timed_tools, loop_config)
         strategy = RolloutConfig(
             strategy=r.strategy, initial_rollouts=int(r.initial_rollouts), entropy_weight=float(r.entropy_weight),
             branch_threshold=float(r.branch_threshold), branch_width=int(r.branch_width),

@@ -108,6 +108,7 @@ def test_last_boxed_matches_nested_braces():
         ("gsm8k", "math_equiv"),
         ("aime24", "math_equiv"),
         ("champ", "math_equiv"),
+        ("synthetic_facts", "math_equiv"),
         ("gaia", "llm_judge"),
         ("webwalker", "llm_judge"),
         ("somethingelse", "qa_f1"),
