@@ -173,16 +173,21 @@ def jit_step(step: Callable, state_sharding: Any | None, batch_sharding: Any | N
                    out_shardings=(state_sharding, None), donate_argnums=0)
 
 
-def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig) -> LossFn:
-    """Micro-batch policy loss: forward, log-probs at the sampling temperature, `policy_loss`."""
+def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig, logprobs: Callable | None = None) -> LossFn:
+    """Micro-batch policy loss: forward, log-probs at the sampling temperature, `policy_loss`.
+
+    `logprobs(graphdef, params, mb, temperature, compute_dtype, chunk_size)` gives the flat
+    float32 `[B, T]` (logp, entropy): `sequence_logprobs` (default) for padded rows, the
+    tree-packed scorer for packed ones; the loss on top is the same function.
+    """
+    logprobs = sequence_logprobs if logprobs is None else logprobs
 
     def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
-        logp, entropy = sequence_logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype,
-                                          cfg.logits_chunk_size)
+        logp, entropy = logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype, cfg.logits_chunk_size)
         loss, metrics = policy_loss(
             cfg.surrogate, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg,
-            max_len=mb["input_ids"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
+            max_len=mb["mask"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
             kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy=entropy, entropy_coef=cfg.entropy_coef,
         )
         metrics.pop("pg_loss", None)  # a per-micro-batch value; `loss` below is the exact total

@@ -22,7 +22,6 @@ from flax import nnx
 
 from aepo_jax.objectives.aggregation import loss_denominator
 from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
-from aepo_jax.objectives.policy_loss import policy_loss
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import (
@@ -30,6 +29,7 @@ from aepo_jax.training.train_step import (
     apply_update,
     forward_logits,
     jit_step,
+    rl_loss_fn,
 )
 
 Batch = dict[str, jax.Array]
@@ -69,20 +69,7 @@ def packed_logprobs(
 
 def packed_rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig):
     """`(params, micro_batch, denominator) -> (loss, metrics)`, the flat `rl_loss_fn` on packed rows."""
-
-    def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
-        logp, entropy = packed_logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype,
-                                        cfg.logits_chunk_size)
-        loss, metrics = policy_loss(
-            cfg.surrogate, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg,
-            max_len=mb["mask"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
-            kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy=entropy, entropy_coef=cfg.entropy_coef,
-        )
-        metrics.pop("pg_loss", None)
-        return loss, metrics
-
-    return loss_fn
+    return rl_loss_fn(graphdef, cfg, logprobs=packed_logprobs)
 
 
 def packed_loss_and_grads(graphdef: nnx.GraphDef, cfg: StepConfig, params: Any,
