@@ -210,14 +210,28 @@ def make_rl_train_step(
     (`[B, T]`), optionally `logp_ref` (required when `kl_coef > 0`) and
     `attention_mask` (`bool[B, T, T]`, overrides the causal+padding mask).
     """
-    loss_fn = rl_loss_fn(graphdef, cfg)
+    return _accumulating_step(rl_loss_fn(graphdef, cfg), lambda mask: loss_denominator(mask, cfg.loss_agg),
+                              tx, cfg, schedule, state_sharding, batch_sharding)
+
+
+def _accumulating_step(
+    loss_fn: LossFn,
+    denominator_fn: Callable[[jax.Array], jax.Array],
+    tx: optax.GradientTransformation,
+    cfg: StepConfig,
+    schedule: optax.Schedule | None,
+    state_sharding: Any | None,
+    batch_sharding: Any | None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """Jitted step: exact gradient accumulation of `loss_fn` over micro-batches against the whole
+    batch's `denominator_fn(mask)`, then one optimiser update."""
 
     def step(state: TrainState, batch: Batch):
-        denominator = loss_denominator(batch["mask"], cfg.loss_agg)
+        denominator = denominator_fn(batch["mask"])
         loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
                                                      cfg.micro_batch_size)
         state, update_metrics = apply_update(state, grads, tx, schedule)
-        metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"]))
+        metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"].astype(jnp.float32)))
         return state, metrics
 
     return jit_step(step, state_sharding, batch_sharding)
@@ -249,17 +263,8 @@ def make_sft_train_step(
     batch_sharding: Any | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """A jitted SFT update: mean next-token NLL over `mask == 1` tokens of the batch."""
-    loss_fn = sft_loss_fn(graphdef, cfg)
-
-    def step(state: TrainState, batch: Batch):
-        denominator = jnp.sum(batch["mask"].astype(jnp.float32))
-        loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
-                                                     cfg.micro_batch_size)
-        state, update_metrics = apply_update(state, grads, tx, schedule)
-        metrics.update(update_metrics, loss=loss, train_tokens=denominator)
-        return state, metrics
-
-    return jit_step(step, state_sharding, batch_sharding)
+    return _accumulating_step(sft_loss_fn(graphdef, cfg), lambda mask: jnp.sum(mask.astype(jnp.float32)),
+                              tx, cfg, schedule, state_sharding, batch_sharding)
 
 
 def make_logprob_fn(
