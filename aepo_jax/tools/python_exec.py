@@ -8,22 +8,30 @@ reports. The worker never runs model code itself, so calls share no state;
 it is replaced after `calls_per_worker` calls (1 = a new worker per call).
 
 Limits per call: wall clock (the parent kills the worker's whole session),
-CPU time, address space, file size and process count, a fresh temporary
-working directory removed afterwards, a minimal environment, output kept up
-to `max_output_bytes` per stream.
+CPU time, address space, file size and process count, a fresh working
+directory (a size-limited tmpfs, or a temporary directory removed
+afterwards without file-system isolation), a minimal environment, output
+kept up to `max_output_bytes` per stream.
 
-Isolation (probed once; every result says what applied in `isolation` and
-`network_isolated`):
-- `unshare --net --pid --fork --kill-child` (root) or the same with
+Isolation (probed once; every result says what applied in `isolation`,
+`network_isolated` and `filesystem_isolated`):
+- `unshare --mount --net --pid --fork --kill-child` (root) or the same with
   `--user --map-root-user` (non-root, where user namespaces are allowed):
   no network (only a loopback that is down), the code sees and can signal
   only its own processes, and whatever it starts dies when the call ends.
+- A private root file system per worker (`sandbox_root.plan_root` says what
+  is in it, `sandbox_mounts` builds it): read-only binds of the interpreter,
+  the venv, the preload modules, `/usr`, `/lib*`, `/bin`, the linker's `/etc`
+  files and a few devices, a fresh `/proc`, and a fresh tmpfs working
+  directory per call; the call's process holds no capabilities. Nothing
+  else of the caller's files is reachable. Where mount namespaces do not
+  work (or `isolate_filesystem=False`), `filesystem_isolated` is False and
+  `isolation` says why.
 - A pids cgroup per worker (where /sys/fs/cgroup/pids is writable) bounds a
   fork bomb even as root, where RLIMIT_NPROC does not apply; the rlimit is
   still set for non-root callers.
 - Where `unshare` does not work, code runs without network isolation and
   `network_isolated` is False.
-Not isolated: the file system, reachable with the caller's permissions.
 """
 
 from __future__ import annotations
@@ -45,11 +53,14 @@ from aepo_jax.tools.sandbox_process import (
     Worker,
     dispose_worker,
     kill_worker,
+    probe_filesystem,
     probe_isolation,
     probe_pids_cgroup,
     send_call,
     spawn_worker,
+    with_mount_namespace,
 )
+from aepo_jax.tools.sandbox_root import plan_root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +71,8 @@ class SandboxLimits:
     cpu_seconds: int = 10
     memory_bytes: int = 1 << 30
     file_bytes: int = 16 << 20
+    workdir_bytes: int = 64 << 20  # the working directory's tmpfs, all files together (file-system isolation only)
+    workdir_files: int = 10_000  # inodes in that tmpfs
     max_processes: int = 32  # per worker: pids cgroup limit (and RLIMIT_NPROC)
     max_output_bytes: int = 8192  # per stream
     traceback_lines: int = 8
@@ -83,6 +96,7 @@ class SandboxResult:
     stdout_truncated: bool
     stderr_truncated: bool
     network_isolated: bool
+    filesystem_isolated: bool
     isolation: str
 
 
@@ -129,24 +143,35 @@ class PythonSandbox:
       preload: modules each worker imports before it gets code (e.g. "numpy", "sympy").
       cgroup_root: a pids-cgroup directory for per-worker cgroups; None probes
         /sys/fs/cgroup/pids, "" disables them.
-      workdir_root: where per-call temporary directories are made.
+      workdir_root: where per-call temporary directories are made when the file system is not isolated.
+      isolate_filesystem: give each worker a private read-only root (where mount namespaces work);
+        False runs code with the caller's view of the file system, and every result says so.
     """
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), pool_size: int = 4, calls_per_worker: int = 64,
-                 preload: tuple[str, ...] = (), cgroup_root: str | None = None, workdir_root: str | None = None):
+                 preload: tuple[str, ...] = (), cgroup_root: str | None = None, workdir_root: str | None = None,
+                 isolate_filesystem: bool = True):
         if pool_size < 0 or calls_per_worker < 1:
             raise ValueError(f"need pool_size >= 0 and calls_per_worker >= 1, got {pool_size}, {calls_per_worker}")
         self.limits, self.pool_size, self.calls_per_worker = limits, pool_size, calls_per_worker
         self.workdir_root = workdir_root
-        self.namespace_command = probe_isolation()
-        self.network_isolated = bool(self.namespace_command)
-        self.cgroup_root = probe_pids_cgroup() if cgroup_root is None else cgroup_root
-        parts = (["net+pid namespaces"] if self.namespace_command else []) + (
-            ["pids cgroup"] if self.cgroup_root else [])
-        self.isolation = ", ".join(parts) or "rlimits only (no network isolation on this platform)"
         self._config = {"cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
                         "file_bytes": limits.file_bytes, "max_processes": limits.max_processes,
+                        "workdir_bytes": limits.workdir_bytes, "workdir_files": limits.workdir_files,
                         "preload": list(preload)}
+        self.namespace_command = probe_isolation()
+        self.network_isolated = bool(self.namespace_command)
+        self._root_mount_point = ""
+        filesystem = self._isolate_filesystem(tuple(preload)) if isolate_filesystem else "turned off by the caller"
+        self.filesystem_isolated = not filesystem
+        self.visible_paths: tuple[str, ...] = tuple(self._config["root"]["binds"]) if not filesystem else ()
+        self.cgroup_root = probe_pids_cgroup() if cgroup_root is None else cgroup_root
+        namespaces = "net+pid+mount namespaces" if self.filesystem_isolated else "net+pid namespaces"
+        parts = ([namespaces] if self.namespace_command else ["rlimits only (no network isolation on this platform)"])
+        parts += ["pids cgroup"] if self.cgroup_root else []
+        parts += ["private read-only root, tmpfs working directory" if self.filesystem_isolated
+                  else f"file system NOT isolated ({filesystem})"]
+        self.isolation = ", ".join(parts)
         self._serial = itertools.count()
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._lock = threading.Lock()
@@ -154,6 +179,21 @@ class PythonSandbox:
         self._background: list[threading.Thread] = []  # retirements and directory removals in flight
         for _ in range(pool_size):
             self._idle.put(self._spawn())
+
+    def _isolate_filesystem(self, preload: tuple[str, ...]) -> str:
+        """Probe a private root for the workers; '' when it works (the config then has it), else why not."""
+        if not self.namespace_command:
+            return "no namespaces on this platform"
+        mount_point = tempfile.mkdtemp(prefix="aepo-sandbox-root-")  # empty; each worker mounts its root on it
+        plan = plan_root(mount_point, preload)
+        command = with_mount_namespace(self.namespace_command)
+        reason = probe_filesystem(command, plan)
+        if reason:
+            os.rmdir(mount_point)
+            return f"mount namespace unavailable: {reason}"
+        self.namespace_command, self._root_mount_point = command, mount_point
+        self._config["root"] = plan
+        return ""
 
     # -- workers -----------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -207,18 +247,21 @@ class PythonSandbox:
         start = time.monotonic()
         if self._closed:
             raise RuntimeError("PythonSandbox is closed")
-        workdir = tempfile.mkdtemp(prefix="aepo-sandbox-", dir=self.workdir_root)
+        # With a private root the worker mounts a fresh tmpfs for the call; otherwise the call gets a temp dir here.
+        workdir = None if self.filesystem_isolated else tempfile.mkdtemp(prefix="aepo-sandbox-", dir=self.workdir_root)
         try:
             worker = self._take()
         except OSError as error:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
             return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None, start)
         result, healthy = self._execute(worker, code, workdir, start)
         self._release(worker, healthy)
-        self._in_background(shutil.rmtree, workdir, True)
+        if workdir:
+            self._in_background(shutil.rmtree, workdir, True)
         return result
 
-    def _execute(self, worker: Worker, code: str, workdir: str, start: float) -> tuple[SandboxResult, bool]:
+    def _execute(self, worker: Worker, code: str, workdir: str | None, start: float) -> tuple[SandboxResult, bool]:
         """Send the call, collect output until the status line (or EOF, or the deadline)."""
         limits = self.limits
         stdout, stderr = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
@@ -271,7 +314,8 @@ class PythonSandbox:
         return SandboxResult(
             status=status, stdout=stdout.text(), stderr=stderr.text(), traceback="\n".join(lines),
             exit_code=exit_code, seconds=time.monotonic() - start, stdout_truncated=stdout.truncated,
-            stderr_truncated=stderr.truncated, network_isolated=self.network_isolated, isolation=self.isolation,
+            stderr_truncated=stderr.truncated, network_isolated=self.network_isolated,
+            filesystem_isolated=self.filesystem_isolated, isolation=self.isolation,
         )
 
     def close(self) -> None:
@@ -287,6 +331,11 @@ class PythonSandbox:
             pending = list(self._background)
         for thread in pending:
             thread.join(timeout=10)
+        if self._root_mount_point:  # a mount point only inside the workers' namespaces; empty out here
+            try:
+                os.rmdir(self._root_mount_point)
+            except OSError:
+                pass
 
     def __enter__(self) -> Self:
         return self

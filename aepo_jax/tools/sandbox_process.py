@@ -1,7 +1,8 @@
 """Starting, feeding and killing sandbox worker processes (the parent side of `sandbox_worker.py`).
 
 Isolation is probed here: which `unshare` namespace command works on this
-machine, and whether per-worker pids cgroups can be made. See
+machine, whether a worker can build its private root file system in a mount
+namespace, and whether per-worker pids cgroups can be made. See
 `python_exec.PythonSandbox` for what the pieces add up to.
 """
 
@@ -45,6 +46,28 @@ def probe_isolation() -> tuple[str, ...]:
         if done.returncode == 0:
             return command
     return ()
+
+
+def with_mount_namespace(command: tuple[str, ...]) -> tuple[str, ...]:
+    """The namespace command with a mount namespace added (`unshare` makes its propagation private)."""
+    return (command[0], "--mount", *command[1:])
+
+
+def probe_filesystem(command: tuple[str, ...], root_plan: dict) -> str:
+    """'' if a worker can build `root_plan` under `command` (a probe worker really does), else why not."""
+    config = json.dumps({"root": root_plan, "probe": True})
+    try:
+        done = subprocess.run([*command, sys.executable, "-I", _WORKER_SCRIPT, config], check=False,
+                              capture_output=True, timeout=30, cwd="/", env=dict(WORKER_ENV))
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"probe worker did not run: {error}"
+    try:
+        if done.returncode == 0 and json.loads(done.stdout).get("root") is True:
+            return ""
+    except ValueError:
+        pass
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"probe worker exited with status {done.returncode}"
 
 
 def probe_pids_cgroup(root: str = "/sys/fs/cgroup/pids") -> str:
@@ -134,8 +157,8 @@ def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroup: str, 
     return Worker(process=process, result_read=result_read, cgroup=cgroup, calls_left=calls)
 
 
-def send_call(worker: Worker, code: str, workdir: str) -> None:
-    """Hand one call to the worker. Raises OSError if the worker is gone."""
+def send_call(worker: Worker, code: str, workdir: str | None) -> None:
+    """Hand one call to the worker (`workdir` None: the worker mounts its own). Raises OSError if it is gone."""
     frame = json.dumps({"code": code, "workdir": workdir}).encode()
     worker.process.stdin.write(struct.pack(">I", len(frame)) + frame)
     worker.process.stdin.flush()

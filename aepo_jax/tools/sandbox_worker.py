@@ -1,16 +1,23 @@
 """The sandbox worker process (started by `sandbox_process.spawn_worker`; never imported by the trainer).
 
 Run as `python -I sandbox_worker.py CONFIG_JSON`, normally as the init process
-of fresh net+pid namespaces. It imports the preload modules once (that makes
-it "warm"), then serves calls read from stdin as frames (4-byte big-endian
-length + JSON `{"code", "workdir"}`), one at a time, until EOF:
+of fresh net+pid(+mount) namespaces. With a `root` plan in the config it
+first moves into its private root file system (`sandbox_mounts.enter_root`;
+with `probe` it then reports that on stdout and exits). It imports the
+preload modules once (that makes it "warm"), then serves calls read from
+stdin as frames (4-byte big-endian length + JSON `{"code", "workdir"}`), one
+at a time, until EOF:
 
-1. fork a child; the child moves to its own process group, enters the call's
-   working directory, applies the resource limits, runs the code with the
-   worker's stdout/stderr, and writes its status to a private pipe;
-2. after the child exits, kill every other process left in the namespace
-   (`kill(-1)` from the namespace init reaches exactly those) and reap them;
-3. write one status line (JSON) to the result fd named in the config.
+1. with a root: mount a fresh size-limited tmpfs as the call's working
+   directory (the call's `workdir` is then ignored);
+2. fork a child; the child moves to its own process group, enters the
+   working directory, applies the resource limits, drops every capability
+   (with a root), runs the code with the worker's stdout/stderr, and writes
+   its status to a private pipe;
+3. after the child exits, kill every other process left in the namespace
+   (`kill(-1)` from the namespace init reaches exactly those), reap them and
+   detach the working directory's tmpfs;
+4. write one status line (JSON) to the result fd named in the config.
 
 The worker itself never runs model code, so every call starts from the same
 pristine state, and nothing a call started outlives it.
@@ -18,6 +25,7 @@ pristine state, and nothing a call started outlives it.
 
 import errno
 import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -63,16 +71,31 @@ def _user_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
-def _run_child(call: dict, config: dict, status_fd: int) -> None:
+def _load_mounts() -> object:
+    """`sandbox_mounts.py` from beside this file (`python -I` does not put this directory on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_mounts.py")
+    spec = importlib.util.spec_from_file_location("sandbox_mounts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None:
     """In the forked child: isolate, limit, run the code, report. Never returns."""
     os.setpgid(0, 0)
     os.close(config["result_fd"])  # the code cannot forge the worker's status line
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # stdin was the control pipe
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
-    os.chdir(call["workdir"])
-    os.environ["HOME"] = os.environ["TMPDIR"] = call["workdir"]
-    _apply_limits(config, status_fd)
+    try:
+        workdir = config["root"]["workdir"] if mounts else call["workdir"]
+        os.chdir(workdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+        _apply_limits(config, status_fd)
+        if mounts:
+            mounts.drop_privileges()
+    except BaseException as error:  # noqa: BLE001 - never run code half-isolated, never return into the worker
+        _finish(status_fd, {"status": "failed", "exit_code": None, "traceback": f"sandbox setup failed: {error!r}"})
     status = {"status": "ok", "exit_code": 0, "traceback": ""}
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -113,15 +136,19 @@ def _kill_the_rest() -> None:
                 return
 
 
-def _serve_one(call: dict, config: dict) -> dict:
+def _serve_one(call: dict, config: dict, mounts: object) -> dict:
+    if mounts:
+        mounts.mount_workdir(config["root"]["workdir"], config["workdir_bytes"], config["workdir_files"])
     status_read, status_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(status_read)
-        _run_child(call, config, status_write)
+        _run_child(call, config, status_write, mounts)
     os.close(status_write)
     _, wait_status = os.waitpid(pid, 0)
     _kill_the_rest()
+    if mounts:
+        mounts.umount(config["root"]["workdir"])
     raw = b"".join(iter(lambda: os.read(status_read, 65536), b""))
     os.close(status_read)
     try:
@@ -142,6 +169,13 @@ def _serve_one(call: dict, config: dict) -> dict:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    mounts = None
+    if config.get("root"):
+        mounts = _load_mounts()
+        notes = mounts.enter_root(config["root"])
+        if config.get("probe"):
+            print(json.dumps({"root": True, "notes": notes}), flush=True)
+            return
     for module in config.get("preload", []):
         importlib.import_module(module)
     while True:
@@ -149,7 +183,7 @@ def main() -> None:
         if not header:
             return
         call = json.loads(_read_exact(0, struct.unpack(">I", header)[0]))
-        status = _serve_one(call, config)
+        status = _serve_one(call, config, mounts)
         os.write(config["result_fd"], json.dumps(status, default=str).encode() + b"\n")
 
 
