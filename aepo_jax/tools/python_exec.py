@@ -164,7 +164,8 @@ class PythonSandbox:
         self._root_mount_point = ""
         filesystem = self._isolate_filesystem(tuple(preload)) if isolate_filesystem else "turned off by the caller"
         self.filesystem_isolated = not filesystem
-        self.visible_paths: tuple[str, ...] = tuple(self._config["root"]["binds"]) if not filesystem else ()
+        self.root_plan: dict | None = self._config.get("root")  # what the workers see (sandbox_root.plan_root)
+        self.visible_paths: tuple[str, ...] = tuple(self.root_plan["binds"]) if self.root_plan else ()
         self.cgroup_root = probe_pids_cgroup() if cgroup_root is None else cgroup_root
         namespaces = "net+pid+mount namespaces" if self.filesystem_isolated else "net+pid namespaces"
         parts = ([namespaces] if self.namespace_command else ["rlimits only (no network isolation on this platform)"])

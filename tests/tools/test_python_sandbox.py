@@ -1,4 +1,6 @@
-"""Python sandbox against hostile programs (issue 4): every one ends with a clear result inside its limits."""
+"""Python sandbox against hostile programs (issue 4): every one ends with a clear result inside its limits.
+
+File-system attacks (issue 17) are in test_sandbox_filesystem.py."""
 
 import os
 import socket
@@ -9,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from aepo_jax.tools import PythonSandbox, PythonTool, SandboxLimits
+from aepo_jax.tools.sandbox_root import WORKDIR
 
 LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=1, memory_bytes=256 << 20, file_bytes=1 << 20,
                        max_processes=16, max_output_bytes=4096)
@@ -28,7 +31,10 @@ def test_trivial_call_runs_and_prints(sandbox):
 def test_isolation_is_reported_honestly(sandbox):
     result = sandbox.run("print('x')")
     assert result.network_isolated == bool(sandbox.namespace_command)
+    assert result.filesystem_isolated == sandbox.filesystem_isolated
     assert result.isolation == sandbox.isolation
+    assert ("private read-only root" in result.isolation) == result.filesystem_isolated
+    assert ("file system NOT isolated" in result.isolation) != result.filesystem_isolated
 
 
 def test_infinite_loop_hits_the_cpu_limit(sandbox):
@@ -150,7 +156,10 @@ def test_calls_share_no_state_and_workdirs_are_removed(sandbox):
     first = sandbox.run("import os\nopen('mark', 'w').write('1')\nGLOBAL = 1\nprint(os.getcwd())")
     second = sandbox.run("import os\nprint(os.path.exists('mark'), 'GLOBAL' in globals(), os.getcwd())")
     assert second.stdout.split()[:2] == ["False", "False"]
-    assert _wait_until(lambda: not os.path.exists(first.stdout.strip()))
+    if sandbox.filesystem_isolated:  # a fresh tmpfs inside the sandbox's own root, nothing on the caller's disk
+        assert first.stdout.strip() == second.stdout.split()[2] == WORKDIR
+    else:
+        assert _wait_until(lambda: not os.path.exists(first.stdout.strip()))
 
 
 def test_many_threads_call_concurrently(sandbox):
