@@ -60,7 +60,7 @@ from aepo_jax.tools.sandbox_process import (
     spawn_worker,
     with_mount_namespace,
 )
-from aepo_jax.tools.sandbox_root import plan_root
+from aepo_jax.tools.sandbox_root import make_mount_point, plan_root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +185,7 @@ class PythonSandbox:
         """Probe a private root for the workers; '' when it works (the config then has it), else why not."""
         if not self.namespace_command:
             return "no namespaces on this platform"
-        mount_point = tempfile.mkdtemp(prefix="aepo-sandbox-root-")  # empty; each worker mounts its root on it
+        mount_point = make_mount_point()  # empty; each worker mounts its root on it, in its own namespace
         plan = plan_root(mount_point, preload)
         command = with_mount_namespace(self.namespace_command)
         reason = probe_filesystem(command, plan)

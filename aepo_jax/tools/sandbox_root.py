@@ -20,7 +20,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 
+_MOUNT_POINT_PREFIX = "aepo-sandbox-root-"
 WORKDIR = "/sandbox"  # the call's working directory inside the root (a fresh tmpfs per call)
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
@@ -32,6 +34,20 @@ _SYNTHETIC_FILES = {
 }
 _DEV_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/dev/stdout": "/proc/self/fd/1",
               "/dev/stderr": "/proc/self/fd/2"}
+
+
+def make_mount_point() -> str:
+    """An empty directory for the workers' roots, named after this process; stale ones of dead owners are removed."""
+    folder = tempfile.gettempdir()
+    for name in os.listdir(folder):
+        parts = name.split("-")
+        stale = len(parts) == 5 and parts[3].isdigit() and not os.path.exists(f"/proc/{parts[3]}")
+        if name.startswith(_MOUNT_POINT_PREFIX) and stale:
+            try:
+                os.rmdir(os.path.join(folder, name))  # only ever removes an empty directory
+            except OSError:
+                pass
+    return tempfile.mkdtemp(prefix=f"{_MOUNT_POINT_PREFIX}{os.getpid()}-")
 
 
 def _module_locations(name: str) -> list[str]:

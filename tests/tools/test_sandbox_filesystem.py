@@ -9,6 +9,11 @@ import pytest
 
 import aepo_jax
 from aepo_jax.tools import PythonSandbox, SandboxLimits
+from aepo_jax.tools.sandbox_process import (
+    probe_filesystem,
+    probe_isolation,
+    with_mount_namespace,
+)
 from aepo_jax.tools.sandbox_root import WORKDIR, plan_root
 
 LIMITS = SandboxLimits(wall_seconds=5.0, cpu_seconds=3, memory_bytes=512 << 20, file_bytes=1 << 20,
@@ -221,3 +226,26 @@ def test_without_isolation_the_result_says_so_and_why(canary):
     assert not result.filesystem_isolated and not box.filesystem_isolated
     assert "file system NOT isolated (turned off by the caller)" in result.isolation
     assert result.stdout == CANARY_TEXT + "\n"  # what the isolated sandbox prevents
+
+
+def test_a_root_that_cannot_be_built_is_reported_with_its_reason():
+    command = probe_isolation()
+    if not command:
+        pytest.skip("no namespaces on this platform")
+    plan = plan_root("/nonexistent-aepo-mount-point")
+    reason = probe_filesystem(with_mount_namespace(command), plan)
+    assert "/nonexistent-aepo-mount-point" in reason and "mount" in reason
+
+
+def test_mount_points_are_removed_on_close_and_stale_ones_of_dead_owners_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale, live = tmp_path / "aepo-sandbox-root-999999999-abcdefgh", tmp_path / "aepo-sandbox-root-1-abcdefgh"
+    stale.mkdir()
+    live.mkdir()
+    with PythonSandbox(LIMITS, pool_size=0) as box:
+        if not box.filesystem_isolated:
+            pytest.skip(f"no file-system isolation on this platform: {box.isolation}")
+        assert box.run("print(2)").stdout == "2\n"
+        ours = [p.name for p in tmp_path.iterdir() if p.name.startswith(f"aepo-sandbox-root-{os.getpid()}-")]
+        assert len(ours) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]  # pid 1 is alive: its directory stays
