@@ -8,8 +8,9 @@ synthetic), one query per `POST /retrieve` (topk 3), with 1 and 16 concurrent
 clients. Sandbox: `print(1+1)` through `PythonSandbox` with 1 and 8
 concurrent callers, 64 and 1 calls per worker, with file-system isolation on
 and off measured alternately in the same run (`drop` = 1 - on/off, the mean
-rate over `--rounds` measurements each), against a fresh `python -c` process
-per call. Writes nothing but `--json OUT` when given.
+rate over `--rounds` measurements each), single calls alternating between an
+isolated and a non-isolated sandbox (rate = 1 / median latency: the least
+load-sensitive comparison), against a fresh `python -c` process per call. Writes nothing but `--json OUT` when given.
 """
 
 from __future__ import annotations
@@ -136,6 +137,24 @@ def _spaced_out_latency(limits: SandboxLimits, isolated: bool, calls: int = 20) 
             "p50_ms": float(np.percentile(warm, 50)), "p99_ms": float(np.percentile(warm, 99))}
 
 
+def _paired_latency(limits: SandboxLimits, calls: int) -> list[dict]:
+    """Single calls alternating between an isolated and a non-isolated sandbox: both see the same load at once."""
+    latencies: dict[bool, list[float]] = {True: [], False: []}
+    with (PythonSandbox(limits, pool_size=1, calls_per_worker=10 * calls, isolate_filesystem=True) as on,
+          PythonSandbox(limits, pool_size=1, calls_per_worker=10 * calls, isolate_filesystem=False) as off):
+        for i in range(calls + 20):  # the first 20 pairs warm up
+            for isolated in ((True, False) if i % 2 == 0 else (False, True)):
+                begin = time.perf_counter()
+                (on if isolated else off).run("print(1+1)")
+                if i >= 20:
+                    latencies[isolated].append((time.perf_counter() - begin) * 1000.0)
+    p50 = {isolated: float(np.percentile(values, 50)) for isolated, values in latencies.items()}
+    return [{"bench": f"sandbox print(1+1), alternating single calls, fs isolation {'on' if isolated else 'off'}",
+             "clients": 1, "calls": calls, "calls_per_s": 1000.0 / p50[isolated], "p50_ms": p50[isolated],
+             "p99_ms": float(np.percentile(latencies[isolated], 99)),
+             "drop_vs_off": 1.0 - p50[False] / p50[True] if isolated else None} for isolated in (True, False)]
+
+
 def bench_sandbox(seconds: float, rounds: int) -> tuple[str, list[dict]]:
     """Sandbox call rate with file-system isolation on and off, interleaved round by round (same load for both)."""
     rows = []
@@ -162,6 +181,7 @@ def bench_sandbox(seconds: float, rounds: int) -> tuple[str, list[dict]]:
                              "p99_ms": float(np.median([r["p99_ms"] for r in runs])),
                              "drop_vs_off": None})
             rows[-2]["drop_vs_off"] = 1.0 - rates[True] / rates[False]
+    rows += _paired_latency(limits, calls=int(40 * seconds))
     for isolated in (True, False):
         rows.append({"bench": f"sandbox print(1+1), 1 call/worker, spaced out, fs isolation {'on' if isolated else 'off'}",
                      **_spaced_out_latency(limits, isolated), "drop_vs_off": None})

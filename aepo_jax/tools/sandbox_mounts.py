@@ -16,12 +16,12 @@ propagation) as the namespace's root user, and turns a plan made by
    `/proc/sysrq-trigger` and friends re-bound read-only);
 3. `pivot_root` into it and detach the old root, so nothing else of the
    caller's file system is reachable by any path, then make the root
-   tmpfs read-only.
+   tmpfs read-only and empty the bounding set.
 
 Per call the worker mounts a fresh size-limited tmpfs as the working
-directory and detaches it afterwards. The call's child drops every
-capability (bounding, ambient, effective, permitted, inheritable) and sets
-no-new-privileges, so the code cannot remount, unmount, mount, chroot,
+directory and detaches it afterwards. The worker empties its capability
+bounding set once; the call's child drops every other capability (ambient,
+effective, permitted, inheritable) and sets no-new-privileges, so the code cannot remount, unmount, mount, chroot,
 mknod or open files by handle, even though it runs as uid 0 of the
 namespace; read-only mounts stop the writes its uid would otherwise allow.
 """
@@ -143,6 +143,7 @@ def enter_root(plan: dict) -> list[str]:
     proc = _mount_proc(new_root + "/proc")
     _pivot_root(new_root)
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    drop_bounding_set()
     return [proc]
 
 
@@ -151,15 +152,23 @@ def mount_workdir(path: str, size_bytes: int, max_files: int) -> None:
     mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},nr_inodes={max_files},mode=0777")
 
 
-def drop_privileges() -> None:
-    """Drop every capability for good and set no-new-privileges (irreversible for this process and its children)."""
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set (the worker, once: it keeps its own capabilities, its children inherit none)."""
     cap = 0
     while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:  # EINVAL past the last capability
         cap += 1
     if cap == 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+# Made once in the worker, so a call's child only makes the three calls (a forked child pays for every page it touches).
+_NO_CAPABILITIES = (_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), (_CapData * 2)())
+_prctl, _capset = _libc.prctl, _libc.capset
+
+
+def drop_privileges() -> None:
+    """Drop every remaining capability for good and set no-new-privileges (a call's child, after `drop_bounding_set`)."""
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header, data = _NO_CAPABILITIES
+    _check(_capset(ctypes.byref(header), data), "capset")

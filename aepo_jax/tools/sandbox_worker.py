@@ -11,13 +11,13 @@ at a time, until EOF:
 1. with a root: mount a fresh size-limited tmpfs as the call's working
    directory (the call's `workdir` is then ignored);
 2. fork a child; the child moves to its own process group, enters the
-   working directory, applies the resource limits, drops every capability
+   working directory, applies the resource limits, drops its capabilities
    (with a root), runs the code with the worker's stdout/stderr, and writes
    its status to a private pipe;
 3. after the child exits, kill every other process left in the namespace
-   (`kill(-1)` from the namespace init reaches exactly those), reap them and
-   detach the working directory's tmpfs;
-4. write one status line (JSON) to the result fd named in the config.
+   (`kill(-1)` from the namespace init reaches exactly those) and reap them;
+4. write one status line (JSON) to the result fd named in the config, then
+   (with a root) detach the working directory's tmpfs.
 
 The worker itself never runs model code, so every call starts from the same
 pristine state, and nothing a call started outlives it.
@@ -147,8 +147,6 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
     os.close(status_write)
     _, wait_status = os.waitpid(pid, 0)
     _kill_the_rest()
-    if mounts:
-        mounts.umount(config["root"]["workdir"])
     raw = b"".join(iter(lambda: os.read(status_read, 65536), b""))
     os.close(status_read)
     try:
@@ -185,6 +183,8 @@ def main() -> None:
         call = json.loads(_read_exact(0, struct.unpack(">I", header)[0]))
         status = _serve_one(call, config, mounts)
         os.write(config["result_fd"], json.dumps(status, default=str).encode() + b"\n")
+        if mounts:  # after the status: the caller need not wait for the detach (it can take ms)
+            mounts.umount(config["root"]["workdir"])
 
 
 if __name__ == "__main__":
