@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import queue
+import secrets
 import selectors
 import shutil
 import tempfile
@@ -174,6 +175,7 @@ class PythonSandbox:
                   else f"file system NOT isolated ({filesystem})"]
         self.isolation = ", ".join(parts)
         self._serial = itertools.count()
+        self._cgroup_prefix = f"aepo-sandbox-{os.getpid()}-{secrets.token_hex(4)}n"  # unique per sandbox, not per process
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
@@ -200,7 +202,7 @@ class PythonSandbox:
     def _spawn(self) -> Worker:
         cgroup = ""
         if self.cgroup_root:
-            cgroup = os.path.join(self.cgroup_root, f"aepo-sandbox-{os.getpid()}-{next(self._serial)}")
+            cgroup = os.path.join(self.cgroup_root, f"{self._cgroup_prefix}{next(self._serial)}")
         return spawn_worker(self._config, self.namespace_command, cgroup, self.calls_per_worker)
 
     def _take(self) -> Worker:

@@ -9,8 +9,8 @@ not the checkout around it). Add the system's `/usr`, `/bin`, `/sbin`,
 `/lib*` (symlinks stay symlinks), the dynamic linker's `/etc` files, and
 `/dev/null|zero|random|urandom`. All are bound read-only at their own
 paths. `/etc/passwd`, `/etc/group` and `/etc/hosts` are small synthetic
-files (no names of the host's users), `/tmp` points at the working
-directory, and `/proc` is mounted fresh by the worker. Nothing else (the
+files (no names of the host's users), `/tmp` and `/dev/shm` point at the
+working directory, and `/proc` is mounted fresh by the worker. Nothing else (the
 caller's home, the checkout, run directories, the system's temporary
 directory) exists inside.
 """
@@ -32,7 +32,7 @@ _SYNTHETIC_FILES = {
     "/etc/group": "root:x:0:\nnogroup:x:65534:\n",
     "/etc/hosts": "127.0.0.1 localhost\n::1 localhost\n",
 }
-_DEV_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/dev/stdout": "/proc/self/fd/1",
+_DEV_LINKS = {"/dev/shm": WORKDIR, "/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/dev/stdout": "/proc/self/fd/1",
               "/dev/stderr": "/proc/self/fd/2"}
 
 

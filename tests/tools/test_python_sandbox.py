@@ -178,3 +178,13 @@ def test_python_tool_turns_failures_into_text(sandbox):
     assert not bad.ok and "ZeroDivisionError" in bad.text and bad.status == "error"
     slow = tool.run("import time\ntime.sleep(30)")
     assert not slow.ok and slow.status == "timeout" and "timeout" in slow.text
+
+
+def test_closing_one_sandbox_leaves_another_in_the_same_process_working():
+    """Each sandbox's worker cgroups have their own names: closing one must not kill the other's workers."""
+    with PythonSandbox(LIMITS, pool_size=1) as first:
+        assert first.run("print(1)").stdout == "1\n"
+        with PythonSandbox(LIMITS, pool_size=1) as second:
+            assert second.run("print(2)").stdout == "2\n"
+        result = first.run("print(3)")
+        assert (result.status, result.stdout) == ("ok", "3\n"), result

@@ -16,7 +16,8 @@ from aepo_jax.tools.sandbox_process import (
 )
 from aepo_jax.tools.sandbox_root import WORKDIR, plan_root
 
-LIMITS = SandboxLimits(wall_seconds=5.0, cpu_seconds=3, memory_bytes=512 << 20, file_bytes=1 << 20,
+# A generous wall limit: the first call waits for a worker importing numpy and sympy on a loaded machine.
+LIMITS = SandboxLimits(wall_seconds=30.0, cpu_seconds=3, memory_bytes=512 << 20, file_bytes=1 << 20,
                        workdir_bytes=2 << 20, max_processes=16, max_output_bytes=16384)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CANARY_TEXT = "canary-contents-7f3a"
@@ -249,3 +250,10 @@ def test_mount_points_are_removed_on_close_and_stale_ones_of_dead_owners_too(tmp
         ours = [p.name for p in tmp_path.iterdir() if p.name.startswith(f"aepo-sandbox-root-{os.getpid()}-")]
         assert len(ours) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]  # pid 1 is alive: its directory stays
+
+
+def test_multiprocessing_works_inside(sandbox):
+    """POSIX semaphores live in /dev/shm, which points at the call's working directory."""
+    code = "import multiprocessing as mp\nwith mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2, 3]))"
+    result = sandbox.run(code)
+    assert (result.status, result.stdout) == ("ok", "[1, 2, 3]\n"), result
