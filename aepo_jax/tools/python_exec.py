@@ -190,12 +190,12 @@ class PythonSandbox:
         mount_point = make_mount_point()  # empty; each worker mounts its root on it, in its own namespace
         plan = plan_root(mount_point, preload)
         command = with_mount_namespace(self.namespace_command)
-        reason = probe_filesystem(command, plan)
+        reason, binds = probe_filesystem(command, plan, list(preload))
         if reason:
             os.rmdir(mount_point)
             return f"mount namespace unavailable: {reason}"
         self.namespace_command, self._root_mount_point = command, mount_point
-        self._config["root"] = plan
+        self._config["root"] = {**plan, "binds": binds}  # with the preload modules where the workers find them
         return ""
 
     # -- workers -----------------------------------------------------------

@@ -53,21 +53,23 @@ def with_mount_namespace(command: tuple[str, ...]) -> tuple[str, ...]:
     return (command[0], "--mount", *command[1:])
 
 
-def probe_filesystem(command: tuple[str, ...], root_plan: dict) -> str:
-    """'' if a worker can build `root_plan` under `command` (a probe worker really does), else why not."""
-    config = json.dumps({"root": root_plan, "probe": True})
+def probe_filesystem(command: tuple[str, ...], root_plan: dict, preload: list[str]) -> tuple[str, list[str]]:
+    """('', the binds a worker made) if it can build `root_plan` under `command` (a probe worker really does),
+    else (why not, [])."""
+    config = json.dumps({"root": root_plan, "probe": True, "preload": preload})
     try:
         done = subprocess.run([*command, sys.executable, "-I", _WORKER_SCRIPT, config], check=False,
                               capture_output=True, timeout=30, cwd="/", env=dict(WORKER_ENV))
     except (OSError, subprocess.TimeoutExpired) as error:
-        return f"probe worker did not run: {error}"
+        return f"probe worker did not run: {error}", []
     try:
-        if done.returncode == 0 and json.loads(done.stdout).get("root") is True:
-            return ""
-    except ValueError:
+        report = json.loads(done.stdout)
+        if done.returncode == 0 and report.get("root") is True:
+            return "", list(report["binds"])
+    except (ValueError, AttributeError, KeyError):
         pass
     lines = done.stderr.decode(errors="replace").strip().splitlines()
-    return lines[-1] if lines else f"probe worker exited with status {done.returncode}"
+    return (lines[-1] if lines else f"probe worker exited with status {done.returncode}"), []
 
 
 def probe_pids_cgroup(root: str = "/sys/fs/cgroup/pids") -> str:

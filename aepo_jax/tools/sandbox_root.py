@@ -5,7 +5,8 @@ install paths: the venv (`sys.prefix`, `sys.exec_prefix`), the base
 interpreter (`sys.base_prefix`, `sys.base_exec_prefix`, the resolved
 `sys.executable`) and the preload modules' own directories when they lie
 outside those prefixes (an editable install: only the package directory,
-not the checkout around it). Add the system's `/usr`, `/bin`, `/sbin`,
+not the checkout around it), found again by each worker in its own
+`python -I` view (`extend_plan`). Add the system's `/usr`, `/bin`, `/sbin`,
 `/lib*` (symlinks stay symlinks), the dynamic linker's `/etc` files, and
 `/dev/null|zero|random|urandom`. All are bound read-only at their own
 paths. `/etc/passwd`, `/etc/group` and `/etc/hosts` are small synthetic
@@ -99,6 +100,22 @@ class _Plan:
             symlinks["/tmp"] = WORKDIR
         return {"mount_point": mount_point, "binds": binds, "symlinks": symlinks, "workdir": WORKDIR,
                 "devices": [d for d in DEVICES if os.path.exists(d)], "files": dict(_SYNTHETIC_FILES)}
+
+
+def extend_plan(plan: dict, modules: list[str]) -> dict:
+    """`plan` plus the modules' locations as this interpreter finds them.
+
+    A worker calls this before it builds its root: it runs `python -I`, so its
+    sys.path (e.g. an editable install's finder) can differ from the parent's.
+    """
+    extended = _Plan()
+    extended.binds = set(plan["binds"])
+    extended.symlinks = {path: link for path, link in plan["symlinks"].items()
+                         if path not in _DEV_LINKS and not (path == "/tmp" and link == WORKDIR)}
+    for module in modules:
+        for path in _module_locations(module):
+            extended.add(path)
+    return extended.as_dict(plan["mount_point"])
 
 
 def plan_root(mount_point: str, preload: tuple[str, ...] | list[str] = ()) -> dict:

@@ -2,8 +2,10 @@
 
 Run as `python -I sandbox_worker.py CONFIG_JSON`, normally as the init process
 of fresh net+pid(+mount) namespaces. With a `root` plan in the config it
-first moves into its private root file system (`sandbox_mounts.enter_root`;
-with `probe` it then reports that on stdout and exits). It imports the
+first adds its preload modules' locations to the plan
+(`sandbox_root.extend_plan`) and moves into its private root file system
+(`sandbox_mounts.enter_root`; with `probe` it then reports the binds on
+stdout and exits). It imports the
 preload modules once (that makes it "warm"), then serves calls read from
 stdin as frames (4-byte big-endian length + JSON `{"code", "workdir"}`), one
 at a time, until EOF:
@@ -71,10 +73,10 @@ def _user_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
-def _load_mounts() -> object:
-    """`sandbox_mounts.py` from beside this file (`python -I` does not put this directory on sys.path)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_mounts.py")
-    spec = importlib.util.spec_from_file_location("sandbox_mounts", path)
+def _load_sibling(name: str) -> object:
+    """Module `name` from beside this file (`python -I` does not put this directory on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -169,10 +171,12 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     mounts = None
     if config.get("root"):
-        mounts = _load_mounts()
+        mounts = _load_sibling("sandbox_mounts")
+        # The preload modules where this interpreter finds them (its sys.path may differ from the parent's).
+        config["root"] = _load_sibling("sandbox_root").extend_plan(config["root"], config.get("preload", []))
         notes = mounts.enter_root(config["root"])
         if config.get("probe"):
-            print(json.dumps({"root": True, "notes": notes}), flush=True)
+            print(json.dumps({"root": True, "binds": config["root"]["binds"], "notes": notes}), flush=True)
             return
     for module in config.get("preload", []):
         importlib.import_module(module)

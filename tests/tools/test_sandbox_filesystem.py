@@ -234,8 +234,8 @@ def test_a_root_that_cannot_be_built_is_reported_with_its_reason():
     if not command:
         pytest.skip("no namespaces on this platform")
     plan = plan_root("/nonexistent-aepo-mount-point")
-    reason = probe_filesystem(with_mount_namespace(command), plan)
-    assert "/nonexistent-aepo-mount-point" in reason and "mount" in reason
+    reason, binds = probe_filesystem(with_mount_namespace(command), plan, [])
+    assert "/nonexistent-aepo-mount-point" in reason and "mount" in reason and binds == []
 
 
 def test_mount_points_are_removed_on_close_and_stale_ones_of_dead_owners_too(tmp_path, monkeypatch):
@@ -257,3 +257,18 @@ def test_multiprocessing_works_inside(sandbox):
     code = "import multiprocessing as mp\nwith mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2, 3]))"
     result = sandbox.run(code)
     assert (result.status, result.stdout) == ("ok", "[1, 2, 3]\n"), result
+
+
+def test_a_preloaded_package_of_the_checkout_is_visible_alone():
+    """An editable install's package is bound where the worker's own `python -I` finds it, and nothing around it."""
+    with PythonSandbox(LIMITS, pool_size=1, preload=("aepo_jax",)) as box:
+        if not box.filesystem_isolated:
+            pytest.skip(f"no file-system isolation on this platform: {box.isolation}")
+        code = ("import os, aepo_jax\ncheckout = os.path.dirname(os.path.dirname(aepo_jax.__file__))\n"
+                "print(checkout)\nprint(sorted(os.listdir(checkout)))\n"
+                "print(os.path.exists(os.path.join(checkout, 'pyproject.toml')), os.path.exists(os.path.join(checkout, 'tests')))")
+        result = box.run(code)
+    checkout, listing, hidden = result.stdout.splitlines()
+    assert set(eval(listing)) <= {"aepo_jax", ".venv"}, listing
+    assert hidden == "False False"
+    assert os.path.join(checkout, "aepo_jax") in box.visible_paths
