@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 
 _MOUNT_POINT_PREFIX = "aepo-sandbox-root-"
 WORKDIR = "/sandbox"  # the call's working directory inside the root (a fresh tmpfs per call)
@@ -39,6 +38,7 @@ _DEV_LINKS = {"/dev/shm": WORKDIR, "/dev/fd": "/proc/self/fd", "/dev/stdin": "/p
 
 def make_mount_point() -> str:
     """An empty directory for the workers' roots, named after this process; stale ones of dead owners are removed."""
+    import tempfile  # here, not at the top: workers load this module too, and tempfile would slow their start-up
     folder = tempfile.gettempdir()
     for name in os.listdir(folder):
         parts = name.split("-")
