@@ -150,3 +150,36 @@ def shrink_to_tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.checkpoint.keep = 2
     c.mesh.shape = {"data": -1, "fsdp": 1, "tensor": 1}
     return c
+
+
+def select_variant(arg: str | None, variants: tuple[str, ...], config_file: str) -> str | None:
+    """The named variant `arg` of `config_file` (None or "" for the default), or a clear error."""
+    if not arg:
+        return None
+    if arg not in variants:
+        raise ValueError(f"{config_file}: unknown variant {arg!r}; choose from {variants} or give no argument "
+                         "for the paper's method")
+    return arg
+
+
+def apply_release_settings(c: ml_collections.ConfigDict, *, initial_rollouts: int, total_steps: int,
+                           reward: str) -> ml_collections.ConfigDict:
+    """What the authors' released AEPO scripts and code run (spec §7.1; table in docs/fidelity.md).
+
+    Args:
+      c: a paper config (its defaults follow the spec's sections 1-3).
+      initial_rollouts: the scripts' fixed m (INITIAL_ROLLOUTS).
+      total_steps: steps the released loader gives (it drops the last partial batch).
+      reward: the reward the released script scores with.
+    """
+    c.rollout.dynamic_budget = False  # ENABLE_DYNAMIC_ROLLOUTS=False
+    c.rollout.premonitor_reuse = False  # moot with pre-monitoring off; the release discards the sample
+    c.rollout.initial_rollouts = initial_rollouts
+    c.rollout.penalty_scope = "prompt"  # one consecutive-branch counter per prompt
+    c.rollout.entropy_measure = "top10_sum"  # vLLM top-10 log-probs, summed over 20 tokens, / ln V
+    # ENABLE_ENTROPY_BALANCED_ADVANTAGE=True, but with entropy_coeff = 0 the actor never computes the
+    # entropy the reshape needs, so the advantage is plain GRPO in the released runs.
+    c.objective.entropy_advantage = False
+    c.train.total_steps = total_steps
+    c.reward.name = reward
+    return c

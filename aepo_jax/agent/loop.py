@@ -40,6 +40,8 @@ from aepo_jax.agent.trajectory import (
 )
 from aepo_jax.rollout.entropy import (
     ENTROPY_MEASURES,
+    TOP_LOGPROBS,
+    reported_logprobs,
     segment_entropy,
     top10_sum_entropy,
 )
@@ -276,10 +278,14 @@ class _Run:
         room = self._cache_room()
         if room is not None:
             limits = [max(0, min(n, room)) for n in limits]
-        self.state, out = self.gen.generate(self.state, limits, sub)
+        # The released measure reads vLLM-style top-10 log-probs; only it asks the sampler for them.
+        top_k = {"top_logprobs": TOP_LOGPROBS} if self.cfg.entropy_measure == "top10_sum" else {}
+        self.state, out = self.gen.generate(self.state, limits, sub, **top_k)
         self.generated_this_round = [int(n) for n in out.num_tokens[: len(self.rows)]]
         results = []
-        top = getattr(out, "top_logprobs", None)
+        top = None
+        if getattr(out, "top_logprobs", None) is not None:
+            top = reported_logprobs(out.top_logprobs, out.top_ids, out.tokens, out.logp)  # [B, N, 11]
         for i, traj in enumerate(self.rows):
             n = int(out.num_tokens[i])
             ids = [int(x) for x in out.tokens[i, :n]]
@@ -303,7 +309,8 @@ class _Run:
         if self.cfg.entropy_measure == "exact_mean":
             return segment_entropy(token_entropy, self.cfg.entropy_tokens)
         if top_logprobs is None:
-            raise ValueError("entropy_measure='top10_sum' needs the generator to return top_logprobs [B, N, 10]")
+            raise ValueError("entropy_measure='top10_sum' needs the generator to return top_logprobs [B, N, 10] "
+                             "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
     def _decide_branches(self) -> list[tuple[Any, list[Trajectory]]]:

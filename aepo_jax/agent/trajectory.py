@@ -163,3 +163,44 @@ class Trajectory:
             "logp_old": np.asarray(self.logp_old, np.float32),
             "entropy": np.asarray(self.entropy, np.float32),
         }
+
+
+def tree_shared_prefixes(group: list[Trajectory]) -> np.ndarray:
+    """`int32[n, n]`: response tokens trajectories i and j share through the rollout tree (ARPO, spec §3.2).
+
+    A branch copies its parent's response up to its `branch_point` and samples
+    on independently, so two trajectories of one tree share the response up
+    to where their lineages part: below their lowest common ancestor `a`,
+    the branch point of the child of `a` on each side (the smaller of the
+    two); when one is the other's ancestor, the branch point of the child on
+    the descendant's side. Trajectories of different roots share no response
+    token (their prompt is shared, but it is not part of the response). The
+    diagonal is each trajectory's response length. Unlike comparing token ids,
+    prefixes that coincide by chance do not count. A parent missing from
+    `group` ends the lineage there.
+    """
+    by_id = {t.traj_id: t for t in group}
+
+    def chain(t: Trajectory) -> list[Trajectory]:
+        """t, its parent, ..., the root of its lineage (within the group)."""
+        out = [t]
+        while getattr(out[-1], "parent_id", None) in by_id:
+            out.append(by_id[out[-1].parent_id])
+        return out
+
+    chains = [chain(t) for t in group]
+    n = len(group)
+    shared = np.zeros((n, n), np.int32)
+    for i in range(n):
+        shared[i, i] = len(group[i].response_ids)
+        for j in range(i + 1, n):
+            ids_j = [t.traj_id for t in chains[j]]
+            common = next((k for k, t in enumerate(chains[i]) if t.traj_id in ids_j), None)
+            if common is None:
+                continue  # different roots
+            below_i = chains[i][common - 1].branch_point if common > 0 else None  # child of the LCA towards i
+            k_j = ids_j.index(chains[i][common].traj_id)
+            below_j = chains[j][k_j - 1].branch_point if k_j > 0 else None
+            points = [int(p) for p in (below_i, below_j) if p is not None]
+            shared[i, j] = shared[j, i] = min(points)
+    return shared

@@ -25,7 +25,7 @@ from aepo_jax.sampling.stopping import (
     push_window,
     stop_reason_after,
 )
-from aepo_jax.sampling.token_distribution import draw_tokens
+from aepo_jax.sampling.token_distribution import draw_tokens, top_logprobs
 
 Forward = Callable[..., tuple[jax.Array, object]]
 
@@ -82,6 +82,8 @@ class DecodeOutputs:
     num_tokens: jax.Array  # int32[B]
     stop_reason: jax.Array  # int32[B]
     stop_sequence_index: jax.Array  # int32[B]
+    top_logprobs: jax.Array | None = None  # float32[B, N, k] when asked for (k > 0), else None
+    top_ids: jax.Array | None = None  # int32[B, N, k] their token ids
 
 
 def decode_loop(
@@ -95,6 +97,7 @@ def decode_loop(
     max_steps: int,
     sampling: SamplingParams,
     pad_id: int,
+    num_top_logprobs: int = 0,
 ) -> tuple[DecodeArrays, DecodeOutputs]:
     """Generates up to `max_steps` tokens per row in one `lax.while_loop`.
 
@@ -109,6 +112,9 @@ def decode_loop(
       row_keys: one PRNG key per row ([B] typed keys).
       budget: int32[B] tokens allowed per row (0 for padding rows).
       max_steps: static output length N >= max(budget).
+      num_top_logprobs: static k; when > 0 each token also gets the k largest
+        log-probs of the distribution it was drawn from, and their ids
+        (`top_logprobs`). 0 (default) adds nothing to the program.
     """
     batch = budget.shape[0]
     window = empty_window(batch, stop_table)
@@ -123,6 +129,10 @@ def decode_loop(
         stop_reason=reason,
         stop_sequence_index=jnp.full((batch,), -1, jnp.int32),
     )
+    k = num_top_logprobs
+    if k > 0:
+        outputs = outputs.replace(top_logprobs=jnp.zeros((batch, max_steps, k), jnp.float32),
+                                  top_ids=jnp.zeros((batch, max_steps, k), jnp.int32))
 
     def write_column(table: jax.Array, column: jax.Array, step: jax.Array) -> jax.Array:
         return jax.lax.dynamic_update_slice(table, column[:, None], (jnp.int32(0), step))
@@ -148,7 +158,18 @@ def decode_loop(
             num_tokens=num_tokens,
             stop_reason=jnp.where(active, new_reason, out.stop_reason),
             stop_sequence_index=jnp.where(active, new_seq, out.stop_sequence_index),
+            top_logprobs=out.top_logprobs,
+            top_ids=out.top_ids,
         )
+        if k > 0:
+            zero = jnp.int32(0)
+            values, ids = top_logprobs(arrays.last_logits, sampling.temperature, k)  # [B, k] each
+            out = out.replace(
+                top_logprobs=jax.lax.dynamic_update_slice(
+                    out.top_logprobs, jnp.where(active[:, None], values, 0.0)[:, None], (zero, step, zero)),
+                top_ids=jax.lax.dynamic_update_slice(
+                    out.top_ids, jnp.where(active[:, None], ids, 0)[:, None], (zero, step, zero)),
+            )
         arrays = forward_block(forward, params, arrays, tokens[:, None], active[:, None])
         return step + 1, arrays, window, out
 

@@ -54,11 +54,13 @@ def _block_program(graphdef, params, arrays, tokens, token_valid):
     return forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_steps", "sampling", "pad_id"), donate_argnums=(2,))
-def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, *, max_steps, sampling, pad_id):
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs"),
+                   donate_argnums=(2,))
+def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, *, max_steps, sampling, pad_id,
+                    num_top_logprobs=0):
     return decode_loop(
         functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table,
-        max_steps=max_steps, sampling=sampling, pad_id=pad_id,
+        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs,
     )
 
 
@@ -191,6 +193,7 @@ class Sampler:
         max_new_tokens: int | Sequence[int],
         rng: jax.Array | None = None,
         params: SamplingParams | None = None,
+        top_logprobs: int = 0,
     ) -> tuple[DecodeState, SampleOutput]:
         """Samples up to max_new_tokens per row (int, or one budget per real row).
 
@@ -198,7 +201,12 @@ class Sampler:
         Every returned token is in the returned state's cache. With `rng=None`
         the key is `fold_in(PRNGKey(seed), call_number)`, different for every
         call; each row gets its own key split from the call's key.
+        `top_logprobs=k > 0` also returns, per generated token, the k largest
+        full-vocabulary log-probs at the sampling temperature and their ids
+        (a separate compiled program per k; 0 leaves the default program as is).
         """
+        if not 0 <= int(top_logprobs) <= self.config.vocab_size:
+            raise ValueError(f"top_logprobs must be in [0, vocab_size={self.config.vocab_size}], got {top_logprobs}")
         sampling = params if params is not None else self.params
         budgets = self._budgets(state, max_new_tokens)
         longest = int(budgets.max())
@@ -213,6 +221,7 @@ class Sampler:
             arrays, out = _decode_program(
                 self._graphdef, self._params_state, state.arrays, row_keys, self._place(jnp.asarray(budgets)),
                 self._stop_table, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
+                num_top_logprobs=int(top_logprobs),
             )
         out = jax.device_get(out)
         n, width = state.num_rows, max(longest, 0)
@@ -224,6 +233,8 @@ class Sampler:
             num_tokens=out.num_tokens[:n],
             stop_reason=[STOP_REASON_NAMES[int(r)] for r in out.stop_reason[:n]],
             stop_sequence_index=out.stop_sequence_index[:n],
+            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:n, :width],
+            top_ids=None if out.top_ids is None else out.top_ids[:n, :width],
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
         return DecodeState(arrays, n), result

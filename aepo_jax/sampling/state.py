@@ -84,6 +84,10 @@ class SampleOutput:
       num_tokens: int32[B] tokens generated per row.
       stop_reason: per row "eos", "stop" or "length".
       stop_sequence_index: int32[B], which stop sequence matched, -1 if none.
+      top_logprobs: float32[B, N, k] the k largest full-vocabulary log-probs at
+        the sampling temperature for each generated token, descending; None
+        unless `generate(..., top_logprobs=k)` asked for them.
+      top_ids: int32[B, N, k] the token ids of `top_logprobs` (None likewise).
     """
 
     tokens: np.ndarray
@@ -93,6 +97,8 @@ class SampleOutput:
     num_tokens: np.ndarray
     stop_reason: list[str]
     stop_sequence_index: np.ndarray
+    top_logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
 
     def row_tokens(self, row: int) -> list[int]:
         """The ids generated for one row, without padding."""

@@ -104,3 +104,23 @@ def draw_tokens(
     logp = picked - log_normaliser
     logp_truncated = picked - jnp.log(jnp.sum(sample_weights, axis=-1)) if params.truncates else logp
     return tokens, logp, logp_truncated, entropy
+
+
+def top_logprobs(logits: jax.Array, temperature: float, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k largest full-vocabulary log-probs at temperature T, and their token ids.
+
+    What vLLM's `logprobs=k` reports per generated token, which the released
+    AEPO code's `top10_sum` entropy reads (spec section 1). Only run when a
+    caller asks for it (`Sampler.generate(..., top_logprobs=k)`).
+
+    Args:
+      logits: float[B, V] the logits the token was drawn from (cast to float32 here).
+      temperature: the sampling temperature T.
+      k: static number of log-probs per row, 1 <= k <= V.
+
+    Returns:
+      (log-probs float32[B, k] in descending order, ids int32[B, k]).
+    """
+    scaled = logits.astype(jnp.float32) / jnp.float32(temperature)  # [B, V]
+    values, ids = jax.lax.top_k(scaled, k)  # [B, k], [B, k]
+    return values - jax.nn.logsumexp(scaled, axis=-1, keepdims=True), ids.astype(jnp.int32)

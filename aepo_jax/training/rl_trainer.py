@@ -191,7 +191,7 @@ class RLTrainer(CheckpointedTrainer):
         advantages, metrics = compute_advantages(
             self.preset, rows.rewards, rows.group_ids, batch["mask"], entropy=entropy,
             response_lengths=rows.response_lengths, max_response_len=int(self.config.rollout.max_response_len),
-            kl=kl, tokens=batch["input_ids"], step_starts=rows.step_starts,
+            kl=kl, tokens=batch["input_ids"], step_starts=rows.step_starts, shared_prefix_len=rows.shared_prefix_len,
         )
         return np.asarray(advantages, np.float32), {f"adv/{k}": float(v) for k, v in metrics.items()}
 

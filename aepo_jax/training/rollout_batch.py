@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from aepo_jax.agent.trajectory import tree_shared_prefixes
 from aepo_jax.training.batch import pad_sequences
 
 
@@ -29,6 +30,9 @@ class RolloutRows:
       response_lengths: int32[B] response tokens (generated + tool results).
       step_starts: per row, the columns where each GiGPO step starts.
       num_rows: real (non-padding) rows.
+      shared_prefix_len: int32[B, B] leading columns rows i and j share through
+        the rollout tree (prompt plus shared response; 0 across groups and on
+        padding rows), for ARPO hard attribution.
     """
 
     batch: dict[str, np.ndarray]
@@ -37,6 +41,7 @@ class RolloutRows:
     response_lengths: np.ndarray
     step_starts: list[list[int]]
     num_rows: int
+    shared_prefix_len: np.ndarray | None = None
 
 
 def trajectory_row(traj: Any) -> dict[str, np.ndarray]:
@@ -82,6 +87,12 @@ def build_rollout_rows(
                           length_multiple=length_bucket)
     total = batch["input_ids"].shape[0]
     extra = total - len(rows)
+    shared = np.zeros((total, total), np.int32)  # [B, B], block-diagonal over groups
+    start = 0
+    for group in groups:
+        block = slice(start, start + len(group))
+        shared[block, block] = tree_shared_prefixes(list(group)) + (len(group[0].prompt_ids) if group else 0)
+        start += len(group)
     return RolloutRows(
         batch=batch,
         group_ids=np.asarray(group_ids + list(range(len(groups), len(groups) + extra)), np.int32),
@@ -89,6 +100,7 @@ def build_rollout_rows(
         response_lengths=np.asarray(lengths + [0] * extra, np.int32),
         step_starts=starts + [[0]] * extra,
         num_rows=len(rows),
+        shared_prefix_len=shared,
     )
 
 

@@ -24,6 +24,7 @@ from aepo_jax.agent.protocol import ToolCall
 from aepo_jax.training.agent_env import build_agent_environment, pipeline_for
 from aepo_jax.training.build import init_model, model_config_from
 from aepo_jax.training.rl_trainer import RLTrainer
+from configs.base import apply_release_settings
 from launch.run_setup import prepare_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,9 +96,8 @@ def test_shared_tools_answer_on_loopback(agent_env):
     assert python.ok and "42" in python.text, python
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
-    cfg = _shrink(_load_config(family), vocab_size=int(agent_env.tokenizer.vocab_size))
+def _train_one_step(cfg, agent_env, tmp_path) -> tuple[dict, dict]:
+    """One real RL step of `cfg` in `tmp_path`: (the metrics.jsonl record, what `train` returned)."""
     workdir = str(tmp_path)
     prepare_workdir(cfg, workdir, resume=False)
     graphdef, params = init_model(cfg, model_config_from(cfg).replace(n_layers=1))
@@ -110,10 +110,15 @@ def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
         (returned,) = trainer.train()
     finally:
         trainer.close()
-
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1
-    record = json.loads(lines[0])
+    return json.loads(lines[0]), returned
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
+    cfg = _shrink(_load_config(family), vocab_size=int(agent_env.tokenizer.vocab_size))
+    record, returned = _train_one_step(cfg, agent_env, tmp_path)
     assert record["step"] == 1 and returned["step"] == 1
     if record.get("skipped_update"):
         # DAPO dynamic sampling: a random policy never writes the answer format, so every
@@ -141,6 +146,35 @@ def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["algorithm"] == family and saved["name"] == f"{family}_tiny"
     assert saved["rollout"]["strategy"] == cfg.rollout.strategy and saved["total_steps"] == 1
+
+
+def _release_settings(cfg):
+    """The `:release` variant's rollout and objective (top10_sum entropy, fixed m, per-prompt counter)."""
+    return apply_release_settings(cfg, initial_rollouts=int(cfg.rollout.initial_rollouts), total_steps=1,
+                                  reward=cfg.reward.name)
+
+
+def _hard_attribution(cfg):
+    cfg.objective.hard_attribution = True
+    return cfg
+
+
+@pytest.mark.parametrize("family, switch", [("aepo", _release_settings), ("arpo", _hard_attribution)],
+                         ids=["aepo-release-top10_sum", "arpo-hard_attribution"])
+def test_fidelity_switch_runs_one_step(family, switch, agent_env, tmp_path):
+    """Issue 16: the released-code switches run through the real trainer (AEPO with the release
+    settings, `top10_sum` among them, so the sampler returns top-10 log-probs; ARPO with hard
+    attribution, so the trainer passes the rollout tree's shared prefixes)."""
+    cfg = switch(_shrink(_load_config(family), vocab_size=int(agent_env.tokenizer.vocab_size)))
+    record, _ = _train_one_step(cfg, agent_env, tmp_path)
+    for metric in ("loss", "adv/advantage_mean", "entropy_mean", "rollout/mean_segment_entropy"):
+        assert math.isfinite(record[metric]), (metric, record)
+    assert record["updates"] == 1.0 and record["trajectories"] == cfg.data.prompts_per_step * cfg.rollout.k
+    if cfg.rollout.entropy_measure == "top10_sum":
+        # A random policy's exact token entropy is near ln V; the released measure is a sum of
+        # top-10 partial entropies over <= 16 tokens divided by ln V, far below it. Under the exact
+        # measure the two would agree.
+        assert record["rollout/mean_segment_entropy"] < 0.5 * record["entropy_mean"], record
 
 
 def test_data_search_url_uses_a_running_server_instead_of_starting_one(agent_env, tmp_path):
