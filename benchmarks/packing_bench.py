@@ -132,6 +132,19 @@ def interleaved_min_times(runs: dict, repeats: int) -> dict:
     return {name: min(ts) for name, ts in times.items()}
 
 
+def pack_like_trainer(config: ModelConfig, sequences, group_ids, length: int, prompts: int, budget: int):
+    """Packed batch of the sequences: row length chosen among 1-3x the flat `T` by modelled FLOPs,
+    micro-batches of at most `budget` slots. Returns `(row_len, packed, stats, micro_batches)`."""
+    candidates = [-(-int(f * length) // 128) * 128 for f in (1, 1.5, 2, 3)]
+    row_len, _ = choose_row_len([s["tokens"] for s in sequences], group_ids, config, candidates, 128)
+    packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128)
+    micro = max(1, min(prompts, -(-stats.packed_slots // budget)))
+    if micro > 1:
+        packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128,
+                                           micro_batches=micro)
+    return row_len, packed, stats, micro
+
+
 def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, repeats: int, seed: int) -> dict:
     config = MODELS[model]
     rng = np.random.default_rng(seed)
@@ -142,13 +155,7 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
     micro_rows = max(1, min(rows, budget // length))
     while rows % micro_rows:
         micro_rows -= 1
-    candidates = [-(-int(f * length) // 128) * 128 for f in (1, 1.5, 2, 3)]
-    row_len, _ = choose_row_len([s["tokens"] for s in sequences], group_ids, config, candidates, 128)
-    packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128)
-    micro = max(1, min(prompts, -(-stats.packed_slots // budget)))
-    if micro > 1:
-        packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128,
-                                           micro_batches=micro)
+    row_len, packed, stats, micro = pack_like_trainer(config, sequences, group_ids, length, prompts, budget)
     attn_ratio = rows * length**2 / (stats.rows * stats.row_len**2)
     flop_ratio = forward_flops(config, rows, length) / forward_flops(config, stats.rows, stats.row_len)
 
@@ -181,13 +188,7 @@ def block_skip_case(model: str, k: int, prompt_len: int, prompts: int, budget: i
     sequences, group_ids = make_sequences(np.random.default_rng(seed), prompts, prompt_len, k, config.vocab_size)
     flat = pad_sequences(sequences, max_len=max(len(s["tokens"]) for s in sequences) + 128, length_multiple=128)
     rows, length = flat["input_ids"].shape
-    candidates = [-(-int(f * length) // 128) * 128 for f in (1, 1.5, 2, 3)]
-    row_len, _ = choose_row_len([s["tokens"] for s in sequences], group_ids, config, candidates, 128)
-    packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128)
-    micro = max(1, min(prompts, -(-stats.packed_slots // budget)))
-    if micro > 1:
-        packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128,
-                                           micro_batches=micro)
+    _, packed, stats, _ = pack_like_trainer(config, sequences, group_ids, length, prompts, budget)
     ends = packed["packed_subtree_end"].reshape(-1, packed["packed_subtree_end"].shape[-1])  # [M * R, L]
     tree = block_skip_fraction(ends, block, block)
     flat_causal = block_skip_fraction(np.full((rows, length), length, np.int32), block, block)["causal_tiles"]
