@@ -22,7 +22,6 @@ from aepo_jax.models.attention_flash import cudnn_attention, splash_attention
 from aepo_jax.models.attention_mask import AttentionMask
 from aepo_jax.models.config import ModelConfig
 from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical_param
-from aepo_jax.models.tree_attention import tree_attention
 
 ATTENTION_BACKENDS = ("dense", "splash", "cudnn")
 
@@ -49,10 +48,10 @@ def masked_attention(
       q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH).
       mask: bool[B, T, S], True where query t may attend key s, or an `AttentionMask`.
       implementation: "dense", "splash" or "cudnn" (module doc). "splash" needs an
-        `AttentionMask`: causal self-attention rows run the splash kernel; tree
-        masks run the tree kernel (`tree_attention.py`) in interpret mode and the
-        dense path when compiled; cached blocks (S != T, decode and append) run
-        the dense path. "cudnn" takes any mask, densely.
+        `AttentionMask`: self-attention rows (causal or tree-packed) run the
+        splash kernel; cached blocks (S != T, decode and append) run the dense
+        path. "cudnn" takes any mask, densely. The tree kernel of
+        `tree_attention.py` is called directly (it is not a backend yet).
       interpret: run Pallas kernels in interpret mode (tests on CPU).
 
     Returns:
@@ -61,11 +60,7 @@ def masked_attention(
     """
     check_backend(implementation)
     length, n_keys = q.shape[1], k.shape[1]
-    if implementation == "splash" and isinstance(mask, AttentionMask) and mask.is_tree and interpret:
-        # The tree kernel runs in interpret mode only: its block shapes do not yet meet
-        # Mosaic's TPU tiling rules, so compiled tree rows take the dense path below.
-        return tree_attention(q, k, v, mask.subtree_end, interpret=True)
-    if implementation == "splash" and isinstance(mask, AttentionMask) and not mask.is_tree and n_keys == length:
+    if implementation == "splash" and isinstance(mask, AttentionMask) and n_keys == length:
         return splash_attention(q, k, v, mask, interpret=interpret)
     if implementation == "splash" and not isinstance(mask, AttentionMask):
         raise ValueError("the splash backend needs an AttentionMask (models/attention_mask.py), not a dense "
@@ -75,7 +70,7 @@ def masked_attention(
         raise ValueError(f"mask must be bool[B, T, S] = {(q.shape[0], length, n_keys)}, got {dense.shape}")
     if implementation == "cudnn":
         return cudnn_attention(q, k, v, dense)
-    return _dense_attention(q, k, v, dense)  # "dense", and splash's cached blocks and compiled tree rows
+    return _dense_attention(q, k, v, dense)  # "dense", and splash's cached blocks
 
 
 def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:

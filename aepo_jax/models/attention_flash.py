@@ -2,9 +2,10 @@
 
 Both take the layout of `masked_attention` (q [B, T, H, Dh], k/v [B, S, KVH, Dh])
 and return [B, T, H, Dh]. What each accepts (docs/attention.md):
-- splash: self-attention rows (T == S) under a causal mask with padding keys,
-  given as an `AttentionMask`; padding is passed as segment ids, so no
-  `[T, S]` matrix is built. Tree masks go to the tree kernel (`tree_attention`).
+- splash: self-attention rows (T == S) given as an `AttentionMask`. Causal rows
+  with padding keys pass padding as segment ids (no `[T, S]` matrix is built);
+  tree-packed rows pass their ancestor mask as splash's dynamic mask (bool
+  `[G, L, L]` per row, tiles with no allowed pair skipped).
 - cuDNN: any mask; the dense `bool[B, 1, T, S]` mask is handed to
   `jax.nn.dot_product_attention(implementation="cudnn")`, which fuses it
   (no `[B, H, T, S]` scores in HBM, but no skipping of masked tiles either).
@@ -80,40 +81,77 @@ def _splash_block(length: int) -> int:
     return block
 
 
+def _splash_block_sizes(length: int):
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    block = _splash_block(length)
+    return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                             block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+
+
+def _tree_row_kernel(subtree_end_row: jax.Array, groups: int, interpret: bool):
+    """A splash MQA kernel for one tree-packed row: the row's ancestor mask as a dynamic mask.
+
+    Splash turns a dynamic `bool[G, L, L]` mask into per-tile flags (empty tiles
+    are skipped, full tiles skip the mask) plus the partial tiles' bits; built
+    under `jit`/`vmap` its `is_dynamic_mask` flag becomes an array, which the
+    kernel's `__call__` branches on in Python, so it is set back to the bool it is.
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    length = subtree_end_row.shape[0]
+    ancestor = AttentionMask(key_valid=jnp.ones((1, length), bool), query_offset=jnp.zeros((), jnp.int32),
+                             subtree_end=subtree_end_row[None]).to_dense(length)  # bool[1, L, L]
+    kernel = splash.make_splash_mqa_single_device(jnp.broadcast_to(ancestor, (groups, length, length)),
+                                                  block_sizes=_splash_block_sizes(length), interpret=interpret)
+    for name in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
+        info = getattr(kernel, name)
+        if info is not None:
+            setattr(kernel, name, info._replace(is_dynamic_mask=True))
+    return kernel
+
+
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
                      interpret: bool = False) -> jax.Array:
-    """Causal self-attention with padding through the TPU splash kernel.
+    """Self-attention rows through the TPU splash kernel.
+
+    Causal rows use splash's static causal mask with padding as segment ids
+    (`splash_segment_ids`); tree-packed rows use the row's ancestor mask as a
+    dynamic mask (`_tree_row_kernel`), so splash skips the tiles the ancestor
+    rule masks out entirely (the same tiles as `tree_attention.tree_block_map`).
 
     Args:
       q: [B, T, H, Dh]; k, v: [B, T, KVH, Dh] (the same T slots: no cache).
-      mask: a causal `AttentionMask` without subtree ends and with `query_offset` 0.
+      mask: an `AttentionMask` with `query_offset` 0 (causal or tree).
       interpret: run the Pallas kernel in interpret mode (any platform; tests).
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     batch, length, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
-    if k.shape[1] != length or mask.is_tree:
-        raise ValueError("splash_attention takes causal self-attention rows (T == S, no subtree ends); "
-                         f"got T={length}, S={k.shape[1]}, tree={mask.is_tree}")
-    block = _splash_block(length)
-    blocks = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
     groups = n_heads // n_kv_heads
-    causal = splash.MultiHeadMask([splash.CausalMask((length, length))] * groups)
-    kernel = splash.make_splash_mqa_single_device(causal, block_sizes=blocks, interpret=interpret)
-    q_ids, kv_ids = splash_segment_ids(mask)  # [B, T], [B, S]
+    if k.shape[1] != length:
+        raise ValueError(f"splash_attention takes self-attention rows (T == S); got T={length}, S={k.shape[1]}")
+    if mask.is_tree:
+        row_inputs = (mask.subtree_end,)  # int32[B, L]
 
-    def run(q, k, v):
-        scaled = (q.astype(jnp.float32) / math.sqrt(head_dim)).astype(q.dtype)
-        qg = scaled.reshape(batch, length, n_kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, Dh]
-        kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, KVH, S, Dh]
+        def attend_row(q_row, k_row, v_row, ends):  # [KVH, G, L, Dh], [KVH, L, Dh], [KVH, L, Dh], [L]
+            return jax.vmap(_tree_row_kernel(ends, groups, interpret))(q_row, k_row, v_row)
+    else:
+        row_inputs = splash_segment_ids(mask)  # [B, T], [B, S]
+        causal = splash.MultiHeadMask([splash.CausalMask((length, length))] * groups)
+        kernel = splash.make_splash_mqa_single_device(causal, block_sizes=_splash_block_sizes(length),
+                                                      interpret=interpret)
 
-        def one(q_row, k_row, v_row, q_id, kv_id):  # [KVH, G, T, Dh], [KVH, S, Dh], ...
+        def attend_row(q_row, k_row, v_row, q_id, kv_id):
             segments = splash.SegmentIds(q=q_id, kv=kv_id)
             return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(q_row, k_row, v_row)
 
-        out = jax.vmap(one)(qg, kg, vg, q_ids, kv_ids)  # [B, KVH, G, T, Dh]
+    def run(q, k, v):
+        scaled = (q.astype(jnp.float32) / math.sqrt(head_dim)).astype(q.dtype)  # splash does not scale
+        qg = scaled.reshape(batch, length, n_kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, Dh]
+        kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, KVH, S, Dh]
+        out = jax.vmap(attend_row)(qg, kg, vg, *row_inputs)  # [B, KVH, G, T, Dh]
         return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, n_heads, head_dim)
 
     if interpret:

@@ -1,5 +1,5 @@
-"""Flash kernels in Pallas interpret mode on CPU against the dense path: splash (causal, padded, GQA)
-and the tree kernel (ancestor rule, block skipping, gradients)."""
+"""Flash kernels in Pallas interpret mode on CPU against the dense path: splash (causal with padding,
+GQA, tree-packed rows) and the tree kernel (ancestor rule, block skipping, gradients); TPU lowering."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from attention_cases import random_qkv, random_subtree_ends
 
 from aepo_jax.models.attention import masked_attention
+from aepo_jax.models.attention_flash import _tree_row_kernel
 from aepo_jax.models.attention_mask import cached_mask, causal_mask, tree_mask
 from aepo_jax.models.tree_attention import (
     block_skip_fraction,
@@ -76,13 +77,37 @@ def test_tree_kernel_matches_dense_ancestor_attention_values_and_grads():
         np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)
 
 
-def test_splash_backend_routes_tree_masks_to_the_tree_kernel_in_interpret_mode():
+def test_splash_tree_rows_match_dense_values_and_grads():
     rng = np.random.default_rng(3)
-    ends = random_subtree_ends(rng, 1, 128, trees_end_at=(64,))
-    q, k, v = random_qkv(rng, 1, 128, 128, 2, 1, 8)
+    ends = random_subtree_ends(rng, 1, 256, trees_end_at=(100, 190))
+    q, k, v = random_qkv(rng, 1, 256, 256, 2, 1, 8)
     mask = tree_mask(jnp.asarray(ends))
-    got = jax.jit(lambda q, k, v: masked_attention(q, k, v, mask, implementation="splash", interpret=True))(q, k, v)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(masked_attention(q, k, v, mask)), atol=2e-6)
+    weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    out, grads = values_and_grads("splash", q, k, v, mask, weights)
+    want_out, want_grads = values_and_grads("dense", q, k, v, mask, weights)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=2e-5)
+    for got, want in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+
+
+def test_splash_skips_the_tiles_of_the_tree_block_map():
+    ends = random_subtree_ends(np.random.default_rng(5), 1, 1536, trees_end_at=(520, 1100))
+    kernel = _tree_row_kernel(jnp.asarray(ends[0]), groups=2, interpret=True)  # 512-slot tiles
+    splash_visits = np.asarray(kernel.fwd_mask_info.block_mask[0]) != 0  # [nq, nk] (head 0)
+    np.testing.assert_array_equal(splash_visits, tree_block_map(ends, 512, 512)[0] != 0)
+    assert not splash_visits.all()
+
+
+def test_splash_tree_rows_lower_for_tpu():
+    rng = np.random.default_rng(6)
+    q, k, v = random_qkv(rng, 2, 256, 256, 4, 2, 128)
+    mask = tree_mask(jnp.asarray(random_subtree_ends(rng, 2, 256, trees_end_at=(120,))))
+
+    def loss(q, k, v):
+        return masked_attention(q, k, v, mask, implementation="splash").sum()
+
+    lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") >= 3
 
 
 def test_tree_block_map_marks_exactly_the_tiles_with_an_allowed_pair():
