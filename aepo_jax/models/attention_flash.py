@@ -165,6 +165,9 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
     jax checks for cuDNN when tracing, so this backend is checked at trace time
     too (no AOT compile for a GPU from a CPU-only process).
     """
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"attention backend 'cudnn' needs bfloat16 or float16 activations, got {q.dtype}: "
+                         "set model.compute_dtype='bfloat16'")
     if jax.default_backend() != "gpu":
         raise UnsupportedPlatformError(f"attention backend 'cudnn' needs a GPU with cuDNN; this process runs on "
                                        f"{jax.default_backend()!r}: use model.attention='dense' (or 'splash' on TPU)")

@@ -110,9 +110,12 @@ def test_decoder_with_splash_refuses_the_dense_mask_it_builds_today():
 
 
 def test_cudnn_on_cpu_raises_naming_the_backend():
-    q, k, v = random_qkv(np.random.default_rng(6), 1, 4, 4, 2, 1, 8)
+    q, k, v = (x.astype(jnp.bfloat16) for x in random_qkv(np.random.default_rng(6), 1, 4, 4, 2, 1, 8))
+    mask = causal_mask(jnp.ones((1, 4), bool))
     with pytest.raises(UnsupportedPlatformError, match="'cudnn' needs a GPU"):
-        masked_attention(q, k, v, causal_mask(jnp.ones((1, 4), bool)), implementation="cudnn")
+        masked_attention(q, k, v, mask, implementation="cudnn")
+    with pytest.raises(ValueError, match="'cudnn' needs bfloat16 or float16 activations, got float32"):
+        masked_attention(q.astype(jnp.float32), k, v, mask, implementation="cudnn")
 
 
 def test_splash_run_on_cpu_raises_naming_the_backend():
