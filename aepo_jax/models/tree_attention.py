@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 NEG_INF = float(np.finfo(np.float32).min)  # finite floor: exp(NEG_INF - m) == 0 without inf - inf
 
@@ -88,10 +89,10 @@ def _pad_ends(subtree_end, pad: int, xp):
 
 
 def _tile_mask(q_start, k_start, ends, block_q: int, block_k: int) -> jax.Array:
-    """bool[bq, bk] ancestor rule inside one tile; `ends` int32[bk] are the keys' subtree ends."""
+    """bool[bq, bk] ancestor rule inside one tile; `ends` int32[1, bk] are the keys' subtree ends."""
     q_slots = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
     k_slots = k_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-    return (k_slots <= q_slots) & (q_slots < ends[None, :])
+    return (k_slots <= q_slots) & (q_slots < ends)
 
 
 def _dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -99,125 +100,124 @@ def _dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
     return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _dot_tn(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a.T @ b in float32: [m, n] x [m, d] -> [n, d]."""
-    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+# Kernel refs (Mosaic-friendly: 2-D tiles, statistics as [bq, 1] columns):
+#   blocks_ref int32[B, nq, nk] in SMEM (scalar prefetch); ends_ref int32[1, 1, L];
+#   q/o/do blocks [1, 1, 1, bq, D]; lse/delta blocks float32[1, 1, 1, bq, 1]; k/v [1, 1, L, D].
+# Loops run over every tile with a static trip count and `lax.cond` on the tile map
+# (the map already excludes tiles above the diagonal).
 
 
 def _forward_kernel(blocks_ref, ends_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, block_k: int, scale: float):
-    # blocks_ref int32[1, 1, nk]; ends_ref int32[1, L]; q_ref [1, 1, 1, bq, D]; k_ref, v_ref [1, 1, L, D]
+    b, qi = pl.program_id(0), pl.program_id(3)
     block_q = q_ref.shape[3]
-    q_start = pl.program_id(3) * block_q
+    q_start = qi * block_q
     q = q_ref[0, 0, 0].astype(jnp.float32) * scale  # [bq, D]
 
     def visit(kb, carry):
         m, l, acc = carry
-        k_start = kb * block_k
+        k_start = pl.multiple_of(kb * block_k, block_k)
         k = k_ref[0, 0, pl.ds(k_start, block_k), :].astype(jnp.float32)  # [bk, D]
         v = v_ref[0, 0, pl.ds(k_start, block_k), :].astype(jnp.float32)  # [bk, D]
-        allowed = _tile_mask(q_start, k_start, ends_ref[0, pl.ds(k_start, block_k)], block_q, block_k)
-        s = jnp.where(allowed, jnp.dot(q, k.T, preferred_element_type=jnp.float32), NEG_INF)  # [bq, bk]
-        m_new = jnp.maximum(m, s.max(axis=1))  # [bq]
-        p = jnp.where(allowed, jnp.exp(s - m_new[:, None]), 0.0)  # [bq, bk]
-        correction = jnp.exp(m - m_new)  # [bq]
-        acc = acc * correction[:, None] + jnp.dot(p, v, preferred_element_type=jnp.float32)
-        return m_new, l * correction + p.sum(axis=1), acc
+        allowed = _tile_mask(q_start, k_start, ends_ref[0, :, pl.ds(k_start, block_k)], block_q, block_k)
+        s = jnp.where(allowed, _dot_nt(q, k), NEG_INF)  # [bq, bk]
+        m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))  # [bq, 1]
+        p = jnp.where(allowed, jnp.exp(s - m_new), 0.0)  # [bq, bk]
+        correction = jnp.exp(m - m_new)  # [bq, 1]
+        return m_new, l * correction + p.sum(axis=1, keepdims=True), acc * correction + _dot(p, v)
 
     def body(kb, carry):
-        return jax.lax.cond(blocks_ref[0, 0, kb] != 0, functools.partial(visit, kb), lambda c: c, carry)
+        return jax.lax.cond(blocks_ref[b, qi, kb] != 0, functools.partial(visit, kb), lambda c: c, carry)
 
-    last = (q_start + block_q - 1) // block_k + 1  # key blocks past the query block are causal-masked
-    init = (jnp.full((block_q,), NEG_INF, jnp.float32), jnp.zeros((block_q,), jnp.float32),
+    init = (jnp.full((block_q, 1), NEG_INF, jnp.float32), jnp.zeros((block_q, 1), jnp.float32),
             jnp.zeros(q.shape, jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, last, body, init)
+    m, l, acc = jax.lax.fori_loop(0, blocks_ref.shape[2], body, init)
     l = jnp.where(l > 0, l, 1.0)
-    o_ref[0, 0, 0] = (acc / l[:, None]).astype(o_ref.dtype)
+    o_ref[0, 0, 0] = (acc / l).astype(o_ref.dtype)
     lse_ref[0, 0, 0] = m + jnp.log(l)
 
 
 def _dq_kernel(blocks_ref, ends_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
                block_k: int, scale: float):
-    # q_ref, do_ref [1, 1, 1, bq, D]; lse_ref, delta_ref [1, 1, 1, bq]; k_ref, v_ref [1, 1, L, D]
+    b, qi = pl.program_id(0), pl.program_id(3)
     block_q = q_ref.shape[3]
-    q_start = pl.program_id(3) * block_q
+    q_start = qi * block_q
     q = q_ref[0, 0, 0].astype(jnp.float32) * scale  # [bq, D]
     do = do_ref[0, 0, 0].astype(jnp.float32)  # [bq, D]
-    lse, delta = lse_ref[0, 0, 0], delta_ref[0, 0, 0]  # [bq]
+    lse, delta = lse_ref[0, 0, 0], delta_ref[0, 0, 0]  # [bq, 1]
 
     def visit(kb, dq):
-        k_start = kb * block_k
+        k_start = pl.multiple_of(kb * block_k, block_k)
         k = k_ref[0, 0, pl.ds(k_start, block_k), :].astype(jnp.float32)
         v = v_ref[0, 0, pl.ds(k_start, block_k), :].astype(jnp.float32)
-        allowed = _tile_mask(q_start, k_start, ends_ref[0, pl.ds(k_start, block_k)], block_q, block_k)
-        p = jnp.where(allowed, jnp.exp(_dot_nt(q, k) - lse[:, None]), 0.0)  # [bq, bk]
-        ds = p * (_dot_nt(do, v) - delta[:, None])  # [bq, bk]
-        return dq + jnp.dot(ds, k, preferred_element_type=jnp.float32)
+        allowed = _tile_mask(q_start, k_start, ends_ref[0, :, pl.ds(k_start, block_k)], block_q, block_k)
+        p = jnp.where(allowed, jnp.exp(_dot_nt(q, k) - lse), 0.0)  # [bq, bk]
+        ds = p * (_dot_nt(do, v) - delta)  # [bq, bk]
+        return dq + _dot(ds, k)
 
     def body(kb, dq):
-        return jax.lax.cond(blocks_ref[0, 0, kb] != 0, functools.partial(visit, kb), lambda c: c, dq)
+        return jax.lax.cond(blocks_ref[b, qi, kb] != 0, functools.partial(visit, kb), lambda c: c, dq)
 
-    last = (q_start + block_q - 1) // block_k + 1
-    dq = jax.lax.fori_loop(0, last, body, jnp.zeros(q.shape, jnp.float32))
+    dq = jax.lax.fori_loop(0, blocks_ref.shape[2], body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[0, 0, 0] = (dq * scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(blocks_ref, ends_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
                 block_q: int, scale: float):
-    # blocks_ref int32[1, nq, nk]; q_ref, do_ref [1, 1, G, L, D]; lse_ref, delta_ref [1, 1, G, L];
-    # k_ref, v_ref, dk_ref, dv_ref [1, 1, bk, D]
-    groups, length = q_ref.shape[2], q_ref.shape[3]
+    # q_ref, do_ref [1, 1, G, L, D]; lse_ref, delta_ref [1, 1, G, L, 1]; k/v/dk/dv blocks [1, 1, bk, D]
+    groups = q_ref.shape[2]
     block_k = k_ref.shape[2]
-    kb = pl.program_id(2)
+    b, kb = pl.program_id(0), pl.program_id(2)
     k_start = kb * block_k
     k = k_ref[0, 0].astype(jnp.float32)  # [bk, D]
     v = v_ref[0, 0].astype(jnp.float32)  # [bk, D]
-    ends = ends_ref[0, pl.ds(k_start, block_k)]  # [bk]
+    ends = ends_ref[0, :, pl.ds(k_start, block_k)]  # [1, bk]
+    n_qblocks = blocks_ref.shape[1]
 
     def visit(g, qb, carry):
         dk, dv = carry
-        q_start = qb * block_q
+        q_start = pl.multiple_of(qb * block_q, block_q)
         q = q_ref[0, 0, g, pl.ds(q_start, block_q), :].astype(jnp.float32) * scale  # [bq, D]
         do = do_ref[0, 0, g, pl.ds(q_start, block_q), :].astype(jnp.float32)  # [bq, D]
-        lse = lse_ref[0, 0, g, pl.ds(q_start, block_q)]  # [bq]
-        delta = delta_ref[0, 0, g, pl.ds(q_start, block_q)]
+        lse = lse_ref[0, 0, g, pl.ds(q_start, block_q), :]  # [bq, 1]
+        delta = delta_ref[0, 0, g, pl.ds(q_start, block_q), :]
         allowed = _tile_mask(q_start, k_start, ends, block_q, block_k)
-        p = jnp.where(allowed, jnp.exp(_dot_nt(q, k) - lse[:, None]), 0.0)  # [bq, bk]
-        ds = p * (_dot_nt(do, v) - delta[:, None])  # [bq, bk]
-        return dk + _dot_tn(ds, q), dv + _dot_tn(p, do)
+        p = jnp.where(allowed, jnp.exp(_dot_nt(q, k) - lse), 0.0)  # [bq, bk]
+        ds = p * (_dot_nt(do, v) - delta)  # [bq, bk]
+        return dk + _dot(ds.T, q), dv + _dot(p.T, do)
 
     def body(step, carry):
-        g, qb = step // n_qblocks, first + step % n_qblocks
-        return jax.lax.cond(blocks_ref[0, qb, kb] != 0, functools.partial(visit, g, qb), lambda c: c, carry)
+        g, qb = jax.lax.div(step, n_qblocks), jax.lax.rem(step, n_qblocks)  # step >= 0: no sign logic
+        return jax.lax.cond(blocks_ref[b, qb, kb] != 0, functools.partial(visit, g, qb), lambda c: c, carry)
 
-    first = k_start // block_q  # query blocks before the key block are causal-masked
-    n_qblocks = length // block_q - first
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = jax.lax.fori_loop(0, groups * n_qblocks, body, (zeros, zeros))
     dk_ref[0, 0] = dk.astype(dk_ref.dtype)  # q was pre-scaled, so dK = dS^T (scale Q)
     dv_ref[0, 0] = dv.astype(dv_ref.dtype)
 
 
+def _grid_spec(grid, in_specs, out_specs):
+    """Tile map as scalar prefetch (SMEM on TPU): every index map gets it as a trailing argument."""
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs)
+
+
 def _forward(q, k, v, ends, blocks, block_q, block_k, interpret):
-    """q [B, KVH, G, L, D], k/v [B, KVH, L, D] -> out [B, KVH, G, L, D], lse float32[B, KVH, G, L]."""
+    """q [B, KVH, G, L, D], k/v [B, KVH, L, D], ends [B, 1, L] -> out like q, lse float32[B, KVH, G, L, 1]."""
     batch, kv_heads, groups, length, head_dim = q.shape
     kernel = functools.partial(_forward_kernel, block_k=block_k, scale=1.0 / math.sqrt(head_dim))
-    nk = length // block_k
+    row_q = pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i, _: (b, h, g, i, 0))
+    row_stat = pl.BlockSpec((1, 1, 1, block_q, 1), lambda b, h, g, i, _: (b, h, g, i, 0))
+    full_kv = pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i, _: (b, h, 0, 0))
+    row_ends = pl.BlockSpec((1, 1, length), lambda b, h, g, i, _: (b, 0, 0))
     return pl.pallas_call(
         kernel,
-        grid=(batch, kv_heads, groups, length // block_q),
-        in_specs=[
-            pl.BlockSpec((1, 1, nk), lambda b, h, g, i: (b, i, 0)),
-            pl.BlockSpec((1, length), lambda b, h, g, i: (b, 0)),
-            pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i: (b, h, g, i, 0)),
-            pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i: (b, h, 0, 0)),
-            pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i: (b, h, 0, 0)),
-        ],
-        out_specs=[
-            pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i: (b, h, g, i, 0)),
-            pl.BlockSpec((1, 1, 1, block_q), lambda b, h, g, i: (b, h, g, i)),
-        ],
+        grid_spec=_grid_spec((batch, kv_heads, groups, length // block_q), [row_ends, row_q, full_kv, full_kv],
+                             [row_q, row_stat]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32)],
+                   jax.ShapeDtypeStruct((*q.shape[:-1], 1), jnp.float32)],
         interpret=interpret,
         name="tree_attention_forward",
     )(blocks, ends, q, k, v)
@@ -226,32 +226,27 @@ def _forward(q, k, v, ends, blocks, block_q, block_k, interpret):
 def _backward(q, k, v, ends, blocks, out, lse, d_out, block_q, block_k, interpret):
     batch, kv_heads, groups, length, head_dim = q.shape
     scale = 1.0 / math.sqrt(head_dim)
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, KVH, G, L]
-    nq, nk = length // block_q, length // block_k
-    row_q = pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i: (b, h, g, i, 0))
-    row_stat = pl.BlockSpec((1, 1, 1, block_q), lambda b, h, g, i: (b, h, g, i))
-    full_kv = pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i: (b, h, 0, 0))
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)  # [B, KVH, G, L, 1]
+    row_q = pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i, _: (b, h, g, i, 0))
+    row_stat = pl.BlockSpec((1, 1, 1, block_q, 1), lambda b, h, g, i, _: (b, h, g, i, 0))
+    full_kv = pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i, _: (b, h, 0, 0))
+    row_ends = pl.BlockSpec((1, 1, length), lambda b, h, g, i, _: (b, 0, 0))
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, block_k=block_k, scale=scale),
-        grid=(batch, kv_heads, groups, nq),
-        in_specs=[pl.BlockSpec((1, 1, nk), lambda b, h, g, i: (b, i, 0)),
-                  pl.BlockSpec((1, length), lambda b, h, g, i: (b, 0)),
-                  row_q, full_kv, full_kv, row_q, row_stat, row_stat],
-        out_specs=row_q,
+        grid_spec=_grid_spec((batch, kv_heads, groups, length // block_q),
+                             [row_ends, row_q, full_kv, full_kv, row_q, row_stat, row_stat], row_q),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=interpret,
         name="tree_attention_dq",
     )(blocks, ends, q, k, v, d_out, lse, delta)
-    all_q = pl.BlockSpec((1, 1, groups, length, head_dim), lambda b, h, j: (b, h, 0, 0, 0))
-    all_stat = pl.BlockSpec((1, 1, groups, length), lambda b, h, j: (b, h, 0, 0))
-    kv_block = pl.BlockSpec((1, 1, block_k, head_dim), lambda b, h, j: (b, h, j, 0))
+    all_q = pl.BlockSpec((1, 1, groups, length, head_dim), lambda b, h, j, _: (b, h, 0, 0, 0))
+    all_stat = pl.BlockSpec((1, 1, groups, length, 1), lambda b, h, j, _: (b, h, 0, 0, 0))
+    kv_block = pl.BlockSpec((1, 1, block_k, head_dim), lambda b, h, j, _: (b, h, j, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, block_q=block_q, scale=scale),
-        grid=(batch, kv_heads, nk),
-        in_specs=[pl.BlockSpec((1, nq, nk), lambda b, h, j: (b, 0, 0)),
-                  pl.BlockSpec((1, length), lambda b, h, j: (b, 0)),
-                  all_q, kv_block, kv_block, all_q, all_stat, all_stat],
-        out_specs=[kv_block, kv_block],
+        grid_spec=_grid_spec((batch, kv_heads, length // block_k),
+                             [pl.BlockSpec((1, 1, length), lambda b, h, j, _: (b, 0, 0)),
+                              all_q, kv_block, kv_block, all_q, all_stat, all_stat], [kv_block, kv_block]),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=interpret,
         name="tree_attention_dkv",
@@ -261,12 +256,12 @@ def _backward(q, k, v, ends, blocks, out, lse, d_out, block_q, block_k, interpre
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _tree_attention_grouped(q, k, v, ends, block_q, block_k, interpret):
-    blocks = tree_block_map(ends, block_q, block_k)
+    blocks = tree_block_map(ends[:, 0], block_q, block_k)
     return _forward(q, k, v, ends, blocks, block_q, block_k, interpret)[0]
 
 
 def _tree_attention_fwd(q, k, v, ends, block_q, block_k, interpret):
-    blocks = tree_block_map(ends, block_q, block_k)
+    blocks = tree_block_map(ends[:, 0], block_q, block_k)
     out, lse = _forward(q, k, v, ends, blocks, block_q, block_k, interpret)
     return out, (q, k, v, ends, blocks, out, lse)
 
@@ -307,6 +302,6 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, subtree_end: jax.Ar
     groups = n_heads // n_kv_heads
     qg = q.reshape(batch, length + pad, n_kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, Lp, Dh]
     kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, KVH, Lp, Dh]
-    out = _tree_attention_grouped(qg, kg, vg, ends, block_q, block_k, interpret)  # [B, KVH, G, Lp, Dh]
+    out = _tree_attention_grouped(qg, kg, vg, ends[:, None, :], block_q, block_k, interpret)  # [B, KVH, G, Lp, Dh]
     out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length + pad, n_heads, head_dim)  # [B, Lp, H, Dh]
     return out[:, :length]
