@@ -11,6 +11,7 @@ docs/attention.md for which masks each handles.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -18,10 +19,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aepo_jax.models.attention_flash import cudnn_attention, splash_attention
+from aepo_jax.models.attention_flash import (
+    cudnn_attention,
+    on_platform,
+    splash_attention,
+)
 from aepo_jax.models.attention_mask import AttentionMask
 from aepo_jax.models.config import ModelConfig
 from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical_param
+from aepo_jax.models.tree_attention import tree_attention
 
 ATTENTION_BACKENDS = ("dense", "splash", "cudnn")
 
@@ -48,10 +54,9 @@ def masked_attention(
       q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH).
       mask: bool[B, T, S], True where query t may attend key s, or an `AttentionMask`.
       implementation: "dense", "splash" or "cudnn" (module doc). "splash" needs an
-        `AttentionMask`: self-attention rows (causal or tree-packed) run the
-        splash kernel; cached blocks (S != T, decode and append) run the dense
-        path. "cudnn" takes any mask, densely. The tree kernel of
-        `tree_attention.py` is called directly (it is not a backend yet).
+        `AttentionMask`: causal self-attention rows run the splash kernel,
+        tree-packed rows the tree kernel (`tree_attention.py`), cached blocks
+        (S != T, decode and append) the dense path. "cudnn" takes any mask, densely.
       interpret: run Pallas kernels in interpret mode (tests on CPU).
 
     Returns:
@@ -60,6 +65,11 @@ def masked_attention(
     """
     check_backend(implementation)
     length, n_keys = q.shape[1], k.shape[1]
+    if implementation == "splash" and isinstance(mask, AttentionMask) and mask.is_tree and n_keys == length:
+        if interpret:
+            return tree_attention(q, k, v, mask.subtree_end, interpret=True)
+        run = functools.partial(tree_attention, subtree_end=mask.subtree_end)
+        return on_platform("tpu", "splash (tree kernel)", run, q, k, v)
     if implementation == "splash" and isinstance(mask, AttentionMask) and n_keys == length:
         return splash_attention(q, k, v, mask, interpret=interpret)
     if implementation == "splash" and not isinstance(mask, AttentionMask):

@@ -2,10 +2,10 @@
 
 Both take the layout of `masked_attention` (q [B, T, H, Dh], k/v [B, S, KVH, Dh])
 and return [B, T, H, Dh]. What each accepts (docs/attention.md):
-- splash: self-attention rows (T == S) given as an `AttentionMask`. Causal rows
-  with padding keys pass padding as segment ids (no `[T, S]` matrix is built);
-  tree-packed rows pass their ancestor mask as splash's dynamic mask (bool
-  `[G, L, L]` per row, tiles with no allowed pair skipped).
+- splash: causal self-attention rows (T == S) with padding keys, given as an
+  `AttentionMask`; padding is passed as segment ids (no `[T, S]` matrix is built).
+  Tree-packed rows go to the tree kernel (`tree_attention.py`), which `on_platform`
+  guards the same way.
 - cuDNN: any mask; the dense `bool[B, 1, T, S]` mask is handed to
   `jax.nn.dot_product_attention(implementation="cudnn")`, which fuses it
   (no `[B, H, T, S]` scores in HBM, but no skipping of masked tiles either).
@@ -89,40 +89,15 @@ def _splash_block_sizes(length: int):
                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
 
 
-def _tree_row_kernel(subtree_end_row: jax.Array, groups: int, interpret: bool):
-    """A splash MQA kernel for one tree-packed row: the row's ancestor mask as a dynamic mask.
-
-    Splash turns a dynamic `bool[G, L, L]` mask into per-tile flags (empty tiles
-    are skipped, full tiles skip the mask) plus the partial tiles' bits; built
-    under `jit`/`vmap` its `is_dynamic_mask` flag becomes an array, which the
-    kernel's `__call__` branches on in Python, so it is set back to the bool it is.
-    """
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
-
-    length = subtree_end_row.shape[0]
-    ancestor = AttentionMask(key_valid=jnp.ones((1, length), bool), query_offset=jnp.zeros((), jnp.int32),
-                             subtree_end=subtree_end_row[None]).to_dense(length)  # bool[1, L, L]
-    kernel = splash.make_splash_mqa_single_device(jnp.broadcast_to(ancestor, (groups, length, length)),
-                                                  block_sizes=_splash_block_sizes(length), interpret=interpret)
-    for name in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
-        info = getattr(kernel, name)
-        if info is not None:
-            setattr(kernel, name, info._replace(is_dynamic_mask=True))
-    return kernel
-
-
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
                      interpret: bool = False) -> jax.Array:
-    """Self-attention rows through the TPU splash kernel.
+    """Causal self-attention rows with padding through the TPU splash kernel.
 
-    Causal rows use splash's static causal mask with padding as segment ids
-    (`splash_segment_ids`); tree-packed rows use the row's ancestor mask as a
-    dynamic mask (`_tree_row_kernel`), so splash skips the tiles the ancestor
-    rule masks out entirely (the same tiles as `tree_attention.tree_block_map`).
+    Splash's static causal mask plus padding as segment ids (`splash_segment_ids`).
 
     Args:
       q: [B, T, H, Dh]; k, v: [B, T, KVH, Dh] (the same T slots: no cache).
-      mask: an `AttentionMask` with `query_offset` 0 (causal or tree).
+      mask: a causal `AttentionMask` (no subtree ends, `query_offset` 0).
       interpret: run the Pallas kernel in interpret mode (any platform; tests).
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
@@ -130,22 +105,16 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMa
     batch, length, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
     groups = n_heads // n_kv_heads
-    if k.shape[1] != length:
-        raise ValueError(f"splash_attention takes self-attention rows (T == S); got T={length}, S={k.shape[1]}")
-    if mask.is_tree:
-        row_inputs = (mask.subtree_end,)  # int32[B, L]
+    if k.shape[1] != length or mask.is_tree:
+        raise ValueError("splash_attention takes causal self-attention rows (T == S, no subtree ends); "
+                         f"got T={length}, S={k.shape[1]}, tree={mask.is_tree}")
+    row_inputs = splash_segment_ids(mask)  # [B, T], [B, S]
+    causal = splash.MultiHeadMask([splash.CausalMask((length, length))] * groups)
+    kernel = splash.make_splash_mqa_single_device(causal, block_sizes=_splash_block_sizes(length), interpret=interpret)
 
-        def attend_row(q_row, k_row, v_row, ends):  # [KVH, G, L, Dh], [KVH, L, Dh], [KVH, L, Dh], [L]
-            return jax.vmap(_tree_row_kernel(ends, groups, interpret))(q_row, k_row, v_row)
-    else:
-        row_inputs = splash_segment_ids(mask)  # [B, T], [B, S]
-        causal = splash.MultiHeadMask([splash.CausalMask((length, length))] * groups)
-        kernel = splash.make_splash_mqa_single_device(causal, block_sizes=_splash_block_sizes(length),
-                                                      interpret=interpret)
-
-        def attend_row(q_row, k_row, v_row, q_id, kv_id):
-            segments = splash.SegmentIds(q=q_id, kv=kv_id)
-            return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(q_row, k_row, v_row)
+    def attend_row(q_row, k_row, v_row, q_id, kv_id):  # [KVH, G, T, Dh], [KVH, S, Dh], [KVH, S, Dh], [T], [S]
+        segments = splash.SegmentIds(q=q_id, kv=kv_id)
+        return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(q_row, k_row, v_row)
 
     def run(q, k, v):
         scaled = (q.astype(jnp.float32) / math.sqrt(head_dim)).astype(q.dtype)  # splash does not scale

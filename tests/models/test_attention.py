@@ -104,7 +104,7 @@ def test_splash_refuses_a_dense_mask():
 def test_decoder_with_splash_refuses_the_dense_mask_it_builds_today():
     from flax import nnx
 
-    model = Decoder(get_preset("tiny", attention="splash"), rngs=nnx.Rngs(0))
+    model = Decoder(get_preset("tiny", attention="splash", n_layers=1, vocab_size=32), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="splash backend needs an AttentionMask"):
         jax.eval_shape(lambda ids: model(ids), jax.ShapeDtypeStruct((1, 8), jnp.int32))
 
