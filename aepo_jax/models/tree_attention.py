@@ -15,8 +15,10 @@ Algorithm (FlashAttention-2 style, fp32 softmax statistics):
   it writes the output and the log-sum-exp `lse = m + log l`;
 - backward (custom VJP): `delta = rowsum(dO * O)`; one pass over query blocks
   recomputes `P = exp(S - lse)` per visited tile for `dQ`; one pass over key
-  blocks accumulates `dK`, `dV` over the group's query heads and the visited
-  query blocks. Both passes skip the same tiles as the forward.
+  blocks works on transposed tiles `[bk, bq]` (so `lse` and `delta` stay
+  lane-dense rows) and accumulates `dK`, `dV` in float32 over the visited query
+  blocks and the group's query heads (the innermost grid axis). Both passes
+  skip the same tiles as the forward.
 
 Every query sees its own slot (`subtree_end[j] > j`), so no row is fully masked.
 Rows are padded to a multiple of the block sizes with slots that see only
@@ -167,36 +169,43 @@ def _dq_kernel(blocks_ref, ends_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta
 
 def _dkv_kernel(blocks_ref, ends_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
                 block_q: int, scale: float):
-    # q_ref, do_ref [1, 1, G, L, D]; lse_ref, delta_ref [1, 1, G, L, 1]; k/v/dk/dv blocks [1, 1, bk, D]
-    groups = q_ref.shape[2]
+    # Transposed tiles [bk, bq], so the statistics are lane-dense rows and nothing is transposed:
+    # q_ref, do_ref [1, 1, 1, L, D] (one group head); lse_ref, delta_ref [1, 1, 1, 1, L];
+    # ends_ref int32[1, bk, 1] (a column); k/v blocks [1, 1, bk, D]; dk/dv float32 [1, 1, bk, D],
+    # accumulated over the group heads (the innermost grid axis).
     block_k = k_ref.shape[2]
-    b, kb = pl.program_id(0), pl.program_id(2)
+    b, kb, g = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     k_start = kb * block_k
     k = k_ref[0, 0].astype(jnp.float32)  # [bk, D]
     v = v_ref[0, 0].astype(jnp.float32)  # [bk, D]
-    ends = ends_ref[0, :, pl.ds(k_start, block_k)]  # [1, bk]
-    n_qblocks = blocks_ref.shape[1]
+    ends = ends_ref[0]  # [bk, 1]
 
-    def visit(g, qb, carry):
+    def visit(qb, carry):
         dk, dv = carry
         q_start = pl.multiple_of(qb * block_q, block_q)
-        q = q_ref[0, 0, g, pl.ds(q_start, block_q), :].astype(jnp.float32) * scale  # [bq, D]
-        do = do_ref[0, 0, g, pl.ds(q_start, block_q), :].astype(jnp.float32)  # [bq, D]
-        lse = lse_ref[0, 0, g, pl.ds(q_start, block_q), :]  # [bq, 1]
-        delta = delta_ref[0, 0, g, pl.ds(q_start, block_q), :]
-        allowed = _tile_mask(q_start, k_start, ends, block_q, block_k)
-        p = jnp.where(allowed, jnp.exp(_dot_nt(q, k) - lse), 0.0)  # [bq, bk]
-        ds = p * (_dot_nt(do, v) - delta)  # [bq, bk]
-        return dk + _dot(ds.T, q), dv + _dot(p.T, do)
+        q = q_ref[0, 0, 0, pl.ds(q_start, block_q), :].astype(jnp.float32) * scale  # [bq, D]
+        do = do_ref[0, 0, 0, pl.ds(q_start, block_q), :].astype(jnp.float32)  # [bq, D]
+        lse = lse_ref[0, 0, 0, :, pl.ds(q_start, block_q)]  # [1, bq]
+        delta = delta_ref[0, 0, 0, :, pl.ds(q_start, block_q)]  # [1, bq]
+        k_slots = k_start + jax.lax.broadcasted_iota(jnp.int32, (block_k, block_q), 0)
+        q_slots = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_k, block_q), 1)
+        allowed = (k_slots <= q_slots) & (q_slots < ends)  # [bk, bq]
+        p = jnp.where(allowed, jnp.exp(_dot_nt(k, q) - lse), 0.0)  # P^T [bk, bq]
+        ds = p * (_dot_nt(v, do) - delta)  # dS^T [bk, bq]
+        return dk + _dot(ds, q), dv + _dot(p, do)
 
-    def body(step, carry):
-        g, qb = jax.lax.div(step, n_qblocks), jax.lax.rem(step, n_qblocks)  # step >= 0: no sign logic
-        return jax.lax.cond(blocks_ref[b, qb, kb] != 0, functools.partial(visit, g, qb), lambda c: c, carry)
+    def body(qb, carry):
+        return jax.lax.cond(blocks_ref[b, qb, kb] != 0, functools.partial(visit, qb), lambda c: c, carry)
+
+    @pl.when(g == 0)
+    def _():
+        dk_ref[...] = jnp.zeros(dk_ref.shape, dk_ref.dtype)
+        dv_ref[...] = jnp.zeros(dv_ref.shape, dv_ref.dtype)
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = jax.lax.fori_loop(0, groups * n_qblocks, body, (zeros, zeros))
-    dk_ref[0, 0] = dk.astype(dk_ref.dtype)  # q was pre-scaled, so dK = dS^T (scale Q)
-    dv_ref[0, 0] = dv.astype(dv_ref.dtype)
+    dk, dv = jax.lax.fori_loop(0, blocks_ref.shape[1], body, (zeros, zeros))
+    dk_ref[0, 0] += dk  # q was pre-scaled, so dK = dS^T (scale Q)
+    dv_ref[0, 0] += dv
 
 
 def _grid_spec(grid, in_specs, out_specs):
@@ -226,7 +235,7 @@ def _forward(q, k, v, ends, blocks, block_q, block_k, interpret):
 def _backward(q, k, v, ends, blocks, out, lse, d_out, block_q, block_k, interpret):
     batch, kv_heads, groups, length, head_dim = q.shape
     scale = 1.0 / math.sqrt(head_dim)
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)  # [B, KVH, G, L, 1]
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, KVH, G, L]
     row_q = pl.BlockSpec((1, 1, 1, block_q, head_dim), lambda b, h, g, i, _: (b, h, g, i, 0))
     row_stat = pl.BlockSpec((1, 1, 1, block_q, 1), lambda b, h, g, i, _: (b, h, g, i, 0))
     full_kv = pl.BlockSpec((1, 1, length, head_dim), lambda b, h, g, i, _: (b, h, 0, 0))
@@ -238,20 +247,20 @@ def _backward(q, k, v, ends, blocks, out, lse, d_out, block_q, block_k, interpre
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=interpret,
         name="tree_attention_dq",
-    )(blocks, ends, q, k, v, d_out, lse, delta)
-    all_q = pl.BlockSpec((1, 1, groups, length, head_dim), lambda b, h, j, _: (b, h, 0, 0, 0))
-    all_stat = pl.BlockSpec((1, 1, groups, length, 1), lambda b, h, j, _: (b, h, 0, 0, 0))
-    kv_block = pl.BlockSpec((1, 1, block_k, head_dim), lambda b, h, j, _: (b, h, j, 0))
+    )(blocks, ends, q, k, v, d_out, lse[..., None], delta[..., None])  # statistics as [bq, 1] columns
+    one_q = pl.BlockSpec((1, 1, 1, length, head_dim), lambda b, h, j, g, _: (b, h, g, 0, 0))
+    one_stat = pl.BlockSpec((1, 1, 1, 1, length), lambda b, h, j, g, _: (b, h, g, 0, 0))
+    kv_block = pl.BlockSpec((1, 1, block_k, head_dim), lambda b, h, j, g, _: (b, h, j, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, block_q=block_q, scale=scale),
-        grid_spec=_grid_spec((batch, kv_heads, length // block_k),
-                             [pl.BlockSpec((1, 1, length), lambda b, h, j, _: (b, 0, 0)),
-                              all_q, kv_block, kv_block, all_q, all_stat, all_stat], [kv_block, kv_block]),
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        grid_spec=_grid_spec((batch, kv_heads, length // block_k, groups),
+                             [pl.BlockSpec((1, block_k, 1), lambda b, h, j, g, _: (b, j, 0)),
+                              one_q, kv_block, kv_block, one_q, one_stat, one_stat], [kv_block, kv_block]),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, jnp.float32), jax.ShapeDtypeStruct(v.shape, jnp.float32)],
         interpret=interpret,
         name="tree_attention_dkv",
-    )(blocks, ends, q, k, v, d_out, lse, delta)
-    return dq, dk, dv
+    )(blocks, ends.transpose(0, 2, 1), q, k, v, d_out, lse[:, :, :, None, :], delta[:, :, :, None, :])
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -263,7 +272,7 @@ def _tree_attention_grouped(q, k, v, ends, block_q, block_k, interpret):
 def _tree_attention_fwd(q, k, v, ends, block_q, block_k, interpret):
     blocks = tree_block_map(ends[:, 0], block_q, block_k)
     out, lse = _forward(q, k, v, ends, blocks, block_q, block_k, interpret)
-    return out, (q, k, v, ends, blocks, out, lse)
+    return out, (q, k, v, ends, blocks, out, lse[..., 0])  # keep lse lane-dense: float32[B, KVH, G, L]
 
 
 def _tree_attention_bwd(block_q, block_k, interpret, residuals, d_out):
