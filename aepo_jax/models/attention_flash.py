@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from aepo_jax.models.attention_mask import AttentionMask
 
-SPLASH_MAX_BLOCK = 512  # tile size for long rows; rows must be a multiple of min(T, this) and of 128
+SPLASH_MAX_BLOCK = 512  # tile size for long rows (rows are padded to a multiple of the tile)
 
 
 class UnsupportedPlatformError(RuntimeError):
@@ -73,20 +73,16 @@ def splash_segment_ids(mask: AttentionMask) -> tuple[jax.Array, jax.Array]:
     return ids, ids
 
 
-def _splash_block(length: int) -> int:
-    block = min(length, SPLASH_MAX_BLOCK)
-    if length % block or block % 128:
-        raise ValueError(f"splash attention needs a row length that is a multiple of 128 (and of {SPLASH_MAX_BLOCK} "
-                         f"when longer); got T={length}: pad rows (length_multiple) or use model.attention='dense'")
-    return block
+def _splash_tile(length: int) -> int:
+    """Tile of a row of `length` slots: a multiple of 128 (TPU lanes), at most SPLASH_MAX_BLOCK."""
+    return min(SPLASH_MAX_BLOCK, -(-length // 128) * 128)
 
 
-def _splash_block_sizes(length: int):
+def _splash_block_sizes(tile: int):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    block = _splash_block(length)
-    return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                             block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    return splash.BlockSizes(block_q=tile, block_kv=tile, block_kv_compute=tile, block_q_dkv=tile,
+                             block_kv_dkv=tile, block_kv_dkv_compute=tile, block_q_dq=tile, block_kv_dq=tile)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
@@ -108,20 +104,25 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMa
     if k.shape[1] != length or mask.is_tree:
         raise ValueError("splash_attention takes causal self-attention rows (T == S, no subtree ends); "
                          f"got T={length}, S={k.shape[1]}, tree={mask.is_tree}")
-    row_inputs = splash_segment_ids(mask)  # [B, T], [B, S]
-    causal = splash.MultiHeadMask([splash.CausalMask((length, length))] * groups)
-    kernel = splash.make_splash_mqa_single_device(causal, block_sizes=_splash_block_sizes(length), interpret=interpret)
+    tile = _splash_tile(length)
+    padded = -(-length // tile) * tile  # rows padded with invalid slots (each its own segment)
+    key_valid = jnp.pad(mask.key_valid, ((0, 0), (0, padded - length)))
+    row_inputs = splash_segment_ids(mask.replace(key_valid=key_valid))  # [B, Tp], [B, Tp]
+    causal = splash.MultiHeadMask([splash.CausalMask((padded, padded))] * groups)
+    kernel = splash.make_splash_mqa_single_device(causal, block_sizes=_splash_block_sizes(tile), interpret=interpret)
 
     def attend_row(q_row, k_row, v_row, q_id, kv_id):  # [KVH, G, T, Dh], [KVH, S, Dh], [KVH, S, Dh], [T], [S]
         segments = splash.SegmentIds(q=q_id, kv=kv_id)
         return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(q_row, k_row, v_row)
 
     def run(q, k, v):
+        widths = ((0, 0), (0, padded - length), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(x, widths) for x in (q, k, v))  # [B, Tp, heads, Dh]
         scaled = (q.astype(jnp.float32) / math.sqrt(head_dim)).astype(q.dtype)  # splash does not scale
-        qg = scaled.reshape(batch, length, n_kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, Dh]
-        kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, KVH, S, Dh]
-        out = jax.vmap(attend_row)(qg, kg, vg, *row_inputs)  # [B, KVH, G, T, Dh]
-        return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, n_heads, head_dim)
+        qg = scaled.reshape(batch, padded, n_kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, Tp, Dh]
+        kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, KVH, Tp, Dh]
+        out = jax.vmap(attend_row)(qg, kg, vg, *row_inputs)  # [B, KVH, G, Tp, Dh]
+        return out.transpose(0, 3, 1, 2, 4).reshape(batch, padded, n_heads, head_dim)[:, :length]
 
     if interpret:
         return run(q, k, v)
