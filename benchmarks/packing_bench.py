@@ -36,6 +36,7 @@ import optax
 from flax import nnx
 
 from aepo_jax.models import Decoder, ModelConfig, get_preset
+from aepo_jax.models.tree_attention import block_skip_fraction
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing import build_packed_batch, make_packed_rl_train_step
 from aepo_jax.training.packing.row_length import choose_row_len, forward_flops
@@ -131,6 +132,19 @@ def interleaved_min_times(runs: dict, repeats: int) -> dict:
     return {name: min(ts) for name, ts in times.items()}
 
 
+def pack_like_trainer(config: ModelConfig, sequences, group_ids, length: int, prompts: int, budget: int):
+    """Packed batch of the sequences: row length chosen among 1-3x the flat `T` by modelled FLOPs,
+    micro-batches of at most `budget` slots. Returns `(row_len, packed, stats, micro_batches)`."""
+    candidates = [-(-int(f * length) // 128) * 128 for f in (1, 1.5, 2, 3)]
+    row_len, _ = choose_row_len([s["tokens"] for s in sequences], group_ids, config, candidates, 128)
+    packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128)
+    micro = max(1, min(prompts, -(-stats.packed_slots // budget)))
+    if micro > 1:
+        packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128,
+                                           micro_batches=micro)
+    return row_len, packed, stats, micro
+
+
 def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, repeats: int, seed: int) -> dict:
     config = MODELS[model]
     rng = np.random.default_rng(seed)
@@ -141,13 +155,7 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
     micro_rows = max(1, min(rows, budget // length))
     while rows % micro_rows:
         micro_rows -= 1
-    candidates = [-(-int(f * length) // 128) * 128 for f in (1, 1.5, 2, 3)]
-    row_len, _ = choose_row_len([s["tokens"] for s in sequences], group_ids, config, candidates, 128)
-    packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128)
-    micro = max(1, min(prompts, -(-stats.packed_slots // budget)))
-    if micro > 1:
-        packed, stats = build_packed_batch(sequences, row_len, group_ids, max_len=length, length_multiple=128,
-                                           micro_batches=micro)
+    row_len, packed, stats, micro = pack_like_trainer(config, sequences, group_ids, length, prompts, budget)
     attn_ratio = rows * length**2 / (stats.rows * stats.row_len**2)
     flop_ratio = forward_flops(config, rows, length) / forward_flops(config, stats.rows, stats.row_len)
 
@@ -170,6 +178,42 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
     return out
 
 
+def block_skip_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, seed: int,
+                    block: int) -> dict:
+    """The tree kernel's skipped tiles on the packed rows `run_case` builds (same trees, row length
+    and micro-batches), with no step run: `models/tree_attention.block_skip_fraction` on
+    `packed_subtree_end`. `kernel_attn_ratio` compares tiles a causal flash kernel visits on the
+    flat rows with tiles the tree kernel visits on the packed rows (the dense `attn_ratio` analogue)."""
+    config = MODELS[model]
+    sequences, group_ids = make_sequences(np.random.default_rng(seed), prompts, prompt_len, k, config.vocab_size)
+    flat = pad_sequences(sequences, max_len=max(len(s["tokens"]) for s in sequences) + 128, length_multiple=128)
+    rows, length = flat["input_ids"].shape
+    _, packed, stats, _ = pack_like_trainer(config, sequences, group_ids, length, prompts, budget)
+    ends = packed["packed_subtree_end"].reshape(-1, packed["packed_subtree_end"].shape[-1])  # [M * R, L]
+    tree = block_skip_fraction(ends, block, block)
+    flat_causal = block_skip_fraction(np.full((rows, length), length, np.int32), block, block)["causal_tiles"]
+    return {"model": model, "k": k, "prompt_len": prompt_len, "block": block, "flat_rows": rows, "T": length,
+            "rows": stats.rows, "row_len": stats.row_len, "attn_ratio": rows * length**2 / (stats.rows * stats.row_len**2),
+            "flat_causal_tiles": flat_causal, "kernel_attn_ratio": flat_causal / tree["visited_tiles"], **tree}
+
+
+def print_block_skip(args: argparse.Namespace) -> list[dict]:
+    """`--block-skip`: the tree kernel's tile counts for every case (cheap: no model is run)."""
+    print(f"{'model':>5} {'k':>3} {'prompt':>6} {'block':>5} {'rows x L':>10} {'skip/all':>8} {'skip/causal':>11} "
+          f"{'attn ratio':>10} {'kernel ratio':>12}", flush=True)
+    results = []
+    for model in args.models.split(","):
+        for prompt_len in map(int, args.prompt_lens.split(",")):
+            for k in map(int, args.ks.split(",")):
+                for block in (64, 128, 256):
+                    r = block_skip_case(model, k, prompt_len, args.prompts, args.tokens_per_micro_batch, args.seed, block)
+                    results.append(r)
+                    print(f"{model:>5} {k:>3} {prompt_len:>6} {block:>5} {r['rows']:>4} x {r['row_len']:<5} "
+                          f"{r['skipped_of_all']:>8.3f} {r['skipped_of_causal']:>11.3f} {r['attn_ratio']:>10.2f} "
+                          f"{r['kernel_attn_ratio']:>12.2f}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,50m")
@@ -182,7 +226,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/packing_bench.json")
+    parser.add_argument("--block-skip", action="store_true",
+                        help="only report the tree attention kernel's skipped tiles (print_block_skip); no steps run")
     args = parser.parse_args()
+    if args.block_skip:
+        print_block_skip(args)
+        return
     skip = set(args.skip.split(",")) if args.skip else set()
     meta = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
             "args": vars(args), "note": "AEPO-like synthetic trees (see module doc); CPU times on a shared machine"}

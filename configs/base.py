@@ -41,6 +41,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.vocab_size = config_dict.placeholder(int)  # override the preset's vocabulary (demo tokenizer)
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
+    c.model.attention = "dense"  # attention backend: "dense" (XLA, CPU, the reference), "splash" (TPU), "cudnn" (GPU); docs/attention.md
 
     # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
     c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})

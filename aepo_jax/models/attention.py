@@ -1,12 +1,17 @@
 """Grouped-query self-attention with rotary positions, optional q/k/v bias and per-head q/k RMSNorm.
 
 Scores and softmax are computed in float32 whatever the activation dtype.
-The mask is explicit (bool, True = may attend), so causal, left-padded,
-cached and tree-packed attention are all the same code.
+The mask is explicit, so causal, left-padded, cached and tree-packed attention
+are all the same code: either a dense `bool[B, T, S]` (True = may attend) or an
+`AttentionMask` (`attention_mask.py`), the O(B * S) form flash kernels need.
+`masked_attention(..., implementation=...)` picks the backend (`model.attention`):
+"dense" (XLA, the reference), "splash" (TPU Pallas), "cudnn" (GPU); see
+docs/attention.md for which masks each handles.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -14,20 +19,72 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aepo_jax.models.attention_flash import (
+    cudnn_attention,
+    on_platform,
+    splash_attention,
+)
+from aepo_jax.models.attention_mask import AttentionMask
 from aepo_jax.models.config import ModelConfig
 from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical_param
+from aepo_jax.models.tree_attention import tree_attention
+
+ATTENTION_BACKENDS = ("dense", "splash", "cudnn")
 
 
-def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def check_backend(implementation: str) -> str:
+    """Returns `implementation` if it names a backend, else raises naming the known ones."""
+    if implementation not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {implementation!r}; known backends: {list(ATTENTION_BACKENDS)}")
+    return implementation
+
+
+def masked_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | AttentionMask,
+    *,
+    implementation: str = "dense",
+    interpret: bool = False,
+) -> jax.Array:
     """softmax(q k^T / sqrt(Dh), masked) v with KV heads shared by groups of query heads.
 
     Args:
       q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH).
-      mask: bool[B, T, S], True where query t may attend key s.
+      mask: bool[B, T, S], True where query t may attend key s, or an `AttentionMask`.
+      implementation: "dense", "splash" or "cudnn" (module doc). "splash" needs an
+        `AttentionMask`: causal self-attention rows run the splash kernel,
+        tree-packed rows the tree kernel (`tree_attention.py`), cached blocks
+        (S != T, decode and append) the dense path. "cudnn" takes any mask, densely.
+      interpret: run Pallas kernels in interpret mode (tests on CPU).
 
     Returns:
-      [B, T, H, Dh]. A query row whose mask is all False returns zeros (not NaN).
+      [B, T, H, Dh]. With the dense backend a query row whose mask is all False
+      returns zeros (not NaN); `AttentionMask` rows always see their own slot.
     """
+    check_backend(implementation)
+    length, n_keys = q.shape[1], k.shape[1]
+    if implementation == "splash" and isinstance(mask, AttentionMask) and mask.is_tree and n_keys == length:
+        if interpret:
+            return tree_attention(q, k, v, mask.subtree_end, interpret=True)
+        run = functools.partial(tree_attention, subtree_end=mask.subtree_end)
+        return on_platform("tpu", "splash (tree kernel)", run, q, k, v)
+    if implementation == "splash" and isinstance(mask, AttentionMask) and n_keys == length:
+        return splash_attention(q, k, v, mask, interpret=interpret)
+    if implementation == "splash" and not isinstance(mask, AttentionMask):
+        raise ValueError("the splash backend needs an AttentionMask (models/attention_mask.py), not a dense "
+                         "bool[B, T, S] mask: a dense mask has no structure a TPU kernel can use")
+    dense = mask.to_dense(length) if isinstance(mask, AttentionMask) else mask  # bool[B, T, S]
+    if dense.shape != (q.shape[0], length, n_keys):
+        raise ValueError(f"mask must be bool[B, T, S] = {(q.shape[0], length, n_keys)}, got {dense.shape}")
+    if implementation == "cudnn":
+        return cudnn_attention(q, k, v, dense)
+    return _dense_attention(q, k, v, dense)  # "dense", and splash's cached blocks
+
+
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """The XLA reference: float32 scores [B, KVH, G, T, S] materialised, masked, softmaxed."""
     batch, length, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
     q = q.reshape(batch, length, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, T, KVH, G, Dh]
@@ -49,6 +106,7 @@ class Attention(nnx.Module):
         d, h, kvh, dh = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
         pdt = config.param_dtype
         self.dtype: Any = config.dtype
+        self.implementation = check_backend(config.attention)
         self.q_proj = logical_param(rngs, fan_in_normal(d), (d, h, dh), ("embed", "heads", "head_dim"), pdt)
         self.k_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
         self.v_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
@@ -74,7 +132,7 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,  # [B, T, D]
         positions: jax.Array,  # int32[B, T]
-        mask: jax.Array,  # bool[B, T, S]
+        mask: jax.Array | AttentionMask,  # bool[B, T, S] or its structured form
         inv_freq: jax.Array,  # float32[Dh/2]
         cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same)
         cache_index: jax.Array | None = None,  # int32 scalar
@@ -93,5 +151,5 @@ class Attention(nnx.Module):
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
             cache_kv = (cache_k, cache_v)
-        out = masked_attention(q, k, v, mask)  # [B, T, H, Dh]
+        out = masked_attention(q, k, v, mask, implementation=self.implementation)  # [B, T, H, Dh]
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype)), cache_kv

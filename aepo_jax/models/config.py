@@ -43,6 +43,7 @@ class ModelConfig:
     max_seq_len: int = 4096
     dtype: Any = "float32"
     param_dtype: Any = "float32"
+    attention: str = "dense"  # attention backend (models/attention.py): "dense", "splash" (TPU), "cudnn" (GPU)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len"):

@@ -32,6 +32,8 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
         overrides["vocab_size"] = int(cfg.model.vocab_size)
     if cfg.model.get("compute_dtype"):
         overrides["dtype"] = cfg.model.compute_dtype
+    if cfg.model.get("attention"):
+        overrides["attention"] = cfg.model.attention
     return get_preset(cfg.model.preset, **overrides)
 
 

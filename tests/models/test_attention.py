@@ -1,0 +1,138 @@
+"""The dense attention path against a numpy reference, structured masks against the project's mask builders,
+and the backend switch's errors (flash kernels themselves: test_attention_kernels.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_cases import numpy_attention, random_qkv, random_subtree_ends
+
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.models.attention import masked_attention as eager_masked_attention
+from aepo_jax.models.attention_flash import UnsupportedPlatformError
+from aepo_jax.models.attention_mask import cached_mask, causal_mask, tree_mask
+from aepo_jax.sampling.programs import block_attention_mask
+from aepo_jax.training.packing.ancestor_mask import ancestor_mask
+from aepo_jax.training.train_step import attention_mask_from_valid
+
+masked_attention = jax.jit(eager_masked_attention, static_argnames=("implementation", "interpret"))
+
+
+def test_causal_mask_matches_the_training_mask_with_padding_anywhere():
+    valid = np.ones((3, 12), bool)
+    valid[0, :4] = False  # left padding
+    valid[1, 9:] = False  # right padding
+    valid[2, 5:7] = False  # a hole
+    got = causal_mask(jnp.asarray(valid)).to_dense(12)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(attention_mask_from_valid(jnp.asarray(valid))))
+
+
+@pytest.mark.parametrize("block, first_slot", [(1, 9), (4, 6), (4, 0)])
+def test_cached_mask_matches_the_sampler_mask(block, first_slot):
+    rng = np.random.default_rng(block)
+    slot_valid = rng.random((3, 16)) < 0.7  # per-row holes, as left-padded appends leave
+    got = cached_mask(jnp.asarray(slot_valid), first_slot).to_dense(block)
+    want = block_attention_mask(jnp.asarray(slot_valid), jnp.int32(first_slot), block)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_tree_mask_matches_the_ancestor_mask():
+    ends = random_subtree_ends(np.random.default_rng(0), 3, 30, trees_end_at=(11, 20))
+    got = tree_mask(jnp.asarray(ends)).to_dense(30)
+    np.testing.assert_array_equal(np.asarray(got), ancestor_mask(ends))
+
+
+def test_dense_causal_left_padded_gqa_matches_numpy():
+    rng = np.random.default_rng(1)
+    q, k, v = random_qkv(rng, 2, 10, 10, 6, 2, 8)
+    valid = np.ones((2, 10), bool)
+    valid[1, :3] = False
+    mask = causal_mask(jnp.asarray(valid))
+    dense = np.asarray(mask.to_dense(10))
+    out = masked_attention(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(out), numpy_attention(q, k, v, dense), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(masked_attention(q, k, v, jnp.asarray(dense))))
+
+
+@pytest.mark.parametrize("block", [1, 5])
+def test_dense_cached_decoding_with_per_row_valid_lengths_matches_numpy(block):
+    rng = np.random.default_rng(block)
+    n_slots, first_slot = 24, 11
+    q, k, v = random_qkv(rng, 3, block, n_slots, 4, 1, 8)  # MQA: one kv head
+    lengths = np.array([3, 11, 7])  # valid prefix per row before the new block
+    slot_valid = np.arange(n_slots)[None, :] < lengths[:, None]
+    slot_valid[:, first_slot:first_slot + block] = True
+    mask = cached_mask(jnp.asarray(slot_valid), first_slot)
+    out = masked_attention(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(out), numpy_attention(q, k, v, mask.to_dense(block)), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_fully_masked_row_is_zero_not_nan():
+    rng = np.random.default_rng(2)
+    q, k, v = random_qkv(rng, 1, 3, 3, 2, 2, 4)
+    mask = jnp.asarray(np.tril(np.ones((3, 3), bool))[None] & np.array([False, True, True])[None, :, None])
+    out = np.asarray(masked_attention(q, k, v, mask))
+    assert np.all(out[0, 0] == 0) and np.all(np.isfinite(out))
+
+
+def test_dense_bfloat16_keeps_float32_softmax():
+    rng = np.random.default_rng(3)
+    q, k, v = random_qkv(rng, 1, 64, 64, 4, 2, 16)
+    mask = causal_mask(jnp.ones((1, 64), bool))
+    out = masked_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), mask)
+    assert out.dtype == jnp.bfloat16
+    want = numpy_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), mask.to_dense(64))
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=2e-2)
+
+
+def test_unknown_backend_is_refused_by_name():
+    q, k, v = random_qkv(np.random.default_rng(4), 1, 2, 2, 2, 1, 4)
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'.*'dense', 'splash', 'cudnn'"):
+        masked_attention(q, k, v, jnp.ones((1, 2, 2), bool), implementation="flash")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        Decoder(get_preset("tiny", attention="flash"))
+
+
+def test_splash_refuses_a_dense_mask():
+    q, k, v = random_qkv(np.random.default_rng(5), 1, 128, 128, 2, 1, 8)
+    with pytest.raises(ValueError, match="splash backend needs an AttentionMask"):
+        masked_attention(q, k, v, jnp.ones((1, 128, 128), bool), implementation="splash")
+
+
+def test_decoder_with_splash_refuses_the_dense_mask_it_builds_today():
+    from flax import nnx
+
+    config = get_preset("tiny", attention="splash", n_layers=1)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))  # shapes only
+    with pytest.raises(ValueError, match="splash backend needs an AttentionMask"):
+        jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids), state,
+                       jax.ShapeDtypeStruct((1, 8), jnp.int32))
+
+
+def test_cudnn_on_cpu_raises_naming_the_backend():
+    q, k, v = (x.astype(jnp.bfloat16) for x in random_qkv(np.random.default_rng(6), 1, 4, 4, 2, 1, 8))
+    mask = causal_mask(jnp.ones((1, 4), bool))
+    with pytest.raises(UnsupportedPlatformError, match="'cudnn' needs a GPU"):
+        masked_attention(q, k, v, mask, implementation="cudnn")
+    with pytest.raises(ValueError, match="'cudnn' needs bfloat16 or float16 activations, got float32"):
+        masked_attention(q.astype(jnp.float32), k, v, mask, implementation="cudnn")
+
+
+def test_splash_run_on_cpu_raises_naming_the_backend():
+    q, k, v = random_qkv(np.random.default_rng(7), 1, 128, 128, 2, 1, 8)
+    mask = causal_mask(jnp.ones((1, 128), bool))
+    with pytest.raises(Exception, match="'splash' needs a tpu device"):
+        jax.block_until_ready(masked_attention(q, k, v, mask, implementation="splash"))
+
+
+def test_splash_lowers_for_tpu_from_a_cpu_process():
+    q, k, v = random_qkv(np.random.default_rng(8), 2, 256, 256, 4, 2, 128)
+    valid = jnp.ones((2, 256), bool).at[0, :17].set(False)
+
+    def loss(q, k, v):
+        return masked_attention(q, k, v, causal_mask(valid), implementation="splash").sum()
+
+    lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") >= 3  # forward, dq and dkv kernels
