@@ -70,6 +70,9 @@ class RolloutConfig:
         return max(1, m)
 
 
+INDEPENDENT = RolloutConfig(strategy="independent")  # k i.i.d. samples per prompt (what pass@k assumes)
+
+
 class EntropyBranchPolicy:
     """ARPO/AEPO branch decisions (spec 2.2 step 3, 2.3); ARPO is `penalty_slope = 0`.
 

@@ -23,13 +23,16 @@ from aepo_jax.training.train_state import (
 from aepo_jax.training.train_step import StepConfig
 
 CONFIG_ONLY_OBJECTIVE_KEYS = ("log_kl", "max_resample_rounds")
+# `config.model` keys that override the preset's sizes (the demo's tiny decoder states them all).
+MODEL_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len")
 
 
 def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
-    """The decoder config: preset, optional vocabulary override, float32 master weights."""
+    """The decoder config: preset, optional vocabulary and size overrides, float32 master weights."""
     overrides: dict[str, Any] = {"param_dtype": "float32"}
-    if cfg.model.get("vocab_size") is not None:
-        overrides["vocab_size"] = int(cfg.model.vocab_size)
+    for key in ("vocab_size",) + MODEL_SIZE_KEYS:
+        if cfg.model.get(key) is not None:
+            overrides[key] = int(cfg.model[key])
     if cfg.model.get("compute_dtype"):
         overrides["dtype"] = cfg.model.compute_dtype
     return get_preset(cfg.model.preset, **overrides)
