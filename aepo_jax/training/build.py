@@ -65,16 +65,16 @@ def preset_from(cfg: ml_collections.ConfigDict) -> AlgorithmPreset:
 
 
 def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) -> StepConfig:
-    loss_kwargs = preset.policy_loss_kwargs()
+    loss = preset.loss_config()
     return StepConfig(
-        surrogate=preset.surrogate,
-        clip_low=loss_kwargs["clip_low"],
-        clip_high=loss_kwargs["clip_high"],
-        dual_clip_c=loss_kwargs["dual_clip_c"],
-        loss_agg=loss_kwargs["loss_agg"],
-        kl_coef=loss_kwargs["kl_coef"],
-        kl_estimator=loss_kwargs["kl_estimator"],
-        entropy_coef=loss_kwargs["entropy_coef"],
+        surrogate=loss.surrogate,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip_c=loss.dual_clip_c,
+        loss_agg=loss.loss_agg,
+        kl_coef=loss.kl_coef,
+        kl_estimator=loss.kl_estimator,
+        entropy_coef=loss.entropy_coef,
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,
