@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from aepo_jax.objectives.advantage_dispatch import ADVANTAGES
 from aepo_jax.objectives.advantages import ENTROPY_ADV_SCOPES
 from aepo_jax.objectives.aggregation import check_loss_agg
 from aepo_jax.objectives.kl import KL_ESTIMATORS
@@ -21,7 +22,7 @@ from aepo_jax.objectives.policy_loss import LossConfig
 from aepo_jax.objectives.surrogates import SURROGATES
 from aepo_jax.objectives.tree_advantages import GIGPO_NORMS
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gigpo")
+ADVANTAGE_ESTIMATORS = tuple(ADVANTAGES)
 ROLLOUT_STRATEGIES = ("independent", "arpo", "aepo")
 
 # (clip_low el, clip_high eh, dual_clip_c) each surrogate uses unless a preset or config says otherwise.
