@@ -34,9 +34,9 @@ import ml_collections
 import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
-from aepo_jax.agent.loop_sampler import agent_sampler
 from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
 from aepo_jax.rewards import compute_reward
+from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 

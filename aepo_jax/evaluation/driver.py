@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
-from aepo_jax.agent.loop_sampler import agent_sampler
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
 from aepo_jax.evaluation.scoring import score_question
+from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import INDEPENDENT, RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
