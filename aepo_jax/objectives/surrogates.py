@@ -172,7 +172,7 @@ def cispo_surrogate(
     """CISPO: `sg(clip(r, 1-el, 1+eh)) * A * logp` (spec §3.1 row 4).
 
     The weight `F = clip(r, 1-el, 1+eh)` never depends on the sign of `A`; no
-    dual clip. The default `clip_low = 1` puts the lower bound at 0, which a
+    dual clip. CISPO's `clip_low = 1` (`presets.SURROGATE_CLIPS`) puts the lower bound at 0, which a
     ratio never crosses ("el large" in the spec).
     """
     if dual_clip_c is not None:
