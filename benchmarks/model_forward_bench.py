@@ -1,7 +1,7 @@
 """Decoder speed: jitted full forward (tokens/s, GFLOP/s) and one cached decode step, per config and dtype.
 
-    .venv/bin/python benchmarks/model_forward_bench.py --presets tiny smollm2_135m --layers 4 \
-        --batch 4 --length 128 --json benchmarks/results/model_forward.json
+    python -m benchmarks.model_forward_bench --presets tiny smollm2_135m --layers 4 \
+        --batch 4 --length 128 [--json OUT.json]
 
 Random weights (speed does not depend on them). `--layers` caps the layer
 count so large presets fit a CPU; FLOPs count matmuls only (2 per
@@ -11,15 +11,14 @@ multiply-add): projections, MLP, attention scores and values, and the logits.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from aepo_jax.models import Decoder, KVCache, ModelConfig, get_preset
+from benchmarks.bench_json import add_json_flag, write_json
 
 
 def forward_flops(config: ModelConfig, batch: int, queries: int, keys: int) -> float:
@@ -77,7 +76,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/model_forward.json"))
+    add_json_flag(parser)
     args = parser.parse_args()
 
     rows = []
@@ -97,9 +96,7 @@ def main() -> None:
             f"{r['forward_tokens_per_s']:>11.0f}{r['forward_gflops']:>9.1f}{r['decode_step_ms']:>9.2f}"
             f"{r['decode_tokens_per_s']:>11.0f}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"batch": args.batch, "length": args.length, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.json, {"batch": args.batch, "length": args.length, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ costs `L^2` per row (`attn ratio` compares the dense attention score counts,
 the fastest of `--repeats` steps after one compile-and-warm-up step, flat and
 tree steps alternating.
 
-    .venv/bin/python benchmarks/packing_bench.py --out benchmarks/packing_bench.json
+    python -m benchmarks.packing_bench [--json OUT.json]
+
+(`benchmarks/packing_bench.json`, cited by docs/packing.md, is one such run.)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from aepo_jax.training.packing import build_packed_batch, make_packed_rl_train_s
 from aepo_jax.training.packing.row_length import choose_row_len, forward_flops
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import StepConfig, make_rl_train_step
+from benchmarks.bench_json import add_json_flag, write_json
 
 MODELS = {
     "tiny": get_preset("tiny"),
@@ -225,12 +228,12 @@ def main() -> None:
     parser.add_argument("--tokens-per-micro-batch", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="benchmarks/packing_bench.json")
     parser.add_argument("--block-skip", action="store_true",
                         help="only report the tree attention kernel's skipped tiles (print_block_skip); no steps run")
+    add_json_flag(parser)
     args = parser.parse_args()
     if args.block_skip:
-        print_block_skip(args)
+        write_json(args.json, {"block_skip": print_block_skip(args)})
         return
     skip = set(args.skip.split(",")) if args.skip else set()
     meta = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
@@ -253,9 +256,10 @@ def main() -> None:
                       f"{r['slot_ratio']:>10.2f} {r['attn_ratio']:>10.2f} {r['flop_ratio']:>10.2f} "
                       f"{r['t_flat_s']:>9.3f} {r['t_tree_s']:>9.3f} {r['time_ratio']:>10.2f} "
                       f"{r['time_over_slot_ratio']:>9.2f}", flush=True)
-                with open(args.out, "w") as f:  # after every case, so a cut run keeps what it measured
-                    json.dump({"meta": meta, "results": results}, f, indent=1)
-    print(f"wrote {args.out}")
+                if args.json:  # after every case, so a cut run keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_json(args.json, {"meta": meta, "results": results})
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 Tiny model (random weights, so tool calls are forced through `ToolForcingGenerator`),
 real tools (search server on loopback, python sandbox), k=8, 16 prompts. Runs the
 same rollout with branches forked from the KV cache and with every branch
-re-prefilled from scratch, prints a table and writes JSON.
+re-prefilled from scratch and prints a table (JSON with `--json OUT`).
 
-    .venv/bin/python benchmarks/rollout_bench.py --out benchmarks/rollout_bench.json
+    python -m benchmarks.rollout_bench [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from aepo_jax.tools import (
     SearchTool,
     ToolRegistry,
 )
+from benchmarks.bench_json import add_json_flag, write_json
 
 
 class TimedGenerator:
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per mode (after one warm-up)")
-    parser.add_argument("--out", default="benchmarks/rollout_bench.json")
+    add_json_flag(parser)
     args = parser.parse_args()
 
     corpus = {t.lower(): f"{t}\n{t} is a town of {1000 + 37 * i} people founded in {1800 + 7 * i}."
@@ -124,10 +125,7 @@ def main() -> None:
               f"{r['forward_to_trajectory_ratio']:8.3f} {r['branches']:8d}")
         print("    generator seconds:", {k: round(v, 2) for k, v in r["generator_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "device": str(jax.devices()[0]), "rows": rows},
-                                         indent=1, default=str))
-    print(f"wrote {args.out}")
+    write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Sampler speed: tokens/s of prefill + while_loop decode, and decode step vs the one-token forward floor.
 
-    python benchmarks/sampler_bench.py --layers 2 --d-model 128 --heads 4 --kv-heads 2 \
-        --vocab 1024 --batch 8 --prompt-len 64 --new-tokens 64 --mode sample --json OUT.json
+    python -m benchmarks.sampler_bench --layers 2 --d-model 128 --heads 4 --kv-heads 2 \
+        --vocab 1024 --batch 8 --prompt-len 64 --new-tokens 64 --mode sample [--json OUT.json]
 
 Random-initialised model; EOS is banned (no EOS ids, no stop sequences) so
 every row generates exactly --new-tokens. The floor is one jitted model
@@ -12,7 +12,6 @@ back to back from Python: a decode step cannot do less work than that.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from flax import nnx
 
 from aepo_jax.models import Decoder, KVCache, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
+from benchmarks.bench_json import add_json_flag, write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=["sample", "greedy"], default="sample")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--json", default=None, help="write the results here")
+    add_json_flag(parser)
     return parser.parse_args()
 
 
@@ -192,9 +192,7 @@ def main() -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ Model FLOPs per trained token (PaLM appendix B convention, no rematerialisation)
 in matmuls (embedding lookup excluded, LM head included) and d_attn =
 n_heads * head_dim.
 
-    python benchmarks/train_bench.py [--out train_bench.json] [--steps 5]
-    python benchmarks/train_bench.py --configs qwen2_5_0_5b --dtype bfloat16 --peak-tflops 790   # on a GPU
+    python -m benchmarks.train_bench [--json OUT.json] [--steps 5]
+    python -m benchmarks.train_bench --configs qwen2_5_0_5b --dtype bfloat16 --peak-tflops 790   # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import jax
@@ -30,6 +29,7 @@ from aepo_jax.models import Decoder, ModelConfig, get_preset
 from aepo_jax.training.optimizer import make_optimizer
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import StepConfig, make_rl_train_step
+from benchmarks.bench_json import add_json_flag, write_json
 
 CONFIGS = {
     # ~10M parameters
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="use this peak instead of measuring (e.g. 790 for an H200 in bf16)")
-    parser.add_argument("--out", default="train_bench.json")
+    add_json_flag(parser)
     args = parser.parse_args()
 
     peak_dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
@@ -142,9 +142,7 @@ def main() -> None:
         print(f"{r['config']:>14} {r['params'] / 1e6:>9.1f}M {r['batch']:>4}x{r['seq_len']:<4} "
               f"{r['compile_s']:>10.1f} {r['step_s_best']:>8.3f} {r['tokens_per_s']:>10.0f} "
               f"{r['model_tflops_per_s'] * 1e3:>9.1f} {r['mfu']:>6.1%}")
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"backend": jax.default_backend(), "peak_flops": peak, "results": rows}, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.json, {"backend": jax.default_backend(), "peak_flops": peak, "results": rows})
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.max_tool_calls = 6
     c.rollout.tool_timeout_s = 120.0
     c.rollout.max_result_chars = 1000
+    c.rollout.search_topk = 2  # passages per search call
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 
@@ -117,13 +118,22 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.eps = 1e-8
 
-    # Cold-start SFT (`python -m launch.sft`): scripted tool-using trajectories
-    # executed with the real tools, or a JSONL of {"question", "response"} texts.
+    # Cold-start SFT (`python -m launch.sft`, the demo's SFT stage): scripted tool-using
+    # trajectories executed with the real tools, or a JSONL of {"question", "response"} texts.
+    # The optimiser and length keys left None take the RL run's value (train.* / optim.*);
+    # `aepo_jax.experiment.sft_config_from` resolves them.
     c.sft = ml_collections.ConfigDict()
     c.sft.path = ""
-    c.sft.num_sequences = 256
+    c.sft.num_sequences = 256  # scripted questions used (at most the task's training questions)
     c.sft.batch_size = 8
     c.sft.skip_python_prob = 0.3  # the scripts' deliberate flaw, for RL to remove
+    c.sft.steps = config_dict.placeholder(int)  # None: train.total_steps
+    c.sft.lr = config_dict.placeholder(float)  # None: optim.lr
+    c.sft.warmup_steps = config_dict.placeholder(int)  # None: optim.warmup_steps
+    c.sft.schedule = config_dict.placeholder(str)  # None: optim.schedule
+    c.sft.final_lr_fraction = config_dict.placeholder(float)  # None: optim.final_lr_fraction
+    c.sft.max_seq_len = config_dict.placeholder(int)  # None: train.max_seq_len
+    c.sft.length_bucket = config_dict.placeholder(int)  # None: train.length_bucket
 
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
     c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True})

@@ -27,6 +27,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The generated environment (aepo_jax.envs.synthetic_facts): towns split into
     # disjoint train / held-out sets; every question needs two searches and a python step.
     c.env = ml_collections.ConfigDict()
+    # The task's seed; launch.compare varies the RL seed (`seed`) over one fixed task.
+    c.env.seed = c.get_ref("seed")
     # Many towns, about one question each: a small model cannot memorise the facts
     # and has to copy them from the search results, which is what transfers to held-out towns.
     c.env.n_towns = 2000
@@ -40,24 +42,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # what a 0.2M-parameter model learns in minutes; "years_between" needs two searches and
     # two copied numbers, the population kinds 6-digit numbers (harder, for bigger runs).
     c.env.kinds = "years_since"
-    c.env.skip_python_prob = 0.5  # the scripts' flaw: answer with the first retrieved number
-    c.env.search_topk = 1  # passages per search; top-1 is the right town on this corpus
     c.env.system_prompt = ""  # "" = aepo_jax.envs.facts_task.DEMO_SYSTEM_PROMPT
 
+    c.rollout.search_topk = 1  # passages per search; top-1 is the right town on this corpus
     c.tokenizer.vocab_size = 768  # an upper bound; town names are kept out of the pieces
 
     # A ~0.2M-parameter decoder (Llama/Qwen layout of aepo_jax.models): two layers are enough
     # for the copy (induction) heads the task needs, and it trains ~6x faster per step
     # than a 1M-parameter 4-layer one on a busy 2-core machine.
-    c.demo_model = ml_collections.ConfigDict({
-        "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_dim": 256, "max_seq_len": 512,
+    c.model.update({
+        "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "mlp_dim": 256,
+        "max_seq_len": 512,
     })
 
-    # SFT cold start (next-token loss on generated segments only).
-    c.sft = ml_collections.ConfigDict({
+    # SFT cold start (next-token loss on generated segments only), on every training question.
+    c.sft.update({
         "steps": 600, "batch_size": 16, "lr": 1e-2, "warmup_steps": 20, "schedule": "cosine",
         "final_lr_fraction": 0.1, "max_seq_len": 512, "length_bucket": 32,
+        "skip_python_prob": 0.5,  # the scripts' flaw: answer with the first retrieved number
     })
+    c.sft.num_sequences = c.env.get_ref("n_train")
 
     # AEPO from the SFT checkpoint. Small groups, many prompts: the signal RL has
     # to find (use python instead of guessing) shows up within a group of 8.
@@ -94,7 +98,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.env.n_train = 48
         c.env.n_heldout = 8
         c.env.n_distractors = 10
-        c.demo_model.update({"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "mlp_dim": 64})
+        c.model.update({"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 2, "head_dim": 16, "mlp_dim": 64})
         c.sft.steps = 3
         c.sft.batch_size = 8
         c.data.prompts_per_step = 2

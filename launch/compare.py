@@ -69,18 +69,18 @@ def format_markdown(sft: dict[str, float], table: dict, seeds: list[int]) -> str
 def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], progress: bool = True,
                 log=print) -> dict[str, Any]:
     """SFT once, then RL + held-out evaluation for every (algorithm, seed); writes compare.json/.md."""
-    from aepo_jax.envs.demo_eval import evaluate_policy
-    from aepo_jax.envs.demo_pipeline import run_rl, run_sft, setup_task
+    from aepo_jax.experiment import evaluate_policy, train_rl, train_sft
     from configs.demo import with_algorithm
+    from launch.demo import fresh_environment
 
-    os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
-    demo = setup_task(cfg, workdir)
+    cfg = cfg.copy_and_resolve_references()
+    demo = fresh_environment(cfg, workdir, stages=("sft",))
     runs: list[dict[str, Any]] = []
     try:
         log(f"SFT cold start ({cfg.sft.steps} steps), shared by every run")
-        shutil.rmtree(os.path.join(workdir, "sft"), ignore_errors=True)
-        graphdef, sft_params, _ = run_sft(cfg, demo, os.path.join(workdir, "sft"), progress=progress, log=log)
+        graphdef, sft_params, _ = train_sft(cfg, demo, workdir, os.path.join(workdir, "sft"), progress=progress,
+                                            log=log)
         heldout = demo.heldout_examples[: int(cfg.eval.questions)]
         sft = evaluate_policy(cfg, demo, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1, progress=progress)
         log(f"SFT start: pass@1 {sft['pass@1']:.3f}")
@@ -92,7 +92,7 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
                 shutil.rmtree(run_dir, ignore_errors=True)  # a rerun replaces, never resumes, a run
                 log(f"{algorithm} seed {seed}: {run_cfg.train.total_steps} RL steps")
                 t = time.perf_counter()
-                params, records = run_rl(run_cfg, demo, graphdef, sft_params, run_dir, progress=progress)
+                params, records = train_rl(run_cfg, demo, graphdef, sft_params, workdir, run_dir, progress=progress)
                 metrics = evaluate_policy(run_cfg, demo, graphdef, params, heldout, seed=int(cfg.seed) + 1,
                                           progress=progress)
                 run = {"algorithm": algorithm, "seed": int(seed), **metrics, "wall_s": time.perf_counter() - t,

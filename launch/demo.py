@@ -49,39 +49,52 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def fresh_environment(cfg, workdir: str, search_url: str = "", stages: tuple[str, ...] = ()):
+    """The demo's environment in WORKDIR, after removing what an earlier run left there (its stages,
+    task files and tokenizer), so a rerun replaces, never mixes into, the previous one."""
+    from aepo_jax.experiment import TOKENIZER_FILES, environment_from
+
+    os.makedirs(workdir, exist_ok=True)
+    for sub in (*stages, "task"):
+        shutil.rmtree(os.path.join(workdir, sub), ignore_errors=True)
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(workdir, name)):
+            os.remove(os.path.join(workdir, name))
+    if search_url:
+        cfg.data.search_url = search_url
+    return environment_from(cfg, workdir)
+
+
 def run_demo(cfg, workdir: str, search_url: str = "", progress: bool = True, log=print) -> dict[str, Any]:
     """All five stages; returns the report (also written to WORKDIR/report.json)."""
-    from aepo_jax.envs.demo_eval import evaluate_policy
-    from aepo_jax.envs.demo_pipeline import run_rl, run_sft, setup_task
+    from aepo_jax.experiment import evaluate_policy, train_rl, train_sft
     from launch.plot_metrics import plot_run
 
     t0 = time.perf_counter()
-    os.makedirs(workdir, exist_ok=True)
-    for sub in ("sft", "aepo"):  # a rerun replaces the previous run's stages
-        shutil.rmtree(os.path.join(workdir, sub), ignore_errors=True)
+    cfg = cfg.copy_and_resolve_references()
+    log("[1/5] task: generating towns, corpus and questions; training the tokenizer; starting the search server")
+    env = fresh_environment(cfg, workdir, search_url, stages=("sft", "aepo"))
     with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
         f.write(cfg.to_json_best_effort(indent=2))
-
-    log("[1/5] task: generating towns, corpus and questions; training the tokenizer; starting the search server")
-    demo = setup_task(cfg, workdir, search_url=search_url)
     timings = {}
     try:
-        env = demo.task.env
-        log(f"  {len(env.towns)} towns, {len(env.corpus)} documents, {len(env.train)} train / "
-            f"{len(env.heldout)} held-out questions (disjoint towns); vocabulary {demo.tokenizer.vocab_size}; "
-            f"search at {demo.server_url}")
+        task = env.task
+        log(f"  {len(task.towns)} towns, {len(task.corpus)} documents, {len(task.train)} train / "
+            f"{len(task.heldout)} held-out questions (disjoint towns); vocabulary {env.tokenizer.vocab_size}; "
+            f"search at {env.search_url}")
         timings["task_s"] = time.perf_counter() - t0
 
         log(f"[2/5] SFT cold start: {cfg.sft.steps} steps on scripted trajectories "
-            f"(skip-python flaw rate {cfg.env.skip_python_prob})")
+            f"(skip-python flaw rate {cfg.sft.skip_python_prob})")
         t = time.perf_counter()
-        graphdef, sft_params, _ = run_sft(cfg, demo, os.path.join(workdir, "sft"), progress=progress, log=log)
+        graphdef, sft_params, _ = train_sft(cfg, env, workdir, os.path.join(workdir, "sft"), progress=progress,
+                                            log=log)
         timings["sft_s"] = time.perf_counter() - t
 
-        heldout = demo.heldout_examples[: int(cfg.eval.questions)]
+        heldout = env.heldout_examples[: int(cfg.eval.questions)]
         log(f"[3/5] evaluating the SFT checkpoint on {len(heldout)} held-out questions x {cfg.eval.samples} samples")
         t = time.perf_counter()
-        sft_metrics = evaluate_policy(cfg, demo, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1,
+        sft_metrics = evaluate_policy(cfg, env, graphdef, sft_params, heldout, seed=int(cfg.seed) + 1,
                                       progress=progress)
         timings["eval_sft_s"] = time.perf_counter() - t
         log(f"  SFT pass@1 {sft_metrics['pass@1']:.3f}, python in {sft_metrics['python_rate']:.0%} of answers")
@@ -89,14 +102,15 @@ def run_demo(cfg, workdir: str, search_url: str = "", progress: bool = True, log
         log(f"[4/5] {cfg.algorithm.upper()} from the SFT checkpoint: {cfg.train.total_steps} steps x "
             f"{cfg.data.prompts_per_step} prompts x k={cfg.rollout.k}")
         t = time.perf_counter()
-        rl_params, _ = run_rl(cfg, demo, graphdef, sft_params, os.path.join(workdir, "aepo"), progress=progress)
+        rl_params, _ = train_rl(cfg, env, graphdef, sft_params, workdir, os.path.join(workdir, "aepo"),
+                                progress=progress)
         timings["rl_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        rl_metrics = evaluate_policy(cfg, demo, graphdef, rl_params, heldout, seed=int(cfg.seed) + 1,
+        rl_metrics = evaluate_policy(cfg, env, graphdef, rl_params, heldout, seed=int(cfg.seed) + 1,
                                      progress=progress)
         timings["eval_rl_s"] = time.perf_counter() - t
     finally:
-        demo.close()
+        env.close()
 
     log("[5/5] report: table, report.json, training curves; search server stopped")
     samples = int(cfg.eval.samples)

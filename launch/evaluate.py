@@ -1,13 +1,16 @@
 """Evaluation entry point: pass@k, F1, tool calls and length per dataset (spec §6).
 
-    python -m launch.evaluate --config configs/aepo_tiny.py --checkpoint WORKDIR \
+    python -m launch.evaluate --checkpoint WORKDIR [--config configs/aepo_tiny.py] \
         [--n 4] [--greedy] [--split heldout|train] [--data_path FILE] [--out DIR] \
         [--strategy independent|arpo|aepo] [--config.key=value ...]
 
 `--checkpoint` is a training run directory (or its `checkpoints/` folder, or
-one step folder) written by `launch.train`; `--checkpoint none` evaluates the
-config's initial parameters (a baseline). The run's tokenizer
-(`WORKDIR/tokenizer.model`) is reused so token ids match the checkpoint. The
+one step folder) written by `launch.train`, `launch.sft` or `launch.demo`
+(`runs/demo/aepo`); `--checkpoint none` evaluates the config's initial
+parameters (a baseline, needs `--config`). Without `--config` the run's own
+resolved config (`WORKDIR/config.json`) rebuilds everything; the run's
+tokenizer (`WORKDIR/tokenizer.model`) is reused so token ids match the
+checkpoint. Everything is built by `aepo_jax.experiment`. The
 questions are the config's held-out split (the synthetic task's held-out
 towns) or its training data (`--split train`), or any local JSONL file
 (`--data_path`). Decoding is the paper's evaluation setting (temperature 0.6,
@@ -27,8 +30,8 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg])",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg]); "
+                                          "default: the run's own WORKDIR/config.json", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "training run dir, its checkpoints/ dir, a step dir, or 'none'")
 _N = flags.DEFINE_integer("n", 1, "samples per question (pass@k for every k <= n)")
 _GREEDY = flags.DEFINE_bool("greedy", False, "greedy decoding (needs --n 1)")
@@ -44,7 +47,7 @@ _REWARD = flags.DEFINE_string("reward", "auto", "reward family deciding correctn
 _SEED = flags.DEFINE_integer("seed", None, "PRNG seed of the evaluation (default: config seed)")
 _OUT = flags.DEFINE_string("out", None, "output directory (default: RUN_DIR/eval, or ./eval_initial for 'none')")
 _PROGRESS = flags.DEFINE_bool("progress", True, "progress bar over questions")
-flags.mark_flags_as_required(["config", "checkpoint"])
+flags.mark_flags_as_required(["checkpoint"])
 
 
 def eval_examples(cfg: Any, env: Any, split: str, data_path: str, scratch: str) -> list[dict]:
@@ -55,38 +58,10 @@ def eval_examples(cfg: Any, env: Any, split: str, data_path: str, scratch: str) 
         return load_local_examples(data_path, os.path.join(scratch, "tfds_eval"))
     if split == "train":
         return list(env.examples)
-    if cfg.data.path:
+    if not env.heldout_examples:
         raise SystemExit(f"config data.path={cfg.data.path!r} has no held-out split here; pass --data_path=FILE "
                          "(a JSONL of held-out questions) or --split=train")
-    from aepo_jax.envs.synthetic_facts import build_env
-
-    # The same generator call as the trainer's task (aepo_jax.training.agent_env), so towns and corpus match.
-    task = build_env(seed=int(cfg.seed), n_train=int(cfg.data.get("num_examples", 256)))
-    return [{"id": q.id, "question": q.question, "answers": [q.answer], "data_source": "synthetic_facts"}
-            for q in task.heldout]
-
-
-def eval_config_from(cfg: Any, n: int, greedy: bool, temperature: float, top_p: float, seed: int,
-                     questions_per_batch: int, strategy: str, reward: str):
-    """`EvalConfig` from the experiment config's rollout limits and the command-line decoding."""
-    from aepo_jax.agent.loop import LoopConfig
-    from aepo_jax.evaluation.driver import EvalConfig
-    from aepo_jax.rollout.strategies import RolloutConfig
-
-    r = cfg.rollout
-    loop = LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
-                      max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
-                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure)
-    rollout = RolloutConfig(
-        strategy=strategy, initial_rollouts=min(int(r.initial_rollouts), n), entropy_weight=float(r.entropy_weight),
-        branch_threshold=float(r.branch_threshold), branch_width=int(r.branch_width),
-        entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure, dynamic_budget=bool(r.dynamic_budget),
-        beta=float(r.beta), premonitor_reuse=bool(r.premonitor_reuse), penalty_slope=float(r.penalty_slope),
-        penalty_scope=r.penalty_scope,
-    )
-    return EvalConfig(n=n, greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
-                      questions_per_batch=questions_per_batch, loop=loop, rollout=rollout,
-                      reward=None if reward == "auto" else reward)
+    return list(env.heldout_examples)
 
 
 def _write_outputs(out: str, result: Any, meta: dict) -> None:
@@ -107,7 +82,6 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax reports every read at INFO
-    cfg = _CONFIG.value
     baseline = _CHECKPOINT.value.strip().lower() == "none"
     from aepo_jax.evaluation.restore import locate_checkpoint
 
@@ -115,6 +89,16 @@ def main(argv: list[str]) -> int:
         location = None if baseline else locate_checkpoint(_CHECKPOINT.value)
     except (FileNotFoundError, NotADirectoryError) as err:
         raise SystemExit(f"error: {err}") from err
+    cfg = _CONFIG.value
+    if cfg is None:
+        from aepo_jax.experiment import config_from_run
+
+        if location is None or location.run_dir is None:
+            raise SystemExit("error: --config is needed with --checkpoint none or a checkpoint outside a run directory")
+        try:
+            cfg = config_from_run(location.run_dir)
+        except FileNotFoundError as err:
+            raise SystemExit(f"error: {err}") from err
     if _GREEDY.value and _N.value != 1:
         raise SystemExit(f"error: --greedy needs --n 1 (greedy samples are identical), got --n {_N.value}")
     run_dir = location.run_dir if location else None
@@ -134,16 +118,19 @@ def main(argv: list[str]) -> int:
     from aepo_jax.evaluation import format_report_table
     from aepo_jax.evaluation.driver import evaluate
     from aepo_jax.evaluation.restore import restore_policy_params
-    from aepo_jax.training.agent_env import build_agent_environment
-    from aepo_jax.training.build import init_model, model_config_from
+    from aepo_jax.experiment import (
+        environment_from,
+        eval_config_from,
+        fit_model_to_tokenizer,
+        model_from,
+    )
+    from aepo_jax.training.build import model_config_from
 
-    env = build_agent_environment(cfg, env_dir)
+    env = environment_from(cfg, env_dir)
     try:
-        if not cfg.model.checkpoint_dir:
-            with cfg.unlocked():
-                cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+        fit_model_to_tokenizer(cfg, env)
         if baseline:
-            graphdef, params = init_model(cfg)
+            graphdef, params = model_from(cfg, env)
             step = None
         else:
             try:
@@ -154,8 +141,10 @@ def main(argv: list[str]) -> int:
         if _MAX_QUESTIONS.value > 0:
             examples = examples[:_MAX_QUESTIONS.value]
         seed = int(cfg.seed) if _SEED.value is None else _SEED.value
-        config = eval_config_from(cfg, _N.value, _GREEDY.value, _TEMPERATURE.value, _TOP_P.value, seed,
-                                  _BATCH.value or int(cfg.data.prompts_per_step), _STRATEGY.value, _REWARD.value)
+        config = eval_config_from(cfg, n=_N.value, greedy=_GREEDY.value, temperature=_TEMPERATURE.value,
+                                  top_p=_TOP_P.value, seed=seed,
+                                  questions_per_batch=_BATCH.value or int(cfg.data.prompts_per_step),
+                                  strategy=_STRATEGY.value, reward=None if _REWARD.value == "auto" else _REWARD.value)
         print(f"evaluating {len(examples)} questions x {config.n} samples "
               f"({'greedy' if config.greedy else f'T={config.temperature}, top-p={config.top_p}'}, "
               f"{config.rollout.strategy}) from {'initial parameters' if baseline else f'step {step}'}", flush=True)

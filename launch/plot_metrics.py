@@ -1,7 +1,8 @@
 """Draw a run's training curves to PNG: `python -m launch.plot_metrics WORKDIR`.
 
-Panels: reward, policy entropy, tool calls, branch concentration (the share of
-branches on the top-3 trajectories of each group, spec §2.4). A panel whose
+Panels (`aepo_jax.training.metric_keys.PLOT_PANELS`): reward, policy entropy,
+tool calls, branch concentration (the share of branches on the top-3
+trajectories of each group, spec §2.4). A panel whose
 metrics a run did not log is drawn empty with a note, so the figure always
 has the same layout.
 """
@@ -17,16 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from aepo_jax.training.metric_keys import PLOT_PANELS
 from aepo_jax.training.metrics_log import read_metrics
-
-# (title, candidate metric keys: every one present is drawn)
-PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward", ("reward_mean", "accuracy")),
-    ("policy entropy", ("entropy_mean",)),
-    ("tool calls per trajectory", ("tool_calls_mean", "rollout/tool_calls_per_traj", "tool_calls_per_traj")),
-    ("branch concentration (top-3 share)", ("branch_top3_fraction", "rollout/branch_top3_fraction",
-                                             "top3_branch_fraction")),
-)
 
 
 def plot_run(workdir: str, out_path: str | None = None) -> str:
@@ -36,7 +29,7 @@ def plot_run(workdir: str, out_path: str | None = None) -> str:
         raise ValueError(f"{workdir}/metrics.jsonl has no records")
     out_path = out_path or os.path.join(workdir, "curves.png")
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (title, keys) in zip(axes.ravel(), PANELS):
+    for ax, (title, keys) in zip(axes.ravel(), PLOT_PANELS):
         drawn = False
         for key in keys:
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]

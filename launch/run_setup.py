@@ -91,8 +91,9 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     """The body `launch.train` and `launch.sft` share.
 
     Initialises multi-host JAX when the environment asks for it, prepares
-    WORKDIR, builds the agent environment (tokenizer, tools), sizes a fresh
-    model's vocabulary to the tokenizer, then `make_trainer(cfg, env,
+    WORKDIR, builds the environment (`aepo_jax.experiment.environment_from`:
+    task, tokenizer, tools), sizes a fresh model's vocabulary to the tokenizer,
+    then `make_trainer(cfg, env,
     process_index, process_count)` -> a trainer that is resumed (with
     `resume`), trained and closed; the environment's processes are stopped
     whatever happens.
@@ -106,15 +107,19 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
 
     process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
-    from aepo_jax.training.agent_env import build_agent_environment
+    from aepo_jax.experiment import (
+        environment_from,
+        fit_model_to_tokenizer,
+        save_run_files,
+    )
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)
-    env = build_agent_environment(cfg, workdir)
+    env = environment_from(cfg, workdir)
     trainer = None
     try:
-        if not cfg.model.checkpoint_dir:
-            with cfg.unlocked():
-                cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+        fit_model_to_tokenizer(cfg, env)
+        if process_index == 0:
+            save_run_files(cfg, workdir, env, workdir)  # config.json again, now with the vocabulary size
         trainer = make_trainer(cfg, env, process_index, process_count)
         if resume and trainer.restore_latest():
             print(f"resumed from step {int(trainer.state.rounds)}", flush=True)

@@ -5,7 +5,7 @@
 
 Prints the resolved config and writes it to WORKDIR/config.json, then trains
 with `aepo_jax.training.RLTrainer` over the real agentic rollout
-(`aepo_jax.training.agent_env`). An override of a key the config does not
+(`aepo_jax.experiment`). An override of a key the config does not
 have is refused with an error naming it. On several hosts the same command
 runs on each (`launch/tpu_vm.sh`, `launch/gpu_multi.sh`).
 """
@@ -23,18 +23,10 @@ _CONFIG, _WORKDIR, _RESUME = define_run_flags()
 
 
 def make_rl_trainer(cfg, env, process_index: int, process_count: int):
-    """An `RLTrainer` over the agent environment's real rollout."""
-    from aepo_jax.training.agent_env import pipeline_for
-    from aepo_jax.training.build import init_model
-    from aepo_jax.training.rl_trainer import RLTrainer
+    """An `RLTrainer` over the environment's real rollout (`aepo_jax.experiment.rl_trainer_from`)."""
+    from aepo_jax.experiment import rl_trainer_from
 
-    graphdef, params = init_model(cfg)
-    return RLTrainer(
-        cfg, _WORKDIR.value, rollout_fn=env.make_rollout_fn(cfg, graphdef, params),
-        pipeline=pipeline_for(cfg, env.examples, process_index, process_count),
-        encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
-        pad_id=int(env.tokenizer.pad_id), process_index=process_index,
-    )
+    return rl_trainer_from(cfg, env, _WORKDIR.value, process_index=process_index, process_count=process_count)
 
 
 def main(argv: list[str]) -> int:

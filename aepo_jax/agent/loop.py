@@ -26,6 +26,13 @@ import jax
 import numpy as np
 
 from aepo_jax.agent import tags
+from aepo_jax.agent.entropy import (
+    ENTROPY_MEASURES,
+    TOP_LOGPROBS,
+    reported_logprobs,
+    segment_entropy,
+    top10_sum_entropy,
+)
 from aepo_jax.agent.generator import Generator, forward_tokens
 from aepo_jax.agent.protocol import ToolCall, format_tool_result, parse_last_tool_call
 from aepo_jax.agent.trajectory import (
@@ -37,13 +44,6 @@ from aepo_jax.agent.trajectory import (
     Segment,
     ToolStep,
     Trajectory,
-)
-from aepo_jax.rollout.entropy import (
-    ENTROPY_MEASURES,
-    TOP_LOGPROBS,
-    reported_logprobs,
-    segment_entropy,
-    top10_sum_entropy,
 )
 
 BRANCH_BY = ("fork", "prefill")

@@ -25,12 +25,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences, cache_slots
+from aepo_jax.agent.loop import AgentLoop, LoopConfig
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
 from aepo_jax.evaluation.scoring import score_question
+from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
-from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.rollout.strategies import INDEPENDENT, RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 
 # RolloutStats fields that are counts over rollout calls: summed over batches.
@@ -62,7 +63,7 @@ class EvalConfig:
     seed: int = 0
     questions_per_batch: int = 8
     loop: LoopConfig = field(default_factory=LoopConfig)
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(strategy="independent"))
+    rollout: RolloutConfig = INDEPENDENT
     reward: str | None = None
     require_format: bool = True
 
@@ -178,11 +179,8 @@ def evaluate(
     """
     _check_examples(examples)
     prompts = [list(map(int, encode_prompt(ex))) for ex in examples]
-    sampler = Sampler(
-        graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
-        stop_sequences=agent_stop_sequences(tokenizer), params=config.sampling_params,
-        max_cache_len=cache_slots(config.loop, prompts), seed=config.seed,
-    )
+    sampler = agent_sampler(graphdef, params, tokenizer, config.loop, config.sampling_params, seed=config.seed,
+                            prompts=prompts)
     generator = make_generator(sampler) if make_generator is not None else sampler
     loop = AgentLoop(generator, tokenizer, tools, config.loop)
     questions: list[QuestionResult] = []

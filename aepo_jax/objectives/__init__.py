@@ -2,8 +2,9 @@
 
 Public API (docs/interfaces.md):
 
-    loss, metrics = policy_loss("aepo", logp=..., logp_old=..., advantages=..., mask=...)
     preset = get_preset("dapo")
+    loss, metrics = policy_loss(preset.loss_config(), logp=..., logp_old=..., advantages=..., mask=...)
+    loss, metrics = policy_loss(loss_config("aepo", clip_high=0.28), logp=..., ...)
     advantages, adv_metrics = compute_advantages(preset, rewards, group_ids, mask, ...)
     kl = kl_penalty(logp, logp_ref, "k3")
     logp, entropy = token_logprobs_and_entropy(logits, targets, temperature=1.0, chunk_size=None)
@@ -31,8 +32,14 @@ from aepo_jax.objectives.aggregation import (
 )
 from aepo_jax.objectives.kl import entropy_bonus, kl_penalty
 from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
-from aepo_jax.objectives.policy_loss import LossParts, policy_loss
-from aepo_jax.objectives.presets import PRESETS, AlgorithmPreset, get_preset
+from aepo_jax.objectives.policy_loss import LossConfig, LossParts, policy_loss
+from aepo_jax.objectives.presets import (
+    PRESETS,
+    AlgorithmPreset,
+    get_preset,
+    loss_config,
+    make_preset,
+)
 from aepo_jax.objectives.surrogates import SURROGATES
 from aepo_jax.objectives.tree_advantages import (
     gigpo_advantages,
@@ -45,6 +52,7 @@ __all__ = [
     "PRESETS",
     "SURROGATES",
     "AlgorithmPreset",
+    "LossConfig",
     "LossParts",
     "aggregate",
     "compute_advantages",
@@ -58,7 +66,9 @@ __all__ = [
     "grpo_advantages",
     "hard_attribution_advantages",
     "kl_penalty",
+    "loss_config",
     "loss_denominator",
+    "make_preset",
     "masked_whiten",
     "overlong_penalty",
     "policy_loss",

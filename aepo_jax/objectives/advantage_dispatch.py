@@ -1,13 +1,17 @@
 """`compute_advantages`: the advantage pipeline a preset asks for (spec §3.2).
 
-Order: DAPO overlong shaping of the rewards -> the preset's estimator ->
-ARPO hard attribution -> AEPO entropy-aware reshape. Everything but GiGPO
-(host-side grouping of hashable anchor states) is jit-compatible.
+Order: DAPO overlong shaping of the rewards -> the preset's estimator (looked
+up by name in `ADVANTAGES`, like `SURROGATES` for the policy loss) -> AEPO
+entropy-aware reshape. ARPO hard attribution is part of the group-relative
+estimators. Everything but GiGPO (host-side grouping of hashable anchor
+states) is jit-compatible.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -21,17 +25,74 @@ from aepo_jax.objectives.advantages import (
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
 )
-from aepo_jax.objectives.presets import AlgorithmPreset
 from aepo_jax.objectives.tree_advantages import (
     gigpo_advantages,
     hard_attribution_advantages,
 )
+
+if TYPE_CHECKING:
+    from aepo_jax.objectives.presets import AlgorithmPreset
 
 
 def _need(value, what: str, preset: AlgorithmPreset):
     if value is None:
         raise ValueError(f"preset {preset.name!r} needs {what}")
     return value
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may read; see `compute_advantages` for shapes. Optional fields are None
+    when the caller did not provide them (an estimator that needs one says so)."""
+
+    rewards: jax.Array  # [B], after overlong shaping
+    group_ids: jax.Array  # int[B]
+    mask: jax.Array  # [B, T]
+    kl: jax.Array | None = None
+    shared_prefix_len: jax.Array | None = None
+    tokens: np.ndarray | None = None
+    step_starts: Sequence[Sequence[int]] | None = None
+
+
+Estimator = Callable[["AlgorithmPreset", AdvantageInputs], tuple[jax.Array, dict[str, Any]]]
+
+
+def _group_relative(preset: AlgorithmPreset, x: AdvantageInputs) -> tuple[jax.Array, dict[str, Any]]:
+    """GRPO (std-normalised) / Dr. GRPO (not) group advantages, per token; ARPO hard attribution if asked."""
+    per_row = group_relative_advantages(x.rewards, x.group_ids, normalize_std=preset.advantage == "grpo")  # [B]
+    if preset.hard_attribution:
+        shared = _need(x.shared_prefix_len, "shared_prefix_len for hard attribution", preset)
+        return hard_attribution_advantages(per_row, shared, x.group_ids, x.mask), {}
+    return broadcast_to_tokens(per_row, x.mask), {}
+
+
+def _reinforce_pp(preset: AlgorithmPreset, x: AdvantageInputs) -> tuple[jax.Array, dict[str, Any]]:
+    if preset.kl_in_reward and preset.kl_coef:
+        _need(x.kl, "kl ([B, T] KL to the reference) for kl_in_reward", preset)
+    return reinforce_pp_advantages(x.rewards, x.mask, x.kl if preset.kl_in_reward else None, preset.kl_coef), {}
+
+
+def _reinforce_pp_baseline(preset: AlgorithmPreset, x: AdvantageInputs) -> tuple[jax.Array, dict[str, Any]]:
+    return reinforce_pp_baseline_advantages(x.rewards, x.group_ids, x.mask), {}
+
+
+def _gigpo(preset: AlgorithmPreset, x: AdvantageInputs) -> tuple[jax.Array, dict[str, Any]]:
+    gigpo, metrics = gigpo_advantages(
+        np.asarray(x.rewards), np.asarray(x.group_ids), np.asarray(x.mask),
+        _need(x.tokens, "tokens for GiGPO anchor states", preset),
+        _need(x.step_starts, "step_starts for GiGPO steps", preset),
+        preset.gigpo_gamma, preset.gigpo_omega, preset.gigpo_norm)
+    return jnp.asarray(gigpo), {k: jnp.asarray(v) for k, v in metrics.items()}
+
+
+# Advantage estimators by preset name (`AlgorithmPreset.advantage`).
+ADVANTAGES: dict[str, Estimator] = {
+    "grpo": _group_relative,
+    "dr_grpo": _group_relative,
+    "reinforce_pp": _reinforce_pp,
+    "reinforce_pp_baseline": _reinforce_pp_baseline,
+    "gigpo": _gigpo,
+}
 
 
 def compute_advantages(
@@ -83,30 +144,9 @@ def compute_advantages(
         metrics["overlong_penalty_mean"] = jnp.mean(penalty)
         rewards = rewards + penalty
 
-    if preset.advantage in ("grpo", "dr_grpo"):
-        per_row = group_relative_advantages(rewards, group_ids,
-                                            normalize_std=preset.advantage == "grpo")  # [B]
-        if preset.hard_attribution:
-            advantages = hard_attribution_advantages(
-                per_row, _need(shared_prefix_len, "shared_prefix_len for hard attribution", preset),
-                group_ids, mask)
-        else:
-            advantages = broadcast_to_tokens(per_row, mask)
-    elif preset.advantage == "reinforce_pp":
-        if preset.kl_in_reward and preset.kl_coef:
-            _need(kl, "kl ([B, T] KL to the reference) for kl_in_reward", preset)
-        advantages = reinforce_pp_advantages(
-            rewards, mask, kl if preset.kl_in_reward else None, preset.kl_coef)
-    elif preset.advantage == "reinforce_pp_baseline":
-        advantages = reinforce_pp_baseline_advantages(rewards, group_ids, mask)
-    else:  # gigpo
-        gigpo, gigpo_metrics = gigpo_advantages(
-            np.asarray(rewards), np.asarray(group_ids), np.asarray(mask),
-            _need(tokens, "tokens for GiGPO anchor states", preset),
-            _need(step_starts, "step_starts for GiGPO steps", preset),
-            preset.gigpo_gamma, preset.gigpo_omega, preset.gigpo_norm)
-        advantages = jnp.asarray(gigpo)
-        metrics.update({k: jnp.asarray(v) for k, v in gigpo_metrics.items()})
+    inputs = AdvantageInputs(rewards, group_ids, mask, kl, shared_prefix_len, tokens, step_starts)
+    advantages, estimator_metrics = ADVANTAGES[preset.advantage](preset, inputs)
+    metrics.update(estimator_metrics)
 
     if preset.entropy_advantage:
         advantages, entropy_metrics = entropy_aware_advantages(

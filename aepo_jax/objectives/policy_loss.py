@@ -9,18 +9,15 @@ exact (see `aggregation`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from aepo_jax.objectives.aggregation import aggregate, check_loss_agg, masked_mean
-from aepo_jax.objectives.kl import entropy_bonus, kl_penalty
-from aepo_jax.objectives.surrogates import (
-    GSPO_DEFAULT_CLIP_HIGH,
-    GSPO_DEFAULT_CLIP_LOW,
-    get_surrogate,
-)
+from aepo_jax.objectives.kl import KL_ESTIMATORS, entropy_bonus, kl_penalty
+from aepo_jax.objectives.surrogates import get_surrogate
 
 
 class LossParts(NamedTuple):
@@ -30,7 +27,41 @@ class LossParts(NamedTuple):
     denominator: jax.Array
 
 
-_ALGORITHM_DEFAULT = "algorithm default"
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The static settings of `policy_loss` (hashable: a jit static argument).
+
+    Every field is required: the defaults of each algorithm live in one place,
+    `aepo_jax.objectives.presets` (`AlgorithmPreset.loss_config()`, or
+    `loss_config(surrogate, **overrides)` for a bare surrogate).
+
+    Attributes:
+      surrogate: "ppo", "gppo", "aepo", "cispo" or "gspo" (spec §3.1).
+      clip_low, clip_high: `el`, `eh` (>= 0).
+      dual_clip_c: dual-clip constant `c`; None disables it (CISPO takes none).
+      loss_agg: "token_mean", "seq_mean_token_mean" or "seq_mean_token_sum_norm".
+      kl_coef, kl_estimator: KL-to-reference term (spec §3.3); 0 = off.
+      entropy_coef: entropy-bonus coefficient; 0 = off.
+    """
+
+    surrogate: str
+    clip_low: float
+    clip_high: float
+    dual_clip_c: float | None
+    loss_agg: str
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+
+    def __post_init__(self) -> None:
+        get_surrogate(self.surrogate)  # unknown names raise, listing the known ones
+        check_loss_agg(self.loss_agg)
+        if self.clip_low is None or self.clip_high is None or self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.surrogate == "cispo" and self.dual_clip_c is not None:
+            raise ValueError(f"CISPO takes no dual clip, got dual_clip_c={self.dual_clip_c}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}; known: {list(KL_ESTIMATORS)}")
 
 
 def _as_float(x: jax.Array, name: str) -> jax.Array:
@@ -53,48 +84,35 @@ def _check_shapes(arrays: dict[str, jax.Array]) -> None:
 
 
 def policy_loss(
-    algorithm: str,
+    config: LossConfig,
     *,
     logp: jax.Array,
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float | None = None,
-    clip_high: float | None = None,
-    dual_clip_c: float | None | str = _ALGORITHM_DEFAULT,
-    loss_agg: str = "token_mean",
     max_len: int | None = None,
     global_denominator: jax.Array | float | None = None,
     return_parts: bool = False,
     logp_ref: jax.Array | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
     entropy: jax.Array | None = None,
-    entropy_coef: float = 0.0,
 ):
     """Policy loss of spec §3.1 for one (micro-)batch.
 
     Args:
-      algorithm: surrogate name: "ppo", "gppo", "aepo", "cispo" or "gspo".
+      config: surrogate, clip bounds, dual clip, aggregation, KL and entropy
+        weights (`LossConfig`; from `AlgorithmPreset.loss_config()`).
       logp: `[B, T]` current-policy log-probs (the only input that carries gradient).
       logp_old: `[B, T]` log-probs under the sampling policy.
       advantages: `[B, T]` per-token advantages.
       mask: `[B, T]` 1 on policy tokens, 0 on prompt / tool-result / padding.
-      clip_low, clip_high: `el`, `eh`. `None` takes 0.2 / 0.2, except GSPO
-        (3e-4 / 4e-4) and CISPO (lower bound off: 1.0 / 0.28).
-      dual_clip_c: dual-clip constant `c`; None disables it. Left out: 3.0,
-        except CISPO, which takes none (passing a value for CISPO raises).
-      loss_agg: "token_mean", "seq_mean_token_mean" or "seq_mean_token_sum_norm".
       max_len: Dr. GRPO constant for "seq_mean_token_sum_norm" (default `T`).
       global_denominator: full-batch `loss_denominator(mask, loss_agg)` when
         this call sees one micro-batch, for exact gradient accumulation.
       return_parts: also return `LossParts(numerator, denominator)`.
       logp_ref: `[B, T]` reference log-probs; needed when `kl_coef > 0`, and
         logged as `kl_ref` whenever given.
-      kl_coef, kl_estimator: KL-to-reference term (spec §3.3).
       entropy: `[B, T]` differentiable current-policy entropy; needed when
         `entropy_coef > 0`, logged as `entropy_mean` whenever given.
-      entropy_coef: entropy-bonus coefficient.
 
     Returns:
       `(loss, metrics)` or, with `return_parts`, `(loss, metrics, parts)`.
@@ -103,8 +121,10 @@ def policy_loss(
       `approx_kl_old` (k1 of old to new), `approx_kl_old_k3`, `ratio_mean`,
       and `kl_ref`, `entropy_mean` when those inputs are given.
     """
-    surrogate_fn = get_surrogate(algorithm)
-    check_loss_agg(loss_agg)
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"policy_loss takes a LossConfig (see objectives.presets.loss_config), got {config!r}")
+    surrogate_fn = get_surrogate(config.surrogate)
+    loss_agg, kl_coef, entropy_coef = config.loss_agg, config.kl_coef, config.entropy_coef
     if kl_coef and logp_ref is None:
         raise ValueError("kl_coef > 0 needs logp_ref")
     if entropy_coef and entropy is None:
@@ -116,20 +136,7 @@ def policy_loss(
     advantages = jax.lax.stop_gradient(_as_float(advantages, "advantages"))
     mask = (_as_float(mask, "mask") > 0).astype(logp.dtype)
 
-    if algorithm == "gspo":
-        default_low, default_high = GSPO_DEFAULT_CLIP_LOW, GSPO_DEFAULT_CLIP_HIGH
-    elif algorithm == "cispo":
-        default_low, default_high = 1.0, 0.28
-    else:
-        default_low, default_high = 0.2, 0.2
-    if dual_clip_c == _ALGORITHM_DEFAULT:
-        dual_clip_c = None if algorithm == "cispo" else 3.0
-    clip_low = default_low if clip_low is None else clip_low
-    clip_high = default_high if clip_high is None else clip_high
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
-
-    out = surrogate_fn(logp, logp_old, advantages, mask, clip_low, clip_high, dual_clip_c)
+    out = surrogate_fn(logp, logp_old, advantages, mask, config.clip_low, config.clip_high, config.dual_clip_c)
     token_loss = -out.surrogate  # [B, T]
     metrics: dict[str, jax.Array] = {}
     metrics["pg_loss"] = aggregate(token_loss, mask, loss_agg, max_len=max_len).loss
@@ -138,7 +145,7 @@ def policy_loss(
     if logp_ref is not None:
         logp_ref = jax.lax.stop_gradient(_as_float(logp_ref, "logp_ref"))
         kl = kl_penalty(jnp.where(mask > 0, logp, 0.0), jnp.where(mask > 0, logp_ref, 0.0),
-                        kl_estimator)
+                        config.kl_estimator)
         metrics["kl_ref"] = masked_mean(jax.lax.stop_gradient(kl), mask)
         if kl_coef:
             token_loss = token_loss + kl_coef * kl

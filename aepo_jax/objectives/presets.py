@@ -3,20 +3,54 @@
 `get_preset("dapo")` returns the surrogate, advantage estimator, clip values,
 aggregation, rollout strategy and shaping switches of DAPO; a config may
 override single fields with `dataclasses.replace`.
+
+This module is the one home of the loss defaults: each surrogate's clip
+bounds and dual clip (`SURROGATE_CLIPS`) and the default aggregation
+(`DEFAULT_LOSS_AGG`). `policy_loss` takes a `LossConfig` built here
+(`AlgorithmPreset.loss_config()`, or `loss_config(surrogate, **overrides)`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from aepo_jax.objectives.advantage_dispatch import ADVANTAGES
 from aepo_jax.objectives.advantages import ENTROPY_ADV_SCOPES
 from aepo_jax.objectives.aggregation import check_loss_agg
 from aepo_jax.objectives.kl import KL_ESTIMATORS
+from aepo_jax.objectives.policy_loss import LossConfig
 from aepo_jax.objectives.surrogates import SURROGATES
 from aepo_jax.objectives.tree_advantages import GIGPO_NORMS
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gigpo")
+ADVANTAGE_ESTIMATORS = tuple(ADVANTAGES)
 ROLLOUT_STRATEGIES = ("independent", "arpo", "aepo")
+
+# (clip_low el, clip_high eh, dual_clip_c) each surrogate uses unless a preset or config says otherwise.
+SURROGATE_CLIPS: dict[str, tuple[float, float, float | None]] = {
+    "ppo": (0.2, 0.2, 3.0),  # PPO / GRPO: symmetric 0.2, dual clip c = 3 (spec §7)
+    "gppo": (0.2, 0.2, 3.0),
+    "aepo": (0.2, 0.2, 3.0),
+    "cispo": (1.0, 0.28, None),  # el = 1 puts the lower bound at 0 (no lower clip); no dual clip
+    "gspo": (3e-4, 4e-4, 3.0),  # GSPO's sequence-ratio clip (1 - 3e-4, 1 + 4e-4)
+}
+DEFAULT_LOSS_AGG = "token_mean"
+
+
+def loss_config(surrogate: str, **overrides) -> LossConfig:
+    """The `LossConfig` of a bare surrogate: its `SURROGATE_CLIPS`, `DEFAULT_LOSS_AGG`, no KL or
+    entropy term; `overrides` replace fields (a clip bound given as None keeps the surrogate's)."""
+    if surrogate not in SURROGATE_CLIPS:
+        raise ValueError(f"unknown policy-loss algorithm {surrogate!r}; known: {sorted(SURROGATE_CLIPS)}")
+    low, high, dual = SURROGATE_CLIPS[surrogate]
+    fields = {"surrogate": surrogate, "clip_low": low, "clip_high": high, "dual_clip_c": dual,
+              "loss_agg": DEFAULT_LOSS_AGG, "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0}
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown LossConfig fields {unknown}; known: {sorted(fields)}")
+    for name in ("clip_low", "clip_high"):
+        if overrides.get(name, 0.0) is None:
+            overrides.pop(name)
+    return LossConfig(**(fields | overrides))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +61,9 @@ class AlgorithmPreset:
       name: preset name.
       surrogate: policy-loss surrogate ("ppo", "gppo", "aepo", "cispo", "gspo").
       advantage: advantage estimator (one of `ADVANTAGE_ESTIMATORS`).
-      clip_low, clip_high: `el`, `eh` of spec §3.1.
+      clip_low, clip_high: `el`, `eh` of spec §3.1 (`make_preset` fills the surrogate's).
       dual_clip_c: dual-clip constant, None = off.
-      loss_agg: aggregation mode of spec §3.
+      loss_agg: aggregation mode of spec §3 (default `DEFAULT_LOSS_AGG`).
       rollout: "independent" (§2.1), "arpo" (§2.2) or "aepo" (§2.3).
       entropy_advantage: AEPO entropy-aware advantage reshape (§3.2).
       entropy_advantage_coef: its `a`.
@@ -50,10 +84,10 @@ class AlgorithmPreset:
     name: str
     surrogate: str
     advantage: str
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip_c: float | None = 3.0
-    loss_agg: str = "token_mean"
+    clip_low: float
+    clip_high: float
+    dual_clip_c: float | None
+    loss_agg: str = DEFAULT_LOSS_AGG
     rollout: str = "independent"
     entropy_advantage: bool = False
     entropy_advantage_coef: float = 0.2
@@ -91,20 +125,25 @@ class AlgorithmPreset:
             raise ValueError(f"preset {self.name!r}: hard attribution needs a per-trajectory "
                              f"advantage (grpo or dr_grpo), got {self.advantage!r}")
 
-    def policy_loss_kwargs(self) -> dict:
-        """Keyword arguments for `policy_loss` (KL goes to the loss unless it is in the reward)."""
-        return {
-            "clip_low": self.clip_low,
-            "clip_high": self.clip_high,
-            "dual_clip_c": self.dual_clip_c,
-            "loss_agg": self.loss_agg,
-            "kl_coef": 0.0 if self.kl_in_reward else self.kl_coef,
-            "kl_estimator": self.kl_estimator,
-            "entropy_coef": self.entropy_coef,
-        }
+    def loss_config(self) -> LossConfig:
+        """The `policy_loss` settings (KL goes to the loss unless it is in the reward)."""
+        return LossConfig(surrogate=self.surrogate, clip_low=self.clip_low, clip_high=self.clip_high,
+                          dual_clip_c=self.dual_clip_c, loss_agg=self.loss_agg,
+                          kl_coef=0.0 if self.kl_in_reward else self.kl_coef, kl_estimator=self.kl_estimator,
+                          entropy_coef=self.entropy_coef)
 
 
-_P = AlgorithmPreset
+def make_preset(name: str, surrogate: str, advantage: str, **fields) -> AlgorithmPreset:
+    """An `AlgorithmPreset` whose clip bounds and dual clip are the surrogate's (`SURROGATE_CLIPS`)
+    unless `fields` set them."""
+    if surrogate not in SURROGATE_CLIPS:
+        raise ValueError(f"preset {name!r}: unknown surrogate {surrogate!r}; known: {sorted(SURROGATE_CLIPS)}")
+    low, high, dual = SURROGATE_CLIPS[surrogate]
+    return AlgorithmPreset(name, surrogate, advantage, **({"clip_low": low, "clip_high": high,
+                                                          "dual_clip_c": dual} | fields))
+
+
+_P = make_preset
 PRESETS: dict[str, AlgorithmPreset] = {
     # GRPO paper: per-sequence token mean; std-normalised group advantages.
     "grpo": _P("grpo", "ppo", "grpo", loss_agg="seq_mean_token_mean"),
@@ -118,17 +157,16 @@ PRESETS: dict[str, AlgorithmPreset] = {
     # DAPO: clip-higher, dynamic sampling, overlong shaping (Lc = 4096 as in the paper).
     "dapo": _P("dapo", "ppo", "grpo", clip_high=0.28, dynamic_sampling=True,
                overlong_shaping=True),
-    # CISPO: el = 1 puts the lower bound at 0 (no lower clip), eh = 0.28, no dual clip.
-    "cispo": _P("cispo", "cispo", "grpo", clip_low=1.0, clip_high=0.28, dual_clip_c=None),
+    # CISPO: el = 1 (no lower clip), eh = 0.28, no dual clip (SURROGATE_CLIPS).
+    "cispo": _P("cispo", "cispo", "grpo"),
     "gppo": _P("gppo", "gppo", "grpo"),
     # GiGPO needs shared anchor states; the ARPO tree makes them at branch points.
     "gigpo": _P("gigpo", "ppo", "gigpo", rollout="arpo"),
     # ARPO: soft attribution (plain GRPO) by default; hard_attribution is the switch.
     "arpo": _P("arpo", "ppo", "grpo", rollout="arpo"),
     "aepo": _P("aepo", "aepo", "grpo", rollout="aepo", entropy_advantage=True),
-    # GSPO: sequence ratio clipped at (1 - 3e-4, 1 + 4e-4), sequence-level mean.
-    "gspo": _P("gspo", "gspo", "grpo", clip_low=3e-4, clip_high=4e-4,
-               loss_agg="seq_mean_token_mean"),
+    # GSPO: sequence ratio clipped at (1 - 3e-4, 1 + 4e-4) (SURROGATE_CLIPS), sequence-level mean.
+    "gspo": _P("gspo", "gspo", "grpo", loss_agg="seq_mean_token_mean"),
 }
 
 

@@ -29,9 +29,6 @@ import jax.numpy as jnp
 
 sg = jax.lax.stop_gradient
 
-GSPO_DEFAULT_CLIP_LOW = 3e-4
-GSPO_DEFAULT_CLIP_HIGH = 4e-4
-
 
 class SurrogateOutput(NamedTuple):
     """Per-token surrogate and the region indicators used for metrics.
@@ -98,9 +95,9 @@ def ppo_surrogate(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
 ) -> SurrogateOutput:
     """PPO / GRPO / DAPO / ARPO: `min(r A, clip(r, 1-el, 1+eh) A)` (spec §3.1 row 1)."""
     _check_dual_clip(dual_clip_c)
@@ -117,9 +114,9 @@ def gppo_surrogate(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
 ) -> SurrogateOutput:
     """GPPO: `min(r A, clip(r, (1-el) r/sg(r), (1+eh) r/sg(r)) A)` (spec §3.1 row 2).
 
@@ -143,9 +140,9 @@ def aepo_surrogate(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
 ) -> SurrogateOutput:
     """AEPO entropy-balanced clip: `min(r A, clip(r, 1-el, (1+eh) r/sg(r)) A)` (spec §3.1 row 3).
 
@@ -168,14 +165,14 @@ def cispo_surrogate(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float = 1.0,
-    clip_high: float = 0.28,
-    dual_clip_c: float | None = None,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
 ) -> SurrogateOutput:
     """CISPO: `sg(clip(r, 1-el, 1+eh)) * A * logp` (spec §3.1 row 4).
 
     The weight `F = clip(r, 1-el, 1+eh)` never depends on the sign of `A`; no
-    dual clip. The default `clip_low = 1` puts the lower bound at 0, which a
+    dual clip. CISPO's `clip_low = 1` (`presets.SURROGATE_CLIPS`) puts the lower bound at 0, which a
     ratio never crosses ("el large" in the spec).
     """
     if dual_clip_c is not None:
@@ -203,9 +200,9 @@ def gspo_surrogate(
     logp_old: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
-    clip_low: float = GSPO_DEFAULT_CLIP_LOW,
-    clip_high: float = GSPO_DEFAULT_CLIP_HIGH,
-    dual_clip_c: float | None = 3.0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None,
 ) -> SurrogateOutput:
     """GSPO-token (spec §3.1): `min(s_it A, clip(s_it, 1-el, 1+eh) A)`.
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from aepo_jax.agent.entropy import ENTROPY_MEASURES
 from aepo_jax.agent.loop import AgentLoop, LoopResult
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.rollout.branching import PENALTY_SCOPES, decide_branch
 from aepo_jax.rollout.budget import global_sample_budget, premonitor_tool_entropy
-from aepo_jax.rollout.entropy import ENTROPY_MEASURES
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 
 STRATEGIES = ("independent", "arpo", "aepo")
@@ -68,6 +68,9 @@ class RolloutConfig:
         if m > k:
             raise ValueError(f"initial_rollouts={m} exceeds k={k}")
         return max(1, m)
+
+
+INDEPENDENT = RolloutConfig(strategy="independent")  # k i.i.d. samples per prompt (what pass@k assumes)
 
 
 class EntropyBranchPolicy:

@@ -23,13 +23,16 @@ from aepo_jax.training.train_state import (
 from aepo_jax.training.train_step import StepConfig
 
 CONFIG_ONLY_OBJECTIVE_KEYS = ("log_kl", "max_resample_rounds")
+# `config.model` keys that override the preset's sizes (the demo's tiny decoder states them all).
+MODEL_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len")
 
 
 def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
-    """The decoder config: preset, optional vocabulary override, float32 master weights."""
+    """The decoder config: preset, optional vocabulary and size overrides, float32 master weights."""
     overrides: dict[str, Any] = {"param_dtype": "float32"}
-    if cfg.model.get("vocab_size") is not None:
-        overrides["vocab_size"] = int(cfg.model.vocab_size)
+    for key in ("vocab_size",) + MODEL_SIZE_KEYS:
+        if cfg.model.get(key) is not None:
+            overrides[key] = int(cfg.model[key])
     if cfg.model.get("compute_dtype"):
         overrides["dtype"] = cfg.model.compute_dtype
     if cfg.model.get("attention"):
@@ -64,16 +67,16 @@ def preset_from(cfg: ml_collections.ConfigDict) -> AlgorithmPreset:
 
 
 def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) -> StepConfig:
-    loss_kwargs = preset.policy_loss_kwargs()
+    loss = preset.loss_config()
     return StepConfig(
-        surrogate=preset.surrogate,
-        clip_low=loss_kwargs["clip_low"],
-        clip_high=loss_kwargs["clip_high"],
-        dual_clip_c=loss_kwargs["dual_clip_c"],
-        loss_agg=loss_kwargs["loss_agg"],
-        kl_coef=loss_kwargs["kl_coef"],
-        kl_estimator=loss_kwargs["kl_estimator"],
-        entropy_coef=loss_kwargs["entropy_coef"],
+        surrogate=loss.surrogate,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip_c=loss.dual_clip_c,
+        loss_agg=loss.loss_agg,
+        kl_coef=loss.kl_coef,
+        kl_estimator=loss.kl_estimator,
+        entropy_coef=loss.entropy_coef,
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,

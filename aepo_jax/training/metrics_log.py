@@ -11,6 +11,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from aepo_jax.training.metric_keys import CONSOLE_KEYS
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -90,14 +92,10 @@ class MetricsLogger:
         self.close()
 
 
-_CONSOLE_KEYS = ("loss", "reward_mean", "accuracy", "entropy_mean", "tool_calls_mean", "kl", "grad_norm",
-                 "learning_rate", "tokens_per_s", "step_time_s")
-
-
 def format_console_line(record: Mapping[str, Any]) -> str:
     """`step 3 | loss 0.123 | reward_mean 0.5 | ...` with the headline metrics."""
     parts = [f"step {record['step']}"]
-    for key in _CONSOLE_KEYS:
+    for key in CONSOLE_KEYS:
         value = record.get(key)
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")

@@ -23,6 +23,7 @@ from flax import nnx
 from aepo_jax.objectives.aggregation import loss_denominator
 from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
 from aepo_jax.objectives.policy_loss import policy_loss
+from aepo_jax.objectives.presets import loss_config as objective_loss_config
 from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
 from aepo_jax.training.train_state import TrainState
 
@@ -181,14 +182,16 @@ def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig, logprobs: Callable | Non
     tree-packed scorer for packed ones; the loss on top is the same function.
     """
     logprobs = sequence_logprobs if logprobs is None else logprobs
+    loss_config = objective_loss_config(cfg.surrogate, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                        dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
+                                        kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)
 
     def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
         logp, entropy = logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype, cfg.logits_chunk_size)
         loss, metrics = policy_loss(
-            cfg.surrogate, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg,
+            loss_config, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
             max_len=mb["mask"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
-            kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy=entropy, entropy_coef=cfg.entropy_coef,
+            entropy=entropy,
         )
         metrics.pop("pg_loss", None)  # a per-micro-batch value; `loss` below is the exact total
         return loss, metrics

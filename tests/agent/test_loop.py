@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from aepo_jax.agent.entropy import segment_entropy, top10_sum_entropy
 from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
 from aepo_jax.agent.prompts import (
     DEFAULT_SYSTEM_PROMPT,
@@ -27,7 +28,6 @@ from aepo_jax.agent.trajectory import (
     ToolStep,
     Trajectory,
 )
-from aepo_jax.rollout.entropy import segment_entropy, top10_sum_entropy
 from aepo_jax.tokenizers import CHATML, train_sentencepiece
 
 TOK = ByteTokenizer()

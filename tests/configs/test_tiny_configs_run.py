@@ -1,6 +1,6 @@
 """Every `configs/*_tiny.py` runs one real RL step (issue 7).
 
-The same wiring as `launch.train` (`prepare_workdir`, `build_agent_environment`,
+The same wiring as `launch.train` (`prepare_workdir`, `environment_from`,
 `init_model`, `RLTrainer` over `env.make_rollout_fn`), in one process so the
 families share what they can: one synthetic task, tokenizer, search server on
 127.0.0.1 and python sandbox (module-scoped), and the sampler's compiled
@@ -21,7 +21,7 @@ import os
 import pytest
 
 from aepo_jax.agent.protocol import ToolCall
-from aepo_jax.training.agent_env import build_agent_environment, pipeline_for
+from aepo_jax.experiment import environment_from, pipeline_from, rollout_fn_from
 from aepo_jax.training.build import init_model, model_config_from
 from aepo_jax.training.rl_trainer import RLTrainer
 from configs.base import apply_release_settings
@@ -68,7 +68,7 @@ def agent_env(tmp_path_factory):
     """Task, tokenizer, search server and sandbox shared by all families (their
     tiny configs agree on data, tokenizer and tool settings)."""
     cfg = _shrink(_load_config("aepo"))
-    env = build_agent_environment(cfg, str(tmp_path_factory.mktemp("env")))
+    env = environment_from(cfg, str(tmp_path_factory.mktemp("env")))
     yield env
     env.close()
 
@@ -102,8 +102,8 @@ def _train_one_step(cfg, agent_env, tmp_path) -> tuple[dict, dict]:
     prepare_workdir(cfg, workdir, resume=False)
     graphdef, params = init_model(cfg, model_config_from(cfg).replace(n_layers=1))
     trainer = RLTrainer(
-        cfg, workdir, rollout_fn=agent_env.make_rollout_fn(cfg, graphdef, params),
-        pipeline=pipeline_for(cfg, agent_env.examples, 0, 1), encode_prompt=agent_env.encode_prompt,
+        cfg, workdir, rollout_fn=rollout_fn_from(cfg, agent_env, graphdef, params),
+        pipeline=pipeline_from(cfg, agent_env.examples, 0, 1), encode_prompt=agent_env.encode_prompt,
         reward_fn=agent_env.reward_fn, graphdef=graphdef, params=params, pad_id=int(agent_env.tokenizer.pad_id),
     )
     try:
@@ -184,7 +184,7 @@ def test_data_search_url_uses_a_running_server_instead_of_starting_one(agent_env
     url = agent_env.tools.tools["search"].url
     cfg = _shrink(_load_config("aepo"))
     cfg.data.search_url = url
-    env = build_agent_environment(cfg, str(tmp_path))
+    env = environment_from(cfg, str(tmp_path))
     try:
         assert env.tools.tools["search"].url == url
         assert len(env.closers) == len(agent_env.closers) - 1  # no server of its own to stop

@@ -47,5 +47,8 @@ def test_every_stage_reports_and_leaves_its_artifacts(smoke_report):
                  "aepo/metrics.jsonl", "sft_curves.png", "aepo_curves.png"):
         assert os.path.getsize(os.path.join(workdir, name)) > 0, name
     assert os.listdir(os.path.join(workdir, "aepo", "checkpoints"))
+    for stage in ("sft", "aepo"):  # each stage's run dir rebuilds its run alone (launch.evaluate --checkpoint)
+        for name in ("config.json", "tokenizer.model", "task/heldout.jsonl"):
+            assert os.path.getsize(os.path.join(workdir, stage, name)) > 0, (stage, name)
     table = format_table(report)
     assert "| pass@1 |" in table and not any(math.isnan(report[s]["pass@1"]) for s in ("sft", "aepo"))

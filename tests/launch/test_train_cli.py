@@ -43,7 +43,8 @@ def test_missing_config_file_is_one_clear_line(tmp_path, module):
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("run")
-    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(workdir), "--config.total_steps=2", *SMALL)
+    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(workdir), "--config.total_steps=2",
+                  "--config.objective.log_kl=true", *SMALL)  # log_kl: the reference model's KL is logged too
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return workdir, out
 
@@ -68,6 +69,17 @@ def test_existing_run_needs_resume_flag(two_step_run):
     out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(workdir), "--config.total_steps=2", *SMALL)
     assert out.returncode != 0
     assert "pass --resume" in out.stderr
+
+
+def test_every_key_the_plots_and_console_ask_for_is_emitted(two_step_run):
+    from aepo_jax.training.metric_keys import CONSOLE_KEYS, PLOT_PANELS
+
+    workdir, out = two_step_run
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    emitted = set().union(*records)
+    wanted = {key for _, keys in PLOT_PANELS for key in keys} | set(CONSOLE_KEYS)
+    assert wanted <= emitted, sorted(wanted - emitted)
+    assert "kl_ref_rollout" in out.stdout  # the console line shows the KL it was asked for
 
 
 def test_plot_metrics_draws_the_run(two_step_run):

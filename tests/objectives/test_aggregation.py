@@ -5,7 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepo_jax.objectives import LOSS_AGG_MODES, aggregate, loss_denominator, policy_loss
+from aepo_jax.objectives import (
+    LOSS_AGG_MODES,
+    aggregate,
+    loss_config,
+    loss_denominator,
+    policy_loss,
+)
 
 VALUES = np.array([[1.0, 2.0, 3.0, 4.0],
                    [5.0, 6.0, 7.0, 8.0],
@@ -55,10 +61,10 @@ def test_micro_batch_accumulation_equals_full_batch(algorithm):
         out = {}
         for mode in LOSS_AGG_MODES:
             def loss_fn(x, mode=mode):
-                loss, _, parts = policy_loss(algorithm, logp=x, logp_old=lo, advantages=a,
-                                             mask=m, loss_agg=mode, max_len=7,
+                loss, _, parts = policy_loss(loss_config(algorithm, loss_agg=mode, **extra), logp=x,
+                                             logp_old=lo, advantages=a, mask=m, max_len=7,
                                              global_denominator=global_dens[mode],
-                                             return_parts=True, **extra)
+                                             return_parts=True)
                 return loss, parts
             (loss, parts), grad = jax.value_and_grad(loss_fn, has_aux=True)(lp)
             out[mode] = (loss, grad, parts)
@@ -82,8 +88,9 @@ def test_micro_batch_accumulation_equals_full_batch(algorithm):
 
 def test_seq_mean_token_mean_weights_each_token_by_its_row_length():
     logp, logp_old, adv, mask = random_batch(seed=11)
-    grad = jax.jit(jax.grad(lambda x: policy_loss("ppo", logp=x, logp_old=logp_old, advantages=adv,
-                                          mask=mask, loss_agg="seq_mean_token_mean")[0]))(logp)
+    config = loss_config("ppo", loss_agg="seq_mean_token_mean")
+    grad = jax.jit(jax.grad(lambda x: policy_loss(config, logp=x, logp_old=logp_old, advantages=adv,
+                                                  mask=mask)[0]))(logp)
     # seq_mean_token_mean: token weight is 1 / (tokens in its row * number of rows)
     r = np.exp(logp - logp_old)
     inside = (r > 0.8) & (r < 1.2)

@@ -8,6 +8,7 @@ import pytest
 from aepo_jax.objectives import (
     entropy_bonus,
     kl_penalty,
+    loss_config,
     policy_loss,
     token_logprobs_and_entropy,
 )
@@ -43,9 +44,8 @@ def test_kl_and_entropy_terms_enter_the_loss_with_their_coefficients():
     entropy = rng.uniform(0.5, 2.0, size=logp.shape)
     mask = np.ones_like(logp)
     zeros = np.zeros_like(logp)
-    loss, metrics = policy_loss("ppo", logp=logp, logp_old=logp, advantages=zeros, mask=mask,
-                                logp_ref=logp_ref, kl_coef=0.1, entropy=entropy,
-                                entropy_coef=0.01)
+    loss, metrics = policy_loss(loss_config("ppo", kl_coef=0.1, entropy_coef=0.01), logp=logp, logp_old=logp,
+                                advantages=zeros, mask=mask, logp_ref=logp_ref, entropy=entropy)
     k3 = np.exp(logp_ref - logp) - (logp_ref - logp) - 1
     assert float(loss) == pytest.approx(np.mean(0.1 * k3 - 0.01 * entropy), rel=1e-5)
     assert float(metrics["kl_ref"]) == pytest.approx(np.mean(k3), rel=1e-5)

@@ -9,10 +9,10 @@ import pytest
 
 from aepo_jax.objectives import (
     PRESETS,
-    AlgorithmPreset,
     compute_advantages,
     get_preset,
     grpo_advantages,
+    make_preset,
 )
 
 SPEC_NAMES = ["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "cispo", "gppo",
@@ -53,19 +53,18 @@ def test_switches_of_dapo_aepo_arpo_and_reinforce():
     assert aepo.entropy_advantage_scope == "batch" and aepo.kl_coef == 0.0
     assert not arpo.hard_attribution  # the spec's default is soft attribution
     assert get_preset("reinforce_pp").kl_in_reward
-    kw = get_preset("reinforce_pp").policy_loss_kwargs()
-    assert kw["kl_coef"] == 0.0  # KL sits in the reward, not in the loss
+    assert get_preset("reinforce_pp").loss_config().kl_coef == 0.0  # KL sits in the reward, not in the loss
 
 
 def test_unknown_names_raise_listing_the_known_ones():
     with pytest.raises(ValueError, match="unknown algorithm preset 'ppo'.*'aepo'"):
         get_preset("ppo")
     with pytest.raises(ValueError, match="unknown surrogate 'trpo'"):
-        AlgorithmPreset("x", "trpo", "grpo")
+        make_preset("x", "trpo", "grpo")
     with pytest.raises(ValueError, match="unknown rollout 'tree'"):
-        AlgorithmPreset("x", "ppo", "grpo", rollout="tree")
+        make_preset("x", "ppo", "grpo", rollout="tree")
     with pytest.raises(ValueError, match="unknown loss_agg"):
-        AlgorithmPreset("x", "ppo", "grpo", loss_agg="sum")
+        make_preset("x", "ppo", "grpo", loss_agg="sum")
     with pytest.raises(dataclasses.FrozenInstanceError):
         get_preset("aepo").clip_high = 0.3
 

@@ -4,17 +4,30 @@ The expected weight `F` is written below with plain numpy straight from the
 spec's table; it never calls the code under test.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepo_jax.objectives import policy_loss
+from aepo_jax.objectives import LossConfig, loss_config, policy_loss
 
 EL, EH, C = 0.2, 0.28, 3.0
 # One compilation per configuration instead of op-by-op eager dispatch.
-jitted_policy_loss = jax.jit(policy_loss, static_argnames=(
-    "algorithm", "clip_low", "clip_high", "dual_clip_c", "loss_agg", "max_len", "return_parts"))
+_jitted = jax.jit(policy_loss, static_argnums=0, static_argnames=("max_len", "return_parts"))
+LOSS_FIELDS = {f.name for f in dataclasses.fields(LossConfig)} - {"surrogate"}
+
+
+def split_loss_kwargs(algorithm, kw):
+    """`policy_loss(loss_config(algorithm, **settings), **arrays)` from one keyword dict."""
+    settings = {k: v for k, v in kw.items() if k in LOSS_FIELDS}
+    return loss_config(algorithm, **settings), {k: v for k, v in kw.items() if k not in LOSS_FIELDS}
+
+
+def jitted_policy_loss(algorithm, **kw):
+    config, arrays = split_loss_kwargs(algorithm, kw)
+    return _jitted(config, **arrays)
 TOKEN_SURROGATES = ("ppo", "gppo", "aepo", "cispo")
 
 # Ratio regions (for el=0.2, eh=0.28, c=3): sampled well inside, away from the kinks.
@@ -65,7 +78,8 @@ def expected_weight(algorithm, r, a, el, eh, c):
 
 def loss_grad(algorithm, logp, logp_old, adv, mask, **kw):
     def loss_fn(lp):
-        return policy_loss(algorithm, logp=lp, logp_old=logp_old, advantages=adv, mask=mask, **kw)[0]
+        config, arrays = split_loss_kwargs(algorithm, kw)
+        return policy_loss(config, logp=lp, logp_old=logp_old, advantages=adv, mask=mask, **arrays)[0]
     return np.asarray(jax.jit(jax.grad(loss_fn))(jnp.asarray(logp, jnp.float32)))
 
 
@@ -219,9 +233,9 @@ def test_float64_finite_differences_match_jax_grad(algorithm):
     mask[0, -1] = 0.0
     with jax.enable_x64(True):
         def loss_fn(lp):
-            return policy_loss(algorithm, logp=lp, logp_old=jnp.asarray(logp_old),
-                               advantages=jnp.asarray(adv), mask=jnp.asarray(mask),
-                               clip_low=el, clip_high=eh, dual_clip_c=c)[0]
+            return policy_loss(loss_config(algorithm, clip_low=el, clip_high=eh, dual_clip_c=c),
+                               logp=lp, logp_old=jnp.asarray(logp_old),
+                               advantages=jnp.asarray(adv), mask=jnp.asarray(mask))[0]
         loss_fn = jax.jit(loss_fn)
         x64 = jnp.asarray(logp, jnp.float64)
         assert loss_fn(x64).dtype == jnp.float64
@@ -250,8 +264,8 @@ def test_policy_loss_jits_and_reports_metrics():
 
     @jax.jit
     def run(lp):
-        return policy_loss("aepo", logp=lp, logp_old=logp_old, advantages=adv, mask=mask,
-                           clip_low=EL, clip_high=EH, dual_clip_c=C)
+        return policy_loss(loss_config("aepo", clip_low=EL, clip_high=EH, dual_clip_c=C),
+                           logp=lp, logp_old=logp_old, advantages=adv, mask=mask)
 
     loss, metrics = run(jnp.asarray(logp, jnp.bfloat16))
     assert loss.dtype == jnp.float32
@@ -275,13 +289,20 @@ def test_policy_loss_jits_and_reports_metrics():
 
 def test_bad_inputs_raise_clear_errors():
     x = np.zeros((2, 3))
+    ppo = loss_config("ppo")
     with pytest.raises(ValueError, match="unknown policy-loss algorithm 'ppo2'"):
-        policy_loss("ppo2", logp=x, logp_old=x, advantages=x, mask=x)
+        loss_config("ppo2")
     with pytest.raises(ValueError, match="unknown loss_agg"):
-        policy_loss("ppo", logp=x, logp_old=x, advantages=x, mask=x, loss_agg="mean")
+        loss_config("ppo", loss_agg="mean")
     with pytest.raises(ValueError, match="same \\[B, T\\] shape"):
-        policy_loss("ppo", logp=x, logp_old=np.zeros((2, 4)), advantages=x, mask=x)
+        policy_loss(ppo, logp=x, logp_old=np.zeros((2, 4)), advantages=x, mask=x)
     with pytest.raises(ValueError, match="CISPO takes no dual clip"):
-        policy_loss("cispo", logp=x, logp_old=x, advantages=x, mask=x, dual_clip_c=3.0)
+        loss_config("cispo", dual_clip_c=3.0)
     with pytest.raises(ValueError, match="needs logp_ref"):
-        policy_loss("ppo", logp=x, logp_old=x, advantages=x, mask=x, kl_coef=0.1)
+        policy_loss(loss_config("ppo", kl_coef=0.1), logp=x, logp_old=x, advantages=x, mask=x)
+    with pytest.raises(ValueError, match="clip_low and clip_high must be >= 0"):
+        loss_config("ppo", clip_low=-0.1)
+    with pytest.raises(ValueError, match="unknown LossConfig fields \\['clip'\\]"):
+        loss_config("ppo", clip=0.2)
+    with pytest.raises(TypeError, match="takes a LossConfig"):
+        policy_loss("ppo", logp=x, logp_old=x, advantages=x, mask=x)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from aepo_jax.rollout.entropy import reported_logprobs, top10_sum_entropy
+from aepo_jax.agent.entropy import reported_logprobs, top10_sum_entropy
 
 VOCAB = 300
 

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from aepo_jax.objectives import policy_loss
+from aepo_jax.objectives import loss_config, policy_loss
 from aepo_jax.parallel import make_mesh
 from aepo_jax.training.optimizer import make_optimizer
 from aepo_jax.training.train_state import (
@@ -76,8 +76,8 @@ def test_step_loss_equals_policy_loss_of_an_independent_forward(setup):
     cfg = StepConfig(surrogate="aepo", temperature=0.7)
     _, metrics = _run(make_rl_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
     logp, _ = jax.jit(sequence_logprobs, static_argnums=(0, 3))(graphdef, params, batch, 0.7)
-    want, want_metrics = policy_loss("aepo", logp=logp, logp_old=batch["logp_old"], advantages=batch["advantages"],
-                                     mask=batch["mask"], clip_low=0.2, clip_high=0.2, dual_clip_c=3.0)
+    want, want_metrics = policy_loss(loss_config("aepo", clip_low=0.2, clip_high=0.2, dual_clip_c=3.0), logp=logp,
+                                     logp_old=batch["logp_old"], advantages=batch["advantages"], mask=batch["mask"])
     np.testing.assert_allclose(metrics["loss"], float(want), rtol=1e-5)
     # the jitter moves some ratios out of the clip range, so the test exercises clipping
     assert 0 < metrics["clip_frac_upper"] + metrics["clip_frac_lower"] < 1

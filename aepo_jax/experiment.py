@@ -1,0 +1,486 @@
+"""The composition root (DESIGN.md, "One direction, one place"): config -> objects.
+
+Every entry point (`launch.train`, `launch.sft`, `launch.evaluate`,
+`launch.demo`, `launch.compare`, the notebook) builds its run here and only
+here; nothing below this module reads the config to build things.
+
+    env = environment_from(cfg, workdir)           # task, tokenizer, tools, prompts, rewards
+    graphdef, params = model_from(cfg, env)         # sized to the tokenizer (or the GGUF policy)
+    trainer = rl_trainer_from(cfg, env, workdir, graphdef, params)   # or sft_trainer_from
+    metrics = evaluate_policy(cfg, env, graphdef, params, env.heldout_examples)
+
+Three tasks come out of `environment_from`: the demo task of `configs/demo.py`
+(a config with an `env` section: `envs.facts_task`, its short system prompt
+and a tokenizer trained on it), the generated synthetic task of the base
+configs (`data.name == "synthetic_facts"`), and any local JSONL (`data.path`).
+A run directory gets the resolved config, the tokenizer and the task files
+(`save_run_files`), so `launch.evaluate --checkpoint RUN_DIR` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from aepo_jax.agent.loop import AgentLoop, LoopConfig
+from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
+from aepo_jax.rewards import compute_reward
+from aepo_jax.rollout.agent_sampler import agent_sampler
+from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.sampling import Sampler, SamplingParams
+
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.vocab")
+
+
+# -- rollout pieces ------------------------------------------------------------
+def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
+    """The agent loop's limits (spec §4) and entropy window (spec §1) from `cfg.rollout`."""
+    r = cfg.rollout
+    return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
+                      max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
+                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure)
+
+
+def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,
+                        samples: int | None = None) -> RolloutConfig:
+    """The rollout strategy of `cfg.rollout` (spec §2); `strategy` replaces the config's,
+    and `samples` (an evaluation's n) caps the initial global rollouts."""
+    r = cfg.rollout
+    initial = int(r.initial_rollouts) if samples is None else min(int(r.initial_rollouts), int(samples))
+    return RolloutConfig(
+        strategy=strategy or r.strategy, initial_rollouts=initial, entropy_weight=float(r.entropy_weight),
+        branch_threshold=float(r.branch_threshold), branch_width=int(r.branch_width),
+        entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
+        dynamic_budget=bool(r.dynamic_budget), beta=float(r.beta), premonitor_reuse=bool(r.premonitor_reuse),
+        penalty_slope=float(r.penalty_slope), penalty_scope=r.penalty_scope,
+    )
+
+
+def sampling_params_from(cfg: ml_collections.ConfigDict) -> SamplingParams:
+    """The training rollouts' decoding (`rollout.temperature`, `top_k`, `top_p`)."""
+    r = cfg.rollout
+    return SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p))
+
+
+def sampler_from(cfg: ml_collections.ConfigDict, graphdef: Any, params: Any, tokenizer: Any, mesh: Any = None, *,
+                 sampling: SamplingParams | None = None, seed: int | None = None) -> Sampler:
+    """The rollout sampler over `params` (cache sized by `agent.loop.cache_slots`)."""
+    return agent_sampler(graphdef, params, tokenizer, loop_config_from(cfg), sampling or sampling_params_from(cfg),
+                         seed=int(cfg.seed) if seed is None else int(seed), mesh=mesh)
+
+
+def agent_loop_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, *,
+                    temperature: float | None = None, seed: int | None = None) -> AgentLoop:
+    """An agent loop over the environment's tools with a sampler over `params` (for inspecting rollouts)."""
+    sampling = sampling_params_from(cfg)
+    if temperature is not None:
+        sampling = SamplingParams(temperature=float(temperature), top_k=sampling.top_k, top_p=sampling.top_p)
+    sampler = sampler_from(cfg, graphdef, params, env.tokenizer, sampling=sampling, seed=seed)
+    return AgentLoop(sampler, env.tokenizer, env.tools, loop_config_from(cfg))
+
+
+def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
+    """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
+    else none) and the python sandbox, with the config's timeout, result size and search top-k."""
+    from aepo_jax.servers.process import start_search_server
+    from aepo_jax.tools import (
+        PythonSandbox,
+        PythonTool,
+        SandboxLimits,
+        SearchTool,
+        ToolRegistry,
+    )
+
+    closers: list[Callable[[], None]] = []
+    tools: dict[str, Any] = {}
+    search_url = cfg.data.get("search_url") or ""
+    if not search_url and corpus_path:
+        server = start_search_server(str(corpus_path))
+        closers.append(server.stop)
+        search_url = server.url
+    if search_url:
+        tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
+                                     max_result_chars=int(cfg.rollout.max_result_chars))
+    sandbox = PythonSandbox(SandboxLimits(wall_seconds=float(cfg.rollout.tool_timeout_s)), pool_size=2)
+    closers.append(sandbox.close)
+    tools["python"] = PythonTool(sandbox)
+    registry = ToolRegistry(tools)
+    closers.append(registry.close)
+    return registry, closers
+
+
+# -- the environment -----------------------------------------------------------
+@dataclass
+class Environment:
+    """The host-side pieces of a run; `close()` stops the search server and the sandbox.
+
+    Attributes:
+      tokenizer: the run's tokenizer (trained SentencePiece, a file, or the GGUF's).
+      examples: training examples (`{"id", "question", "answers", "data_source"}`).
+      heldout: held-out examples of a generated task (empty for `data.path` runs).
+      corpus_path: the search corpus JSONL, if any.
+      prompt: the system prompt and chat layout every stage renders.
+      reward_name: `aepo_jax.rewards` name deciding the reward.
+      tools: the tool registry (`run_many`).
+      task: the generated `FactsEnv` (None for `data.path` runs).
+      pretrained: (graphdef, params) of a GGUF policy, else None.
+    """
+
+    tokenizer: Any
+    examples: list[dict]
+    heldout: list[dict]
+    corpus_path: str | None
+    prompt: PromptConfig
+    max_prompt_len: int
+    reward_name: str
+    tools: Any
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    task: Any = None
+    task_dir: str | None = None
+    pretrained: tuple[Any, Any] | None = None
+    search_url: str = ""
+
+    @property
+    def heldout_examples(self) -> list[dict]:
+        return self.heldout
+
+    def encode_prompt(self, example: dict) -> list[int]:
+        """Example -> prompt token ids; a clear error when longer than `rollout.max_prompt_len`."""
+        ids = render_prompt(self.tokenizer, example["question"], self.prompt)
+        if len(ids) > self.max_prompt_len:
+            raise ValueError(f"example {example.get('id')}: prompt has {len(ids)} tokens > "
+                             f"rollout.max_prompt_len={self.max_prompt_len}")
+        return ids
+
+    def reward_fn(self, example: dict, trajectory: Any) -> float:
+        text = self.tokenizer.decode(trajectory.response_ids)
+        return compute_reward(self.reward_name, text, example["answers"], data_source=example.get("data_source", ""))
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+        self.closers.clear()
+
+
+def _demo_task(cfg: ml_collections.ConfigDict, directory: str):
+    from aepo_jax.envs.facts_task import write_task
+
+    e = cfg.env
+    kinds = tuple(k.strip() for k in str(e.kinds).split(",") if k.strip())
+    return write_task(directory, seed=int(e.get("seed", cfg.seed)), n_towns=int(e.n_towns), n_train=int(e.n_train),
+                      n_heldout=int(e.n_heldout), n_distractors=int(e.n_distractors), hops=int(e.hops), kinds=kinds,
+                      heldout_fraction=float(e.heldout_fraction), max_syllables=int(e.max_syllables))
+
+
+def _tokenizer(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable[[], list[str]]) -> Any:
+    """`tokenizer.path`, else WORKDIR/tokenizer.model when it exists (a resumed or evaluated run),
+    else a SentencePiece trained on `texts()` and kept there."""
+    from aepo_jax.tokenizers import load_tokenizer
+    from aepo_jax.tokenizers.sentencepiece_tokenizer import (
+        SentencePieceTokenizer,
+        train_sentencepiece,
+    )
+
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path, add_agent_tokens=True)
+    prefix = os.path.join(workdir, "tokenizer")
+    if os.path.exists(prefix + ".model"):
+        return SentencePieceTokenizer(prefix + ".model")
+    return train_sentencepiece(texts(), int(cfg.tokenizer.vocab_size), model_prefix=prefix)
+
+
+def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environment:
+    """Task, tokenizer, tools, prompt encoder and reward for `cfg` (see the module docstring)."""
+    from aepo_jax.envs.facts_task import (
+        DEMO_SYSTEM_PROMPT,
+        question_example,
+        tokenizer_texts,
+    )
+
+    os.makedirs(workdir, exist_ok=True)
+    task, task_dir, corpus_path, pretrained = None, None, None, None
+    heldout: list[dict] = []
+    prompt = PromptConfig()
+    if cfg.get("env") is not None:  # the demo task (configs/demo.py)
+        task_dir = os.path.join(workdir, "task")
+        files = _demo_task(cfg, task_dir)
+        task, corpus_path = files.env, str(files.corpus)
+        system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
+        prompt = PromptConfig(system_prompt=system_prompt)
+        texts = lambda: tokenizer_texts(files, system_prompt, int(cfg.env.get("seed", cfg.seed)),
+                                        max_syllables=int(cfg.env.max_syllables))
+    elif cfg.data.path:
+        from aepo_jax.data import load_local_examples
+
+        examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"))
+        corpus_path = cfg.data.get("corpus_path") or None
+    elif cfg.data.name == "synthetic_facts":
+        from aepo_jax.envs.synthetic_facts import build_env
+
+        task_dir = os.path.join(workdir, "task")
+        task = build_env(seed=int(cfg.seed), n_train=int(cfg.data.get("num_examples", 256)))
+        corpus_path = str(task.write(task_dir)["corpus"])
+    else:
+        raise ValueError(f"data.name {cfg.data.name!r} needs data.path (only 'synthetic_facts' is generated)")
+    if task is not None:
+        examples = [question_example(q) for q in task.train]
+        heldout = [question_example(q) for q in task.heldout]
+    if cfg.get("env") is None:
+        def texts() -> list[str]:
+            out = [DEFAULT_SYSTEM_PROMPT] + [ex["question"] for ex in examples]
+            if corpus_path:
+                with open(corpus_path, encoding="utf-8") as f:
+                    out += list(f)
+            return out
+
+    if cfg.tokenizer.get("kind") == "gguf":  # a pretrained policy brings its own tokenizer and chat template
+        from aepo_jax.envs.pretrained import load_gguf_policy
+
+        graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""))
+        pretrained = (graphdef, params)
+    elif cfg.tokenizer.get("kind"):
+        raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported; use '' or 'gguf'")
+    else:
+        tokenizer = _tokenizer(cfg, workdir, texts)
+    tools, closers = tools_from(cfg, corpus_path)
+    search = tools.tools.get("search")
+    return Environment(tokenizer, list(examples), heldout, corpus_path, prompt, int(cfg.rollout.max_prompt_len),
+                       cfg.reward.name, tools, closers, task, task_dir, pretrained,
+                       search_url=search.url if search is not None else "")
+
+
+def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> None:
+    """A fresh model's vocabulary is the tokenizer's (`model.vocab_size`); a checkpoint keeps its own."""
+    if not cfg.model.get("checkpoint_dir") and env.pretrained is None:
+        with cfg.unlocked():
+            cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+
+
+def model_from(cfg: ml_collections.ConfigDict, env: Environment) -> tuple[Any, Any]:
+    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder."""
+    from aepo_jax.training.build import init_model
+
+    if env.pretrained is not None:
+        return env.pretrained
+    fit_model_to_tokenizer(cfg, env)
+    return init_model(cfg)
+
+
+def parameter_count(params: Any) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+# -- run directories -----------------------------------------------------------
+def save_run_files(cfg: ml_collections.ConfigDict, run_dir: str, env: Environment, env_dir: str) -> None:
+    """Write RUN_DIR/config.json (resolved) and copy the tokenizer and task files from `env_dir`, so the
+    run can be rebuilt from RUN_DIR alone (`config_from_run`, `launch.evaluate --checkpoint RUN_DIR`)."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(json.loads(cfg.to_json_best_effort()), f, indent=2, sort_keys=True)
+    if os.path.abspath(run_dir) == os.path.abspath(env_dir):
+        return
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(env_dir, name)):
+            shutil.copyfile(os.path.join(env_dir, name), os.path.join(run_dir, name))
+    if env.task_dir and os.path.isdir(env.task_dir):
+        shutil.copytree(env.task_dir, os.path.join(run_dir, "task"), dirs_exist_ok=True)
+
+
+def config_from_run(run_dir: str) -> ml_collections.ConfigDict:
+    """The resolved config a run saved (RUN_DIR/config.json), as a ConfigDict."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} has no config.json; pass --config with the run's config file")
+    with open(path, encoding="utf-8") as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+# -- training --------------------------------------------------------------------
+def pipeline_from(cfg: ml_collections.ConfigDict, examples: Sequence[dict], process_index: int = 0,
+                  process_count: int = 1):
+    """The prompt pipeline over this host's shard of `examples`."""
+    from aepo_jax.data import PromptPipeline
+
+    return PromptPipeline(list(examples), int(cfg.data.prompts_per_step), seed=int(cfg.seed),
+                          process_index=process_index, process_count=process_count, shuffle=bool(cfg.data.shuffle))
+
+
+class _TimedTools:
+    """Forwards `run_many` to a tool registry and adds up the wall time spent in it."""
+
+    def __init__(self, tools: Any):
+        self.tools, self.seconds = tools, 0.0
+
+    def run_many(self, calls):
+        start = time.perf_counter()
+        try:
+            return self.tools.run_many(calls)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def take_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, mesh: Any = None):
+    """`rollout_fn(prompts, k, params, key, rng) -> (groups, stats)`, the RL trainer's rollout seam."""
+    sampler = sampler_from(cfg, graphdef, params, env.tokenizer, mesh)
+    timed_tools = _TimedTools(env.tools)
+    loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
+    strategy = rollout_config_from(cfg)
+
+    def rollout_fn(prompts, k, current_params, key, rng):
+        sampler.set_params(current_params)
+        groups, stats = rollout(prompts, k, loop=loop, config=strategy, rng=rng, key=key)
+        stats = stats.as_dict()
+        stats["tool_seconds"] = timed_tools.take_seconds()  # wall time spent waiting on tools
+        return groups, stats
+
+    return rollout_fn
+
+
+def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
+                    params: Any = None, process_index: int = 0, process_count: int = 1):
+    """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`)."""
+    from aepo_jax.training.rl_trainer import RLTrainer
+
+    if graphdef is None:
+        graphdef, params = model_from(cfg, env)
+    return RLTrainer(cfg, workdir, rollout_fn=rollout_fn_from(cfg, env, graphdef, params),
+                     pipeline=pipeline_from(cfg, env.examples, process_index, process_count),
+                     encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
+                     pad_id=int(env.tokenizer.pad_id), process_index=process_index)
+
+
+def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The run config of the SFT stage: `sft.*` values replace the RL run's steps, optimiser and lengths
+    (an `sft` key left None keeps the `train` / `optim` value)."""
+    out = cfg.copy_and_resolve_references()
+    s = out.sft
+    with out.unlocked():
+        for key, (section, name) in {"steps": ("train", "total_steps"), "lr": ("optim", "lr"),
+                                     "warmup_steps": ("optim", "warmup_steps"), "schedule": ("optim", "schedule"),
+                                     "final_lr_fraction": ("optim", "final_lr_fraction"),
+                                     "max_seq_len": ("train", "max_seq_len"),
+                                     "length_bucket": ("train", "length_bucket")}.items():
+            if s.get(key) is not None:
+                out[section][name] = s[key]
+        if "total_steps" in out:
+            out.total_steps = out.train.total_steps
+    return out
+
+
+def sft_records_from(cfg: ml_collections.ConfigDict, env: Environment) -> list[dict]:
+    """Token records (`tokens`, `mask`) for SFT from `sft.path`, or scripted solutions of the generated
+    task executed with the real tools (`envs.facts_sft`)."""
+    from aepo_jax.training.sft_trainer import text_record_to_tokens
+
+    if cfg.sft.path:
+        with open(cfg.sft.path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [text_record_to_tokens(env.encode_prompt(row), row["response"], env.tokenizer.encode,
+                                      env.tokenizer.eos_id) for row in rows]
+    if env.task is None:
+        raise ValueError("set sft.path: scripted SFT data exists only for the generated tasks")
+    from aepo_jax.envs.facts_sft import build_sft_sequences
+
+    towns = {t.name: t for t in env.task.towns}
+    questions = list(env.task.train)[: int(cfg.sft.num_sequences)]
+    sequences = build_sft_sequences(
+        questions, towns, env.tokenizer, env.tools, lambda q: env.encode_prompt({"question": q}),
+        np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob))
+    return [s.as_row() for s in sequences]
+
+
+def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
+                     params: Any = None, process_index: int = 0, records: Sequence[dict] | None = None):
+    """An `SFTTrainer` over `sft_records_from` (every process reads the same records); `cfg` is the
+    SFT run's config (`sft_config_from`)."""
+    from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
+
+    records = sft_records_from(cfg, env) if records is None else records
+    if graphdef is None:
+        graphdef, params = model_from(cfg, env)
+    return SFTTrainer(cfg, workdir, batches=SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed)),
+                      graphdef=graphdef, params=params, pad_id=int(env.tokenizer.pad_id), process_index=process_index)
+
+
+def train_sft(cfg: ml_collections.ConfigDict, env: Environment, env_dir: str, run_dir: str, progress: bool = True,
+              log: Callable[[str], None] = print) -> tuple[Any, Any, list[dict]]:
+    """The demo's SFT stage: scripted trajectories -> `SFTTrainer` from `model_from`; returns
+    (graphdef, params, records). RUN_DIR gets checkpoints, metrics and the run files."""
+    sft_cfg = sft_config_from(cfg)
+    t0 = time.perf_counter()
+    records = sft_records_from(sft_cfg, env)
+    log(f"  {len(records)} scripted trajectories executed with the real tools in {time.perf_counter() - t0:.1f}s")
+    graphdef, params = model_from(sft_cfg, env)
+    log(f"  model: {parameter_count(params):,} parameters, vocabulary {env.tokenizer.vocab_size}")
+    save_run_files(sft_cfg, run_dir, env, env_dir)
+    trainer = sft_trainer_from(sft_cfg, env, run_dir, graphdef, params, records=records)
+    try:
+        history = trainer.train(progress=progress)
+        return graphdef, trainer.state.params, history
+    finally:
+        trainer.close()
+
+
+def train_rl(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, env_dir: str,
+             run_dir: str, progress: bool = True) -> tuple[Any, list[dict]]:
+    """RL (the algorithm of `cfg`) from `params`, which stay intact; returns (params, records)."""
+    fit_model_to_tokenizer(cfg, env)
+    save_run_files(cfg, run_dir, env, env_dir)
+    params = jax.tree.map(jnp.copy, params)  # the train step donates its state
+    trainer = rl_trainer_from(cfg, env, run_dir, graphdef, params)
+    try:
+        records = trainer.train(progress=progress)
+        return trainer.state.params, records
+    finally:
+        trainer.close()
+
+
+# -- evaluation ------------------------------------------------------------------
+def eval_config_from(cfg: ml_collections.ConfigDict, *, n: int, temperature: float, seed: int,
+                     questions_per_batch: int, strategy: str = "independent", greedy: bool = False,
+                     top_p: float = 1.0, reward: str | None = None):
+    """`EvalConfig` from the config's rollout limits and strategy settings plus the evaluation's decoding."""
+    from aepo_jax.evaluation.driver import EvalConfig
+
+    return EvalConfig(n=n, greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
+                      questions_per_batch=questions_per_batch, loop=loop_config_from(cfg),
+                      rollout=rollout_config_from(cfg, strategy, samples=n), reward=reward)
+
+
+def evaluate_policy(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
+                    examples: Sequence[dict], *, seed: int = 0, progress: bool = True,
+                    tree_strategy: str = "aepo") -> dict[str, float]:
+    """The demo's held-out metrics (`envs.demo_eval.policy_metrics`): `eval.samples` independent samples
+    per question, plus one `tree_strategy` rollout over `eval.tree_questions` questions."""
+    from aepo_jax.envs.demo_eval import policy_metrics
+    from aepo_jax.evaluation.driver import evaluate
+
+    e = cfg.eval
+    common = {"temperature": float(e.temperature), "seed": seed, "reward": cfg.reward.name,
+              "questions_per_batch": max(1, int(e.batch_questions))}
+    parts = {"graphdef": graphdef, "params": params, "tokenizer": env.tokenizer, "tools": env.tools,
+             "encode_prompt": env.encode_prompt}
+    result = evaluate(list(examples), config=eval_config_from(cfg, n=int(e.samples), **common), progress=progress,
+                      **parts)
+    tree, tree_questions = None, min(int(e.tree_questions), len(examples))
+    if tree_questions > 0:
+        # The tree rollout's own budget (k) is the config's group size, not the evaluation's n.
+        config = eval_config_from(cfg, n=int(cfg.rollout.k), strategy=tree_strategy, **common)
+        tree = evaluate(list(examples[:tree_questions]), config=config, progress=False, **parts)
+    metrics = policy_metrics(result, int(e.samples), len(examples), tree, tree_questions)
+    return {k: (math.nan if v is None else v) for k, v in metrics.items()}

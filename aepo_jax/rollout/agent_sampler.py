@@ -1,0 +1,32 @@
+"""The sampler an agent loop drives: the one place a `Sampler` is built (DESIGN.md, Sampler).
+
+It stops at EOS and at the agent's closing tags, and its KV cache is sized by
+`cache_slots`, the single cache-sizing rule, so training rollouts, the demo
+and evaluation cannot disagree about how much room a rollout needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aepo_jax.agent.loop import LoopConfig, agent_stop_sequences, cache_slots
+from aepo_jax.sampling import Sampler, SamplingParams
+
+
+def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, sampling: SamplingParams, *,
+                  seed: int, mesh: Any = None, prompts: Sequence[Sequence[int]] = ()) -> Sampler:
+    """A `Sampler` over `params` for agent rollouts within `loop`'s limits.
+
+    Args:
+      graphdef, params: the policy (`nnx.split` of the decoder).
+      tokenizer: gives `eos_id`, `pad_id` and the agent tags' token ids.
+      loop: the loop's limits; the cache gets `cache_slots(loop, prompts)` slots.
+      sampling: temperature, top-k, top-p, greedy.
+      seed: base of the sampler's PRNG keys.
+      mesh: shard the cache's rows over this mesh (None: one device).
+      prompts: prompts known in advance; a longer one than `loop.max_context_len` grows the cache.
+    """
+    return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
+                   stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
+                   max_cache_len=cache_slots(loop, prompts), mesh=mesh, seed=seed)
