@@ -125,7 +125,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.sft.skip_python_prob = 0.3  # the scripts' deliberate flaw, for RL to remove
 
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
-    c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True})
+    # The console shows the progress bar (headline metrics as its postfix) and a plain metrics line
+    # every `console_every` steps and at the last one; metrics.jsonl gets every step.
+    c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True, "console_every": 10})
     return c
 
 

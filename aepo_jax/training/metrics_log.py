@@ -1,17 +1,24 @@
 """Per-step metrics to `WORKDIR/metrics.jsonl`, the console and (optionally)
-TensorBoard (DESIGN.md, Trainer). Only process 0 writes."""
+TensorBoard (DESIGN.md, Trainer). Only process 0 writes.
+
+Every step goes to metrics.jsonl; the console gets a plain line every
+`console_every` steps, written with `tqdm.write` so that it lands above a
+progress bar instead of inside it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Self
 
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar shows every step
 
 
 def to_python_scalar(value: Any) -> Any:
@@ -41,12 +48,16 @@ def _open_tensorboard(logdir: str) -> Any | None:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step and prints a compact console line."""
+    """Appends one JSON object per step; a compact console line every `console_every` steps."""
 
-    def __init__(self, workdir: str, console: bool = True, tensorboard: bool = True, process_index: int = 0):
+    def __init__(self, workdir: str, console: bool = True, tensorboard: bool = True, process_index: int = 0,
+                 console_every: int = DEFAULT_CONSOLE_EVERY):
+        if console_every < 1:
+            raise ValueError(f"console_every must be >= 1, got {console_every}")
         self.active = process_index == 0
         self.path = os.path.join(workdir, METRICS_FILE)
         self.console = console and self.active
+        self.console_every = int(console_every)
         self._file = None
         self._tb = None
         if self.active:
@@ -59,8 +70,12 @@ class MetricsLogger:
     def has_tensorboard(self) -> bool:
         return self._tb is not None
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Record `metrics` for `step`; returns the JSON-ready record."""
+    def log(self, step: int, metrics: Mapping[str, Any], console: bool | None = None) -> dict[str, Any]:
+        """Record `metrics` for `step`; returns the JSON-ready record.
+
+        `console` forces (True) or suppresses (False) the console line; None
+        writes it when `step` is a multiple of `console_every`.
+        """
         record = {"step": int(step)}
         record.update({k: to_python_scalar(v) for k, v in metrics.items() if k != "step"})
         if not self.active:
@@ -71,8 +86,8 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, record["step"])
-        if self.console:
-            print(format_console_line(record), flush=True)
+        if self.console and (step % self.console_every == 0 if console is None else console):
+            write_console_line(format_console_line(record))
         return record
 
     def close(self) -> None:
@@ -104,6 +119,14 @@ def format_console_line(record: Mapping[str, Any]) -> str:
         elif isinstance(value, int):
             parts.append(f"{key} {value}")
     return " | ".join(parts)
+
+
+def write_console_line(line: str) -> None:
+    """Print `line` to stdout above any active tqdm bar (the bar is cleared and redrawn)."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:
