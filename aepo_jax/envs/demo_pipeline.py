@@ -73,10 +73,10 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
     from aepo_jax.tools import (
         PythonSandbox,
         PythonTool,
-        SandboxLimits,
         SearchTool,
         ToolRegistry,
     )
+    from aepo_jax.training.agent_env import sandbox_limits
 
     kinds = tuple(k.strip() for k in str(cfg.env.kinds).split(",") if k.strip())
     task = write_task(os.path.join(workdir, "task"), seed=int(cfg.seed), n_towns=int(cfg.env.n_towns),
@@ -101,7 +101,7 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
         server = start_search_server(str(task.corpus))
         closers.append(server.stop)
         search_url = server.url
-    sandbox = PythonSandbox(SandboxLimits(wall_seconds=float(cfg.rollout.tool_timeout_s)), pool_size=2)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2)
     closers.append(sandbox.close)
     registry = ToolRegistry({
         "search": SearchTool(search_url, topk=int(cfg.env.search_topk), max_result_chars=int(cfg.rollout.max_result_chars)),

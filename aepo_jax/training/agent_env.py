@@ -11,6 +11,7 @@ resumed run reuses the same vocabulary.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -126,13 +127,28 @@ def _tokenizer(cfg: ml_collections.ConfigDict, workdir: str, texts: list[str]) -
     return train_sentencepiece(texts, int(cfg.tokenizer.vocab_size), model_prefix=prefix)
 
 
+# `deterministic` runs: the python tool's wall-clock backstop, in multiples of its CPU-time limit.
+DETERMINISTIC_WALL_FACTOR = 10
+
+
+def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
+    """The python tool's `SandboxLimits`: `rollout.tool_timeout_s` of wall clock, or with
+    `cfg.deterministic` of CPU time (counted by the kernel, so a loaded machine cannot turn
+    a call that fits into a timeout) under a backstop of `DETERMINISTIC_WALL_FACTOR` times it."""
+    from aepo_jax.tools import SandboxLimits
+
+    seconds = float(cfg.rollout.tool_timeout_s)
+    if not cfg.get("deterministic", False):
+        return SandboxLimits(wall_seconds=seconds)
+    return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
+
+
 def build_agent_environment(cfg: ml_collections.ConfigDict, workdir: str) -> AgentEnvironment:
     """Dataset, tokenizer and tools for `cfg` (see the module docstring)."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         PythonSandbox,
         PythonTool,
-        SandboxLimits,
         SearchTool,
         ToolRegistry,
     )
@@ -164,7 +180,7 @@ def build_agent_environment(cfg: ml_collections.ConfigDict, workdir: str) -> Age
         search_url = server.url
     if search_url:
         tools["search"] = SearchTool(search_url, topk=2, max_result_chars=int(cfg.rollout.max_result_chars))
-    sandbox = PythonSandbox(SandboxLimits(wall_seconds=float(cfg.rollout.tool_timeout_s)), pool_size=2)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2)
     if hasattr(sandbox, "close"):
         closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)

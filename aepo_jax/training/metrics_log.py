@@ -19,6 +19,11 @@ import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar shows every step
+# Metrics that measure wall-clock time (and rates over it): the only ones two
+# runs of one seeded config may differ in.
+WALL_CLOCK_METRICS = frozenset({
+    "rollout_s", "prepare_s", "train_s", "step_time_s", "tokens_per_s", "tools_s", "rollout/tool_seconds",
+})
 
 
 def to_python_scalar(value: Any) -> Any:
@@ -127,6 +132,11 @@ def write_console_line(line: str) -> None:
 
     tqdm.write(line, file=sys.stdout)
     sys.stdout.flush()
+
+
+def without_wall_clock(record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` less its `WALL_CLOCK_METRICS`: what a seeded run must repeat exactly."""
+    return {key: value for key, value in record.items() if key not in WALL_CLOCK_METRICS}
 
 
 def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:
