@@ -34,3 +34,9 @@ lint: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV)
+
+# Property tests (`@given`) under the `fuzz` hypothesis profile: fresh randomness and 10x the
+# examples (tests/conftest.py). Pin every failure it finds with an explicit `@example`.
+.PHONY: fuzz
+fuzz: $(VENV)/.installed-test
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m hypothesis tests

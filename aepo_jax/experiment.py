@@ -90,6 +90,22 @@ def agent_loop_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     return AgentLoop(sampler, env.tokenizer, env.tools, loop_config_from(cfg))
 
 
+# `deterministic` runs: the python tool's wall-clock backstop, in multiples of its CPU-time limit.
+DETERMINISTIC_WALL_FACTOR = 10
+
+
+def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
+    """The python tool's `SandboxLimits`: `rollout.tool_timeout_s` of wall clock, or with
+    `cfg.deterministic` of CPU time (counted by the kernel, so a loaded machine cannot turn
+    a call that fits into a timeout) under a backstop of `DETERMINISTIC_WALL_FACTOR` times it."""
+    from aepo_jax.tools import SandboxLimits
+
+    seconds = float(cfg.rollout.tool_timeout_s)
+    if not cfg.get("deterministic", False):
+        return SandboxLimits(wall_seconds=seconds)
+    return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
+
+
 def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
     else none) and the python sandbox, with the config's timeout, result size and search top-k."""
@@ -97,7 +113,6 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     from aepo_jax.tools import (
         PythonSandbox,
         PythonTool,
-        SandboxLimits,
         SearchTool,
         ToolRegistry,
     )
@@ -112,7 +127,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     if search_url:
         tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
                                      max_result_chars=int(cfg.rollout.max_result_chars))
-    sandbox = PythonSandbox(SandboxLimits(wall_seconds=float(cfg.rollout.tool_timeout_s)), pool_size=2)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)
     registry = ToolRegistry(tools)

@@ -30,6 +30,13 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "base"
     c.seed = 0
+    # True: no result may depend on wall-clock time. Seeded runs already repeat (sampler keys,
+    # data order, XLA CPU programs and tool results are fixed by the seed; see
+    # tests/training/test_seeded_repeatability.py); what remains are wall-clock limits that a
+    # loaded machine can hit in one run and not the next. With True the python tool is bounded
+    # by CPU time (rollout.tool_timeout_s of it) and its wall-clock limit becomes a far backstop
+    # (aepo_jax.experiment.sandbox_limits).
+    c.deterministic = False
     # "auto": jax.distributed.initialize() when the environment shows several hosts.
     c.distributed = "auto"
 
@@ -136,7 +143,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.sft.length_bucket = config_dict.placeholder(int)  # None: train.length_bucket
 
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
-    c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True})
+    # The console shows the progress bar (headline metrics as its postfix) and a plain metrics line
+    # every `console_every` steps and at the last one; metrics.jsonl gets every step.
+    c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True, "console_every": 10})
     return c
 
 

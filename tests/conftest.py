@@ -1,9 +1,37 @@
-"""Test-wide setup: eight fake CPU devices, set before jax is imported anywhere."""
+"""Test-wide setup: eight fake CPU devices, set before jax is imported anywhere,
+and the hypothesis profiles.
+
+Profiles (`HYPOTHESIS_PROFILE=<name>`, default "ci"):
+  ci:   derandomized (each test's examples come from a seed fixed by the test
+        itself), no example database, no deadline: every run of the suite
+        draws the same examples, so a property test cannot fail on one day and
+        pass on the next. A failure prints its reproduction blob.
+  fuzz: fresh randomness and `FUZZ_FACTOR` times the examples (`make fuzz`).
+        Every failure it finds is understood, fixed or documented, and pinned
+        with an explicit `@example` so the ci profile checks it from then on.
+Per-test example counts go through `tests.property_budget.examples(n)`, which
+scales them by the active profile (a bare `@settings(max_examples=n)` would
+override the profile).
+"""
 
 import os
+
+from hypothesis import settings
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+CI_EXAMPLES = 100  # hypothesis' own default: a test without a count gets this many under ci
+FUZZ_FACTOR = 10
+
+settings.register_profile(
+    "ci", derandomize=True, database=None, print_blob=True, deadline=None, max_examples=CI_EXAMPLES
+)
+settings.register_profile(
+    "fuzz", derandomize=False, database=None, print_blob=True, deadline=None,
+    max_examples=CI_EXAMPLES * FUZZ_FACTOR,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -5,10 +5,12 @@ tokenizers independently of our code; round trips are checked on arbitrary
 text with hypothesis.
 """
 
+import itertools
 import json
+import unicodedata
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
@@ -23,6 +25,7 @@ from aepo_jax.tokenizers import (
     load_tokenizer,
     train_sentencepiece,
 )
+from tests.property_budget import examples
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -38,7 +41,7 @@ CHAT = [
     {"role": "assistant", "content": "4"},
     {"role": "user", "content": "And 3+3?"},
 ]
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=examples(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 # --- SentencePiece --------------------------------------------------------------------------
@@ -252,12 +255,100 @@ ROUND_TRIP_TEXT = st.text(
 )
 
 
+# SmolLM2's own pre-tokenizer (its tokenizer.json; GGUF `tokenizer.ggml.pre` "smollm"):
+# Digits(individual_digits=True), which isolates every \p{N} character (Rust's
+# `char::is_numeric`: Nd, Nl and No, so superscripts, fractions and Roman
+# numerals too; llama.cpp's "smollm" pass `\p{N}` does the same), then the GPT-2
+# byte-level regex. transformers' GGUF loader (5.24) has no rule for "smollm"
+# and keeps only the GPT-2 regex, whose ` ?\p{N}+` and `\s+(?!\S)` then group the
+# whitespace before a number differently. Ours follows the model; these are the
+# known differences, (text, ours = the model's own tokenizer, transformers' loader):
+GGUF_LOADER_DIFFERENCES = [
+    (" ²", [216, 19133], [3351, 127]),  # space + superscript two (No): 'Ġ' 'Â²' vs 'ĠÂ' '²'
+    (" ½", [216, 16738], [3351, 138]),  # space + vulgar fraction (No)
+    (" ٣", [216, 164, 113], [16936, 113]),  # space + Arabic-Indic digit three (Nd)
+    (" Ⅻ", [216, 173, 223, 121], [4636, 223, 121]),  # space + Roman numeral twelve (Nl)
+    ("  3", [256, 35], [216, 216, 35]),  # two spaces + ASCII digit: 'ĠĠ' '3' vs 'Ġ' 'Ġ' '3'
+    ("   7", [333, 39], [256, 216, 39]),  # code indentation before a digit
+    ("a\n\n1", [81, 1116, 33], [81, 198, 198, 33]),  # paragraph break before a numbered item
+    ("  ²", [256, 19133], [216, 3351, 127]),
+]
+# ...and where the two agree although a number is involved: a single space
+# before an ASCII digit (the vocabulary has no 'Ġ<digit>' token), digits next
+# to each other or to letters (the merges were learned on isolated digits).
+GGUF_LOADER_AGREEMENTS = [" 3", "a 12 b", "x²", "10¹⁰", "٣٤", "²³", "\t 3", "1 ", "\n²"]
+
+
+def _may_be(categories: str, c: str) -> bool:
+    """Whether `c` is, or (unassigned in Python's Unicode tables, which may be
+    older than the Rust side's) might be, of one of the general `categories`."""
+    category = unicodedata.category(c)
+    return category == "Cn" or category[0] in categories
+
+
+def whitespace_before_number(text: str) -> bool:
+    r"""Whether some whitespace character may directly precede a \p{N} one: the
+    only place where transformers' GGUF loader can split SmolLM2 text otherwise."""
+    return any((b.isspace() or _may_be("ZC", b)) and _may_be("N", a) for b, a in itertools.pairwise(text))
+
+
+def model_tokenizer_ids(reference, text: str) -> list[int]:
+    """SmolLM2's own tokenization of `text`, with transformers' GGUF loader doing
+    everything but the step it lacks: the text is first split with the model's
+    Digits pre-tokenizer, and each piece encoded by transformers."""
+    from tokenizers.pre_tokenizers import Digits
+
+    pieces = Digits(individual_digits=True).pre_tokenize_str(text)
+    return [i for piece, _ in pieces for i in reference.encode(piece, add_special_tokens=False)]
+
+
+def test_digits_step_isolates_every_unicode_number_character():
+    r"""`\p{N}` per Python's own Unicode tables (independent of the Rust side)."""
+    from tokenizers.pre_tokenizers import Digits
+
+    for c in "7٣²½①Ⅻ〇":
+        assert unicodedata.category(c) in ("Nd", "Nl", "No"), c
+        assert [p for p, _ in Digits(individual_digits=True).pre_tokenize_str(f" {c}{c}x")] == [" ", c, c, "x"]
+    for c in "a_-.,%π°":  # letters and symbols are not numbers
+        assert [p for p, _ in Digits(individual_digits=True).pre_tokenize_str(f" {c}")] == [f" {c}"]
+
+
+@needs_smollm2
+def test_gguf_tokenizer_follows_the_model_where_transformers_gguf_loader_differs(gguf_pair, gguf_reader):
+    from aepo_jax.tokenizers.gguf_tokenizer import gguf_field
+
+    ours, reference = gguf_pair
+    assert gguf_field(gguf_reader, "tokenizer.ggml.pre") == "smollm"
+    for text, model_ids, loader_ids in GGUF_LOADER_DIFFERENCES:
+        assert whitespace_before_number(text), text
+        assert ours.encode(text) == model_ids == model_tokenizer_ids(reference, text), text
+        assert reference.encode(text, add_special_tokens=False) == loader_ids, text
+        assert ours.decode(model_ids) == reference.decode(loader_ids) == text
+    for text in GGUF_LOADER_AGREEMENTS:
+        assert ours.encode(text) == reference.encode(text, add_special_tokens=False), text
+
+
+@needs_smollm2
+def test_no_special_token_contains_a_number(gguf_pair):
+    """`model_tokenizer_ids` splits text at numbers before transformers sees it:
+    that cannot cut a special token only because none contains one."""
+    _, reference = gguf_pair
+    specials = [t for t in reference.get_added_vocab() if t.startswith("<")]
+    assert len(specials) >= 3 and "<|im_end|>" in specials
+    assert not any(unicodedata.category(c)[0] == "N" for t in specials for c in t)
+
+
 @needs_smollm2
 @SETTINGS
 @given(text=st.text(max_size=60))
-def test_gguf_tokenizer_matches_transformers_on_arbitrary_text(gguf_pair, text):
+@example(text=" ²")  # found by hypothesis: transformers' loader lacks the Digits step
+@example(text="a\n\n1.  2³")
+def test_gguf_tokenizer_matches_the_model_tokenizer_on_arbitrary_text(gguf_pair, text):
     ours, reference = gguf_pair
-    assert ours.encode(text) == reference.encode(text, add_special_tokens=False)
+    ids = ours.encode(text)
+    assert ids == model_tokenizer_ids(reference, text)
+    if not whitespace_before_number(text):  # outside the documented cases the loader agrees as it is
+        assert ids == reference.encode(text, add_special_tokens=False)
 
 
 @needs_smollm2

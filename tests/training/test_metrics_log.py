@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_jsonl_has_one_object_per_step_with_python_scalars(tmp_path, capsys):
-    with MetricsLogger(str(tmp_path), tensorboard=False) as log:
+    with MetricsLogger(str(tmp_path), tensorboard=False, console_every=1) as log:
         log.log(1, {"loss": jnp.float32(0.5), "reward_mean": np.float64(0.25), "tool_calls_mean": 2})
         log.log(2, {"loss": jnp.float32(jnp.nan), "reward_mean": 1.0})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
