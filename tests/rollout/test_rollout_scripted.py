@@ -255,6 +255,38 @@ def test_prompt_scope_counts_rounds_with_new_trajectories():
     assert max(d["consecutive"] for d in policy.log) >= 2
 
 
+def test_reused_premonitoring_trajectory_branches_like_a_global():
+    """Rising entropy gives m = 1: the reused pre-monitoring sample is the only global, so every branch
+    must grow from it, its decisions drawn one per tool result (regression: it could never branch, and
+    a top-up global started at once)."""
+    k = 8
+    config = RolloutConfig(strategy="aepo", premonitor_reuse=True)
+    groups, stats = rollout(prompts(2), k, loop=make_loop(rising_entropy_script(3), max_tool_calls=3), config=config,
+                            rng=np.random.default_rng(0), key=jax.random.key(0))
+    assert stats.global_budgets == [1, 1]
+    for group in groups:
+        reused = min(group, key=lambda t: t.traj_id)
+        assert reused.is_global and reused.num_tool_calls == 3
+        assert reused.lineage and reused.lineage[0]  # it was asked at its first tool result, and forked
+        assert [d[0] for d in reused.decisions] == reused.tool_result_ends[: len(reused.decisions)]
+        assert any(t.parent_id == reused.traj_id for t in group)
+        assert all(t.root_id == reused.root_id for t in group if not t.is_global)
+        for child in (t for t in group if t.parent_id == reused.traj_id):
+            check_branch_prefix(reused, child)
+    main_events = [e for e in loop_events(config, k) if e.round == 0]
+    assert all(e.kind == "initial" for e in main_events)  # no top-up before the reused global had its say
+
+
+def loop_events(config, k):
+    """The main run's events of the rollout above, replayed through the loop with the same pre-run."""
+    loop = make_loop(rising_entropy_script(3), max_tool_calls=3)
+    pre = loop.run(prompts(2), 1, 1, rng=np.random.default_rng(0), key=jax.random.key(1))
+    policy = EntropyBranchPolicy(2, config.entropy_weight, config.branch_threshold, config.branch_width,
+                                 config.penalty_slope, config.penalty_scope)
+    return loop.run(prompts(2), k, 0, rng=np.random.default_rng(0), key=jax.random.key(2), policy=policy,
+                    existing=pre.groups).events
+
+
 # ----- the paper's collapse claim: AEPO spreads branches over more trajectories --------------------
 
 
