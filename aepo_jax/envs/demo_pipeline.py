@@ -78,12 +78,19 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
         ToolRegistry,
     )
 
-    kinds = tuple(k.strip() for k in str(cfg.env.kinds).split(",") if k.strip())
-    task = write_task(os.path.join(workdir, "task"), seed=int(cfg.seed), n_towns=int(cfg.env.n_towns),
-                      n_train=int(cfg.env.n_train), n_heldout=int(cfg.env.n_heldout),
-                      n_distractors=int(cfg.env.n_distractors), hops=int(cfg.env.hops), kinds=kinds,
-                      heldout_fraction=float(cfg.env.heldout_fraction), max_syllables=int(cfg.env.max_syllables))
-    system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
+    texts = None
+    if cfg.env.get("task", "towns") == "multihop":  # aepo_jax.envs.multihop_task (configs/demo.py:multihop)
+        from aepo_jax.envs.multihop_task import setup_multihop_files
+
+        task, system_prompt, texts = setup_multihop_files(cfg, os.path.join(workdir, "task"))
+    else:
+        kinds = tuple(k.strip() for k in str(cfg.env.kinds).split(",") if k.strip())
+        task = write_task(os.path.join(workdir, "task"), seed=int(cfg.seed), n_towns=int(cfg.env.n_towns),
+                          n_train=int(cfg.env.n_train), n_heldout=int(cfg.env.n_heldout),
+                          n_distractors=int(cfg.env.n_distractors), hops=int(cfg.env.hops), kinds=kinds,
+                          heldout_fraction=float(cfg.env.heldout_fraction),
+                          max_syllables=int(cfg.env.max_syllables))
+        system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
     pretrained = None
     if cfg.tokenizer.kind == "gguf":  # a pretrained policy brings its own tokenizer and chat template
         from aepo_jax.envs.pretrained import load_gguf_policy
@@ -93,7 +100,7 @@ def setup_task(cfg: ml_collections.ConfigDict, workdir: str, search_url: str = "
     elif cfg.tokenizer.kind:
         raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported by the demo; use '' or 'gguf'")
     else:
-        texts = tokenizer_texts(task, system_prompt, int(cfg.seed), max_syllables=int(cfg.env.max_syllables))
+        texts = texts or tokenizer_texts(task, system_prompt, int(cfg.seed), max_syllables=int(cfg.env.max_syllables))
         tokenizer = train_sentencepiece(texts,
                                         int(cfg.tokenizer.vocab_size), model_prefix=os.path.join(workdir, "tokenizer"))
     closers: list[Callable[[], None]] = []
@@ -154,7 +161,8 @@ def run_sft(cfg: ml_collections.ConfigDict, demo: DemoTask, workdir: str, progre
     rng = np.random.default_rng(int(cfg.seed))
     t0 = time.perf_counter()
     sequences = build_sft_sequences(demo.task.env.train, demo.task.towns_by_name, demo.tokenizer, demo.tools,
-                                    demo.encode_question, rng, float(cfg.env.skip_python_prob))
+                                    demo.encode_question, rng, float(cfg.env.skip_python_prob),
+                                    script=getattr(demo.task.env, "script", None))
     failures = sum(seq.tool_failures for seq in sequences)
     log(f"  {len(sequences)} scripted trajectories executed with the real tools in {time.perf_counter() - t0:.1f}s "
         f"({sum(seq.used_python for seq in sequences)} use python, {failures} tool failures)")
