@@ -1,8 +1,8 @@
 """A multi-step demo task: follow a town's path of words to its goal, one search per step (2-4 steps).
 
 Each town hides a path of 2-4 distinct words from `PATH_WORDS`, one corpus
-document per word: "In Kraiford, ruby leads to lion." or, for the last one,
-"In Kraiford, owl is the goal." A question gives the town and the first word
+document per word, titled "Kraiford ruby": "ruby leads to lion." or, for the
+last one, "owl is the goal." (short: every result is read by the model). A question gives the town and the first word
 ("In Kraiford, start at ruby and follow the path. Which word is the goal?");
 the agent searches "Kraiford ruby", reads the next word, searches
 "Kraiford lion", ... until a result says "is the goal", and answers
@@ -65,7 +65,7 @@ class PathQuestion:
 def path_document(town: str, path: tuple[str, ...], index: int, doc_id: str) -> dict[str, str]:
     """The corpus document of the `index`-th word of `town`'s path; the title line is "Town word"."""
     word = path[index]
-    body = f"In {town}, {word} is the goal." if index == len(path) - 1 else f"In {town}, {word} leads to {path[index + 1]}."
+    body = f"{word} is the goal." if index == len(path) - 1 else f"{word} leads to {path[index + 1]}."
     return {"id": doc_id, "contents": f"{town} {word}\n{body}"}
 
 
