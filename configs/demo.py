@@ -128,7 +128,7 @@ def _multihop(c: ml_collections.ConfigDict) -> None:
     c.env.task = "multihop"
     c.env.min_steps = 2
     c.env.max_steps = 4
-    c.env.n_train = 1500  # one question per town; train and held-out towns are disjoint
+    c.env.n_train = 600  # one question per town; train and held-out towns are disjoint
     c.env.n_heldout = 100
     # The scripts' flaw: answer right after the first search with the word it leads to (right only for
     # 2-step paths). SFT copies it, RL can remove it.
@@ -136,16 +136,21 @@ def _multihop(c: ml_collections.ConfigDict) -> None:
     c.env.skip_python_prob = c.env.early_answer_prob  # the SFT stage's name for the flaw rate
     c.reward.name = "exact_match"  # the answer is one word
     c.rollout.max_tool_calls = 6
-    c.rollout.max_response_len = 256  # 4 searches with their results and an answer take ~160 tokens
+    c.rollout.max_response_len = 192  # 4 searches with their results and an answer take ~120 tokens
     c.rollout.max_result_chars = 200
-    c.sft.steps = 400
-    c.sft.max_seq_len = 384
-    c.train.max_seq_len = 384
-    c.train.total_steps = 8
-    c.eval.questions = 48
-    c.eval.samples = 4
-    c.eval.tree_questions = 8
-    c.eval.batch_questions = 48
+    # Sized for 9 runs (3 algorithms x 3 seeds) in ~40 minutes on the shared 2-core machine (load ~20):
+    # a short SFT, 3 RL steps of 4 prompts x k=8, 24 held-out questions x 2 samples.
+    c.sft.steps = 200
+    c.sft.batch_size = 8
+    c.sft.max_seq_len = 320
+    c.data.prompts_per_step = 4
+    c.train.mini_batch_prompts = 4
+    c.train.max_seq_len = 320
+    c.train.total_steps = 3
+    c.eval.questions = 24
+    c.eval.samples = 2
+    c.eval.tree_questions = 4
+    c.eval.batch_questions = 24
 
 
 def with_algorithm(c: ml_collections.ConfigDict, algorithm: str) -> ml_collections.ConfigDict:
