@@ -96,3 +96,15 @@ def test_scripted_trajectories_reach_the_goal_with_the_real_search_tool(task):
             assert compute_reward("exact_match", response, [q.path[1]]) == 1.0
             assert compute_reward("exact_match", response, [q.answer]) == float(q.steps == 2)
     assert 0 < early < len(questions)
+
+
+def test_multihop_config_selects_the_task():
+    from configs.demo import get_config
+
+    c = get_config("multihop")
+    assert c.env.task == "multihop" and c.reward.name == "exact_match"
+    assert 2 <= c.env.min_steps <= c.env.max_steps <= 4 and c.rollout.max_tool_calls >= c.env.max_steps
+    assert c.env.skip_python_prob == c.env.early_answer_prob
+    assert get_config().env.get("task", "towns") == "towns"
+    with pytest.raises(ValueError, match="multihop"):
+        get_config("multi")
