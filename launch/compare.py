@@ -2,6 +2,7 @@
 
     python -m launch.compare [--config configs/demo.py[:smoke]] [--workdir runs/compare]
         [--algorithms aepo,arpo,grpo,dapo,gppo,cispo] [--seeds 0,1,2] [--config.key=value]
+    python -m launch.compare --merge DIR_A,DIR_B --workdir OUT   # one table from parts run in parallel
 
 The project's small-scale version of the paper's main table and its
 rollout-diversity analysis. One SFT cold start (seed `config.seed`) is shared
@@ -27,6 +28,7 @@ import os
 import shutil
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -135,7 +137,8 @@ def plot_entropy_curves(runs: list[dict[str, Any]], path: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4))
     for index, algorithm in enumerate(dict.fromkeys(r["algorithm"] for r in runs)):
         color = f"C{index}"
-        curves = [r["entropy_curve"] for r in runs if r["algorithm"] == algorithm and r.get("entropy_curve")]
+        curves = [[math.nan if v is None else float(v) for v in r["entropy_curve"]]  # JSON stores NaN as null
+                  for r in runs if r["algorithm"] == algorithm and r.get("entropy_curve")]
         for curve in curves:
             ax.plot(range(1, len(curve) + 1), curve, color=color, alpha=0.3, linewidth=0.8)
         length = min(len(c) for c in curves) if curves else 0
@@ -149,6 +152,31 @@ def plot_entropy_curves(runs: list[dict[str, Any]], path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def merge_compare(workdirs: list[str], out_dir: str) -> dict[str, Any]:
+    """One table from runs of the same config split over processes (e.g. one per seed, run in parallel).
+
+    Every part must start from the same SFT checkpoint (the SFT is seeded by
+    `config.seed`, not by the RL seeds); their SFT evaluations must agree.
+    """
+    parts = []
+    for directory in workdirs:
+        with open(os.path.join(directory, "compare.json"), encoding="utf-8") as f:
+            parts.append(json.load(f))
+    if not parts:
+        raise ValueError("merge_compare needs at least one workdir")
+    sft = parts[0]["sft"]
+    for directory, part in zip(workdirs, parts, strict=True):
+        if part["sft"].get("pass@1") != sft.get("pass@1") or part["rl_steps"] != parts[0]["rl_steps"]:
+            raise ValueError(f"{directory} did not start from the same SFT checkpoint and budget as {workdirs[0]}")
+    runs = [r for part in parts for r in part["runs"]]
+    seeds = sorted({int(r["seed"]) for r in runs})
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = SimpleNamespace(train=SimpleNamespace(total_steps=parts[0]["rl_steps"]))
+    result = _write(out_dir, cfg, sft, runs, seeds, max(float(p["seconds"]) for p in parts))
+    plot_entropy_curves(runs, os.path.join(out_dir, "entropy_curves.png"))
+    return result
 
 
 def _write(workdir: str, cfg, sft: dict, runs: list[dict], seeds: list[int], seconds: float) -> dict[str, Any]:
@@ -172,6 +200,9 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)
+    if _MERGE.value:
+        print(merge_compare([d for d in _MERGE.value.split(",") if d], _WORKDIR.value)["markdown"])
+        return 0
     algorithms = [a.strip() for a in _ALGORITHMS.value.split(",") if a.strip()]
     seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
     run_compare(_CONFIG.value, _WORKDIR.value, algorithms, seeds)
@@ -188,4 +219,6 @@ if __name__ == "__main__":
     _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "output directory")
     _ALGORITHMS = flags.DEFINE_string("algorithms", "aepo,arpo,grpo,dapo,gppo,cispo", "comma-separated presets")
     _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated RL seeds")
+    _MERGE = flags.DEFINE_string("merge", "", "comma-separated workdirs of finished parts: write their merged "
+                                 "table to --workdir instead of running")
     app.run(main)

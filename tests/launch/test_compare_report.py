@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 
-from launch.compare import COLUMNS, format_markdown, plot_entropy_curves, summarise
+import pytest
+
+from launch.compare import (
+    COLUMNS,
+    _write,
+    format_markdown,
+    merge_compare,
+    plot_entropy_curves,
+    summarise,
+)
 
 
 def run(algorithm, seed, pass1, roots, curve):
@@ -27,3 +37,23 @@ def test_summary_and_markdown_carry_the_root_credited_columns(tmp_path):
     png = plot_entropy_curves(runs, str(tmp_path / "entropy.png"))
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_parts_run_in_parallel_merge_into_one_table(tmp_path):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(train=SimpleNamespace(total_steps=3))
+    sft = {"pass@1": 0.04, "tool_calls": 1.0, "python_rate": 0.0}
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for directory, seed, value in ((a, 0, 0.2), (b, 1, 0.4)):
+        directory.mkdir()
+        _write(str(directory), cfg, sft, [run("aepo", seed, value, 2.0, [1.0, math.nan])], [seed], 10.0)
+    merged = merge_compare([str(a), str(b)], str(tmp_path / "out"))
+    assert [r["seed"] for r in merged["runs"]] == [0, 1] and merged["seeds"] == [0, 1]
+    assert math.isclose(merged["summary"]["aepo"]["pass@1"][0], 0.3)
+    assert json.loads((tmp_path / "out" / "compare.json").read_text())["rl_steps"] == 3
+    assert (tmp_path / "out" / "entropy_curves.png").exists()
+    c.mkdir()
+    _write(str(c), cfg, {**sft, "pass@1": 0.05}, [run("aepo", 2, 0.1, 2.0, [1.0])], [2], 10.0)
+    with pytest.raises(ValueError, match="same SFT"):
+        merge_compare([str(a), str(c)], str(tmp_path / "bad"))
