@@ -227,7 +227,15 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     task, task_dir, corpus_path, pretrained = None, None, None, None
     heldout: list[dict] = []
     prompt = PromptConfig()
-    if cfg.get("env") is not None:  # the demo task (configs/demo.py)
+    if cfg.get("env") is not None and cfg.env.get("task", "towns") == "multihop":  # configs/demo.py:multihop
+        from aepo_jax.envs.multihop_task import setup_multihop_files
+
+        task_dir = os.path.join(workdir, "task")
+        files, system_prompt, multihop_texts = setup_multihop_files(cfg, task_dir)
+        task, corpus_path = files.env, str(files.corpus)
+        prompt = PromptConfig(system_prompt=system_prompt)
+        texts = lambda: multihop_texts
+    elif cfg.get("env") is not None:  # the demo task (configs/demo.py)
         task_dir = os.path.join(workdir, "task")
         files = _demo_task(cfg, task_dir)
         task, corpus_path = files.env, str(files.corpus)
@@ -415,7 +423,8 @@ def sft_records_from(cfg: ml_collections.ConfigDict, env: Environment) -> list[d
     questions = list(env.task.train)[: int(cfg.sft.num_sequences)]
     sequences = build_sft_sequences(
         questions, towns, env.tokenizer, env.tools, lambda q: env.encode_prompt({"question": q}),
-        np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob))
+        np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob),
+        script=getattr(env.task, "script", None))
     return [s.as_row() for s in sequences]
 
 

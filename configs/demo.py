@@ -7,8 +7,10 @@ the search server; SFT cold start on scripted trajectories executed with the
 real tools (some skip the python step on purpose); AEPO from the SFT
 checkpoint; evaluate both on held-out towns. Everything is seeded.
 
-`arg`: "" (the demo, ~10 minutes on 2 busy CPU cores) or "smoke" (a tiny
-end-to-end run for tests and the notebook's smallest setting, about a minute).
+`arg`: "" (the demo, ~10 minutes on 2 busy CPU cores), "smoke" (a tiny
+end-to-end run for tests and the notebook's smallest setting, about a minute)
+or "multihop" (the multi-step path task of `aepo_jax.envs.multihop_task`:
+2-4 searches per question, for `launch.compare`).
 The paper's numbers do not apply at this scale; comments give the reasoning.
 """
 
@@ -111,9 +113,48 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.eval.questions = 4
         c.eval.samples = 2
         c.eval.tree_questions = 2
+    elif arg == "multihop":
+        _multihop(c)
     elif arg:
-        raise ValueError(f"unknown demo config argument {arg!r}; expected '' or 'smoke'")
+        raise ValueError(f"unknown demo config argument {arg!r}; expected '', 'smoke' or 'multihop'")
     return c
+
+
+def _multihop(c: ml_collections.ConfigDict) -> None:
+    """The multi-step task: follow a town's path of 2-4 words, one search per step (envs/multihop_task.py).
+
+    Every step is a tool result after which the policy decides to search on or
+    answer, so the tree strategies have several places to branch (the towns
+    task has one). Sized for `launch.compare` over 3 seeds x 3 algorithms on
+    the busy 2-core machine.
+    """
+    c.name = "demo_multihop"
+    c.env.task = "multihop"
+    c.env.min_steps = 2
+    c.env.max_steps = 4
+    c.env.n_train = 600  # one question per town; train and held-out towns are disjoint
+    c.env.n_heldout = 100
+    # The scripts' flaw: answer right after the first search with the word it leads to (right only for
+    # 2-step paths). SFT copies it, RL can remove it.
+    c.env.early_answer_prob = 0.3
+    c.sft.skip_python_prob = c.env.early_answer_prob  # the SFT stage's name for the flaw rate
+    c.reward.name = "exact_match"  # the answer is one word
+    c.rollout.max_tool_calls = 6
+    c.rollout.max_response_len = 192  # 4 searches with their results and an answer take ~120 tokens
+    c.rollout.max_result_chars = 200
+    # Sized for 9 runs (3 algorithms x 3 seeds) in ~40 minutes on the shared 2-core machine (load ~20):
+    # a short SFT, 3 RL steps of 4 prompts x k=8, 24 held-out questions x 2 samples.
+    c.sft.steps = 200
+    c.sft.batch_size = 8
+    c.sft.max_seq_len = 320
+    c.data.prompts_per_step = 4
+    c.train.mini_batch_prompts = 4
+    c.train.max_seq_len = 320
+    c.train.total_steps = 3
+    c.eval.questions = 24
+    c.eval.samples = 2
+    c.eval.tree_questions = 4
+    c.eval.batch_questions = 24
 
 
 def with_algorithm(c: ml_collections.ConfigDict, algorithm: str) -> ml_collections.ConfigDict:

@@ -2,14 +2,21 @@
 
     python -m launch.compare [--config configs/demo.py[:smoke]] [--workdir runs/compare]
         [--algorithms aepo,arpo,grpo,dapo,gppo,cispo] [--seeds 0,1,2] [--config.key=value]
+    python -m launch.compare --merge DIR_A,DIR_B --workdir OUT   # one table from parts run in parallel
 
 The project's small-scale version of the paper's main table and its
 rollout-diversity analysis. One SFT cold start (seed `config.seed`) is shared
 by every run; each (algorithm, seed) pair then trains `train.total_steps` RL
 steps from it and is evaluated on the held-out questions. Writes
-WORKDIR/compare.json (every run) and WORKDIR/compare.md (mean and spread over
-seeds): held-out pass@1, tool calls per question, top-3 branch concentration
-and policy entropy at the end of training (mean of the last 3 steps), wall time.
+WORKDIR/compare.json (every run), WORKDIR/compare.md (mean and spread over
+seeds): held-out pass@1, tool calls per question, branch concentration credited
+by root (top-3 share, roots that got branches, the largest root's share of its
+group's branches, longest consecutive-branch run per lineage) and policy
+entropy at the end of training (mean of the last 3 steps), wall time; and
+WORKDIR/entropy_curves.png (policy entropy per RL step, one line per run).
+
+`--config configs/demo.py:multihop` runs the multi-step path task instead of
+the towns task (`aepo_jax.envs.multihop_task`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import shutil
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,7 +37,10 @@ COLUMNS = (  # (key, header, format)
     ("pass@1", "held-out pass@1", "{:.3f}"),
     ("tool_calls", "tool calls / question", "{:.2f}"),
     ("python_rate", "answers using python", "{:.2f}"),
-    ("train_branch_top3", "top-3 branch share (train, end)", "{:.3f}"),
+    ("train_branch_top3", "top-3 root branch share (train, end)", "{:.3f}"),
+    ("train_branch_roots", "roots with branches (train, end)", "{:.2f}"),
+    ("train_max_root_share", "largest root's branch share (train, end)", "{:.3f}"),
+    ("train_lineage_run", "lineage branch run (train, end)", "{:.2f}"),
     ("train_entropy", "entropy (train, end)", "{:.3f}"),
     ("wall_s", "wall time (s)", "{:.0f}"),
 )
@@ -96,7 +107,11 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
                 metrics = evaluate_policy(run_cfg, demo, graphdef, params, heldout, seed=int(cfg.seed) + 1,
                                           progress=progress)
                 run = {"algorithm": algorithm, "seed": int(seed), **metrics, "wall_s": time.perf_counter() - t,
-                       "train_branch_top3": _tail_mean(records, "branch_top3_fraction"),
+                       "train_branch_top3": _tail_mean(records, "rollout/top3_branch_fraction"),
+                       "train_branch_roots": _tail_mean(records, "rollout/branch_roots"),
+                       "train_max_root_share": _tail_mean(records, "rollout/max_root_branch_share"),
+                       "train_lineage_run": _tail_mean(records, "rollout/mean_lineage_branch_run"),
+                       "entropy_curve": [float(r.get("entropy_mean", math.nan)) for r in records],
                        "train_entropy": _tail_mean(records, "entropy_mean"),
                        "train_reward_end": _tail_mean(records, "reward_mean")}
                 runs.append(run)
@@ -106,7 +121,61 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
     finally:
         demo.close()
     result = _write(workdir, cfg, sft, runs, seeds, time.perf_counter() - t0)
+    if runs:
+        log(f"wrote {plot_entropy_curves(runs, os.path.join(workdir, 'entropy_curves.png'))}")
     log(result["markdown"])
+    return result
+
+
+def plot_entropy_curves(runs: list[dict[str, Any]], path: str) -> str:
+    """Policy entropy per RL step, one thin line per (algorithm, seed) and the mean over seeds bold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, algorithm in enumerate(dict.fromkeys(r["algorithm"] for r in runs)):
+        color = f"C{index}"
+        curves = [[math.nan if v is None else float(v) for v in r["entropy_curve"]]  # JSON stores NaN as null
+                  for r in runs if r["algorithm"] == algorithm and r.get("entropy_curve")]
+        for curve in curves:
+            ax.plot(range(1, len(curve) + 1), curve, color=color, alpha=0.3, linewidth=0.8)
+        length = min(len(c) for c in curves) if curves else 0
+        if length:
+            mean = np.nanmean([c[:length] for c in curves], axis=0)
+            ax.plot(range(1, length + 1), mean, color=color, linewidth=2, label=f"{algorithm} (mean of {len(curves)})")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("policy entropy (nats, generated tokens)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def merge_compare(workdirs: list[str], out_dir: str) -> dict[str, Any]:
+    """One table from runs of the same config split over processes (e.g. one per seed, run in parallel).
+
+    Every part must start from the same SFT checkpoint (the SFT is seeded by
+    `config.seed`, not by the RL seeds); their SFT evaluations must agree.
+    """
+    parts = []
+    for directory in workdirs:
+        with open(os.path.join(directory, "compare.json"), encoding="utf-8") as f:
+            parts.append(json.load(f))
+    if not parts:
+        raise ValueError("merge_compare needs at least one workdir")
+    sft = parts[0]["sft"]
+    for directory, part in zip(workdirs, parts, strict=True):
+        if part["sft"].get("pass@1") != sft.get("pass@1") or part["rl_steps"] != parts[0]["rl_steps"]:
+            raise ValueError(f"{directory} did not start from the same SFT checkpoint and budget as {workdirs[0]}")
+    runs = [r for part in parts for r in part["runs"]]
+    seeds = sorted({int(r["seed"]) for r in runs})
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = SimpleNamespace(train=SimpleNamespace(total_steps=parts[0]["rl_steps"]))
+    result = _write(out_dir, cfg, sft, runs, seeds, max(float(p["seconds"]) for p in parts))
+    plot_entropy_curves(runs, os.path.join(out_dir, "entropy_curves.png"))
     return result
 
 
@@ -131,6 +200,9 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)
+    if _MERGE.value:
+        print(merge_compare([d for d in _MERGE.value.split(",") if d], _WORKDIR.value)["markdown"])
+        return 0
     algorithms = [a.strip() for a in _ALGORITHMS.value.split(",") if a.strip()]
     seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
     run_compare(_CONFIG.value, _WORKDIR.value, algorithms, seeds)
@@ -147,4 +219,6 @@ if __name__ == "__main__":
     _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "output directory")
     _ALGORITHMS = flags.DEFINE_string("algorithms", "aepo,arpo,grpo,dapo,gppo,cispo", "comma-separated presets")
     _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated RL seeds")
+    _MERGE = flags.DEFINE_string("merge", "", "comma-separated workdirs of finished parts: write their merged "
+                                 "table to --workdir instead of running")
     app.run(main)

@@ -2,10 +2,13 @@
 
 One round (DESIGN.md "Agent loop", spec sections 2 and 4):
 1. decode every active row to a stop (a tool closing tag, EOS or its budget);
-2. rows that were waiting on a branch decision for the tool result they got in
-   the previous round now know the entropy of the first K tokens after it: ask
-   the branch policy, and fork the decode state of that row *as it was right
-   after the tool result* (a snapshot taken then), so nothing is re-prefilled;
+2. rows that were waiting on a branch decision for a tool result now know the
+   entropy of the first K tokens after it (a segment paused with fewer waits
+   another round): ask the branch policy, if the prompt has budget left, and
+   fork the decode state of that row *as it was right after the tool result*
+   (a snapshot taken then), so nothing is re-prefilled; a reused finished
+   global (AEPO's pre-monitoring sample) is asked the same way, one tool
+   result per round, and its branches are prefilled from the shared prefix;
 3. parse the tool calls, run them concurrently through the tool registry,
    append the tokenised results (mask 0) with the generator's `append`;
 4. drop finished rows, add the round's branches, and start one new global
@@ -153,7 +156,11 @@ class AgentLoop:
           key: jax PRNG key, split once per generate call.
           policy: branch policy; None means no branching (independent sampling).
           existing: finished trajectories already in each group (AEPO's reused
-            pre-monitoring sample); they count towards `k` and never branch.
+            pre-monitoring sample); they count towards `k` and, with a policy,
+            branch like the other globals: the decision at their j-th tool
+            result is drawn in round j + 1, when a global started in round 1
+            makes its own, and a branch is re-prefilled from the shared prefix
+            (their decode state is gone).
         """
         num = len(prompts)
         ks = _per_prompt(k, num, "k")
@@ -193,8 +200,11 @@ class _Run:
         self.round = 0
         self.rows: list[Trajectory] = []  # row i of self.state
         self.state: Any = None
-        self.pending: dict[int, int] = {}  # traj_id -> row in self.snapshot (awaiting a branch decision)
-        self.snapshot: Any = None
+        # traj_id -> (decode state right after its latest tool result, row in it): awaiting a branch decision.
+        self.pending: dict[int, tuple[Any, int]] = {}
+        # Reused finished globals that still branch (only under a policy).
+        self.replays = [t for g in groups for t in g if t.tool_steps] if policy is not None else []
+        self.segment_tops: dict[int, np.ndarray] = {}  # top log-probs of segments shorter than K so far
         self.counters_start = dict(self.gen.counters)
         self.repacks = 0
         self.paused: set[int] = set()  # rows whose last generate stopped early, mid-segment
@@ -202,7 +212,13 @@ class _Run:
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
-        return sum(1 for t in self.groups[prompt] if not t.finished)
+        """Unfinished trajectories of `prompt`, plus reused globals with tool results still to decide."""
+        replaying = sum(1 for t in self.replays if t.prompt_index == prompt and self._replay_left(t))
+        return replaying + sum(1 for t in self.groups[prompt] if not t.finished)
+
+    def _replay_left(self, traj: Trajectory) -> bool:
+        """True while a reused global has a tool result whose decision comes in a later round."""
+        return self.round - 1 < len(traj.tool_steps)
 
     def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
         if not prompt_indices:
@@ -224,10 +240,10 @@ class _Run:
     def execute(self, inits: list[int]) -> LoopResult:
         self._new_globals([p for p, n in enumerate(inits) for _ in range(n)], "initial")
         self._top_up()
-        while self.rows:
+        while self.rows or any(self._replay_left(t) for t in self.replays):
             self.round += 1
-            outputs = self._decode()
-            children = self._decide_branches()
+            outputs = self._decode() if self.rows else []
+            children = self._decide_branches(outputs)
             self._run_tools(outputs)
             new_per_prompt = [0] * len(self.prompts)
             self._compact()
@@ -291,19 +307,51 @@ class _Run:
             ids = [int(x) for x in out.tokens[i, :n]]
             start = len(traj.response_ids)
             traj.add_generated(ids, out.logp[i, :n].tolist(), out.entropy[i, :n].tolist())
+            head_top = None if top is None else np.asarray(top[i, :n])
             last = traj.segments[-1] if traj.segments else None
             if n > 0 and traj.traj_id in self.paused and last is not None and last.end == start:
-                last.end = start + n  # a paused segment continues; its first-K entropy is already measured
+                self._continue_segment(traj, last, start + n, head_top)
             elif n > 0:
-                h = self._segment_entropy(traj.entropy[start:], None if top is None else top[i, :n])
-                after_tool = bool(traj.tool_steps) and traj.tool_steps[-1].result_end == start
-                traj.segments.append(Segment(start, start + n, h, after_tool))
-                if traj.h_init is None:
-                    traj.h_init = h
+                self._open_segment(traj, start, start + n, head_top)
             segment_start = traj.segments[-1].start if traj.segments else start
             results.append((traj.response_ids[segment_start:], str(out.stop_reason[i])))
         self.paused = set()
         return results
+
+    def _open_segment(self, traj: Trajectory, start: int, end: int, top: np.ndarray | None) -> None:
+        """A new segment; the first one of a lineage root sets `H_init`."""
+        h = self._segment_entropy(traj.entropy[start:end], top)
+        after_tool = bool(traj.tool_steps) and traj.tool_steps[-1].result_end == start
+        traj.segments.append(Segment(start, end, h, after_tool))
+        if traj.h_init is None:
+            traj.h_init = h
+        self.segment_tops.pop(traj.traj_id, None)
+        if end - start < self.cfg.entropy_tokens and top is not None:
+            self.segment_tops[traj.traj_id] = top
+
+    def _continue_segment(self, traj: Trajectory, segment: Segment, end: int, top: np.ndarray | None) -> None:
+        """A paused segment goes on; while it holds fewer than K tokens its entropy is re-measured.
+
+        A chunk can stop short of K tokens (cache room, budget), so the first
+        measurement may average fewer; the segment's entropy is then taken
+        again over its first K tokens across the chunk boundary (and `H_init`
+        with it when this is the root's first segment).
+        """
+        measured = segment.end - segment.start
+        segment.end = end
+        if measured >= self.cfg.entropy_tokens:
+            return  # its first K tokens are already measured
+        earlier = self.segment_tops.pop(traj.traj_id, None)
+        head = top if earlier is None or top is None else np.concatenate([earlier, top])
+        segment.entropy = self._segment_entropy(traj.entropy[segment.start:end], head)
+        if segment.start == 0:  # the lineage root's first segment: branches only copy complete ones
+            traj.h_init = segment.entropy
+        if end - segment.start < self.cfg.entropy_tokens and head is not None:
+            self.segment_tops[traj.traj_id] = head
+
+    def _pauses(self, row: int, stop: str) -> bool:
+        """True when row `row` stopped mid-segment (chunk or cache room) and continues next round."""
+        return stop == "length" and self._limit(self.rows[row]) > 0 and self.generated_this_round[row] > 0
 
     def _segment_entropy(self, token_entropy: list[float], top_logprobs: np.ndarray | None) -> float:
         if self.cfg.entropy_measure == "exact_mean":
@@ -313,37 +361,69 @@ class _Run:
                              "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
-    def _decide_branches(self) -> list[tuple[Any, list[Trajectory]]]:
-        """Branch decisions for rows that got a tool result last round (spec 2.2 step 3)."""
-        if self.policy is None or not self.pending:
-            self.pending, self.snapshot = {}, None
+    def _decide_branches(self, outputs: list[tuple[list[int], str]]) -> list[tuple[Any, list[Trajectory]]]:
+        """Branch decisions for rows whose segment after a tool result is measured (spec 2.2 step 3).
+
+        A decision waits while that segment is paused with fewer than K tokens,
+        so it always reads the entropy of K tokens (or of the whole, shorter
+        segment). None is drawn once the prompt has no budget left.
+        """
+        if self.policy is None:
+            self.pending = {}
             return []
-        fork_rows: list[int] = []
-        children: list[Trajectory] = []
-        for traj in self.rows:
+        by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
+        prefilled: list[Trajectory] = []
+        for traj in self._due_replays():
+            prefilled += self._decide(traj, traj.tool_steps[self.round - 2].result_end)
+        waiting: dict[int, tuple[Any, int]] = {}
+        for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
                 continue
-            branch_point = traj.tool_steps[-1].result_end if traj.tool_steps else -1
+            snapshot, slot = self.pending[traj.traj_id]
             segment = traj.segments[-1] if traj.segments else None
+            branch_point = traj.tool_steps[-1].result_end
             if segment is None or segment.start != branch_point:
                 continue  # nothing was generated after the tool result: no entropy to judge
-            wanted = self.policy.branch_count(traj, segment.entropy, self.rng)
-            budget = self.ks[traj.prompt_index] - len(self.groups[traj.prompt_index])
-            count = max(0, min(wanted, budget))
-            traj.decisions.append((branch_point, count > 0))
-            for _ in range(count):
-                tid = next(self.ids)
-                self.events.append(RolloutEvent(self.round, traj.prompt_index, tid, "branch", self._active(traj.prompt_index)))
-                child = traj.branch(tid, branch_point)
-                self.groups[traj.prompt_index].append(child)
-                children.append(child)
-                fork_rows.append(self.pending[traj.traj_id])
-        snapshot, self.pending, self.snapshot = self.snapshot, {}, None
-        if not children:
-            return []
-        if self.cfg.branch_by == "fork":
-            return [(self.gen.fork(snapshot, fork_rows), children)]
-        return [(self.gen.prefill([c.prompt_ids + c.response_ids for c in children]), children)]
+            if segment.end - segment.start < self.cfg.entropy_tokens and self._pauses(row, outputs[row][1]):
+                waiting[traj.traj_id] = (snapshot, slot)  # fewer than K tokens so far: decide next round
+                continue
+            new = self._decide(traj, branch_point)
+            if not new:
+                continue
+            if self.cfg.branch_by == "prefill":
+                prefilled += new
+                continue
+            _, rows, kids = by_snapshot.setdefault(id(snapshot), (snapshot, [], []))
+            rows += [slot] * len(new)
+            kids += new
+        self.pending = waiting
+        states = [(self.gen.fork(snapshot, rows), kids) for snapshot, rows, kids in by_snapshot.values()]
+        if prefilled:
+            states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled))
+        return states
+
+    def _due_replays(self) -> list[Trajectory]:
+        """Reused finished globals whose (round - 1)-th tool result is decided this round."""
+        return [t for t in self.replays if 0 <= self.round - 2 < len(t.tool_steps)]
+
+    def _decide(self, traj: Trajectory, branch_point: int) -> list[Trajectory]:
+        """Ask the policy at `traj`'s tool result ending at `branch_point`; returns the new branches."""
+        prompt = traj.prompt_index
+        budget = self.ks[prompt] - len(self.groups[prompt])
+        segment = next((s for s in traj.segments if s.start == branch_point), None)
+        if budget <= 0 or segment is None:
+            return []  # no budget (or nothing generated after the result): no decision to draw
+        wanted = self.policy.branch_count(traj, segment.entropy, self.rng)
+        count = max(0, min(wanted, budget))
+        traj.decisions.append((branch_point, count > 0))
+        children = []
+        for _ in range(count):
+            tid = next(self.ids)
+            self.events.append(RolloutEvent(self.round, prompt, tid, "branch", self._active(prompt)))
+            child = traj.branch(tid, branch_point)
+            self.groups[prompt].append(child)
+            children.append(child)
+        return children
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
@@ -355,12 +435,12 @@ class _Run:
             if stop == "eos":
                 traj.stop_reason = END_ANSWER if tags.ANSWER_CLOSE in text else END_EOS
             elif stop == "length":
-                if self._limit(traj) <= 0 or self.generated_this_round[i] == 0:
+                if self._pauses(i, stop):  # paused before a stop (segment chunk, cache room): continues next round
+                    self.paused.add(traj.traj_id)
+                else:
                     # No budget left, or no cache room even after a repack: a row that cannot
                     # make progress ends here instead of pausing forever.
                     traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
-                else:  # paused before a stop (segment chunk, cache room): the segment continues next round
-                    self.paused.add(traj.traj_id)
             elif stop != "stop":
                 raise ValueError(f"generator returned unknown stop_reason {stop!r}")
             elif _ends_with_answer(text):
@@ -399,10 +479,9 @@ class _Run:
         if appended:
             self._repack_if_needed(_next_power_of_two(max(len(to_append[i]) for i in appended)))
             self.state = self.gen.append(self.state, to_append)
-            if self.policy is not None and self.cfg.branch_by == "fork":
-                self.snapshot = self.gen.fork(self.state, appended)
             if self.policy is not None:
-                self.pending = {self.rows[i].traj_id: slot for slot, i in enumerate(appended)}
+                snapshot = self.gen.fork(self.state, appended) if self.cfg.branch_by == "fork" else None
+                self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(appended)})
 
     def _compact(self) -> None:
         """Drop finished rows (and rows with no budget left) from the decode state."""

@@ -44,6 +44,7 @@ def build_sft_sequences(
     encode_prompt: Callable[[str], list[int]],
     rng: np.random.Generator,
     skip_python_prob: float,
+    script: Callable[[Any, dict, np.random.Generator, float], list[str]] | None = None,
 ) -> list[SFTSequence]:
     """Execute one scripted trajectory per question with `tools.run_many` (one batch of calls per step).
 
@@ -55,10 +56,13 @@ def build_sft_sequences(
       encode_prompt: question text -> prompt ids (chat template + system prompt of the rollout).
       rng: drives the scripts' flaw.
       skip_python_prob: probability a script answers without the python step.
+      script: writes one question's segments, `(question, towns_by_name, rng, flaw_prob)`;
+        default `synthetic_facts.scripted_segments` (another task brings its own).
     """
     if not 0.0 <= skip_python_prob <= 1.0:
         raise ValueError(f"skip_python_prob must be in [0, 1], got {skip_python_prob}")
-    scripts = [scripted_segments(q, towns_by_name, rng, skip_python_prob) for q in questions]
+    script = script or scripted_segments
+    scripts = [script(q, towns_by_name, rng, skip_python_prob) for q in questions]
     sequences = []
     for q, segments in zip(questions, scripts, strict=True):
         prompt = list(encode_prompt(q.question))

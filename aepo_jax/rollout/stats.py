@@ -1,10 +1,20 @@
 """Tree statistics every rollout reports (spec section 2.4), plus forward-token accounting.
 
 The collapse measure is `top3_branch_fraction`: for each prompt, the branches
-on its three most-branched trajectories, summed over prompts and divided by
-all branches (ARPO's paper value: 93.4%). The spec does not pin what a branch
-is "on"; by default it is the trajectory that forked it (`parent_id`), and
-`top3_root_branch_fraction` credits the global trajectory whose tree holds it.
+on its three most-branched trees, summed over prompts and divided by all
+branches (ARPO's paper value: 93.4%). A branch is credited to the global
+trajectory (root) whose tree holds it: a root -> child -> grandchild chain is
+one concentrated tree. `top3_parent_branch_fraction` keeps the older measure
+that credits the trajectory that forked it, which counts such a chain as
+spread out. Since the top-3 share of a group with three or fewer roots is 1
+whatever happens, the per-group measures below are normalised by the group's
+branch count: `max_root_branch_share` (the largest tree's share of the group's
+branches), `effective_branch_roots` (1 / sum of squared shares: 1 when one
+root takes every branch, r when r roots share them equally) and
+`branch_roots` (roots that received any branch); each is a mean over the
+groups that branched (NaN when none did). `mean_lineage_branch_run` is the
+longest run of consecutive branchings along each trajectory's lineage,
+averaged over trajectories, and `longest_branch_run` its maximum.
 """
 
 from __future__ import annotations
@@ -25,9 +35,13 @@ class RolloutStats:
     num_global: int
     num_branch: int
     branches_per_trajectory: float  # children forked per trajectory
-    top3_branch_fraction: float  # by forking trajectory; nan when there are no branches
-    top3_root_branch_fraction: float  # by the global trajectory whose tree holds the branch
+    top3_branch_fraction: float  # by the root whose tree holds the branch; nan when there are no branches
+    top3_parent_branch_fraction: float  # by the trajectory that forked the branch (the older measure)
+    branch_roots: float  # roots that received branches, mean over groups that branched
+    max_root_branch_share: float  # largest tree's share of its group's branches, mean over groups
+    effective_branch_roots: float  # 1 / sum(share^2) over a group's roots, mean over groups
     longest_branch_run: int  # longest chain of consecutive branch decisions
+    mean_lineage_branch_run: float  # longest consecutive-branch run per lineage, mean over trajectories
     tool_calls_per_trajectory: float
     mean_segment_entropy: float  # over each trajectory's own segments (nan if none)
     num_topups: int  # globals started after the initial ones
@@ -53,11 +67,11 @@ class RolloutStats:
         return d
 
 
-def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]], by: str = "parent") -> float:
+def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]], by: str = "root") -> float:
     """Fraction of all branches on the three most-branched trajectories of each prompt.
 
-    `by="parent"` credits a branch to the trajectory that forked it; `by="root"`
-    to the global trajectory whose tree it belongs to.
+    `by="root"` credits a branch to the global trajectory whose tree it belongs
+    to; `by="parent"` to the trajectory that forked it.
     """
     if by not in ("parent", "root"):
         raise ValueError(f"by must be 'parent' or 'root', got {by!r}")
@@ -68,6 +82,34 @@ def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]], by: str = "pare
         top += sum(counts[:3])
         total += sum(counts)
     return top / total if total else float("nan")
+
+
+def root_branch_shares(group: Sequence[Trajectory]) -> np.ndarray:
+    """Each root's branches divided by the group's branch count, largest first, zeros for roots without.
+
+    Raises:
+      ValueError: when the group has no branches (there is nothing to share).
+    """
+    counts = Counter(t.root_id for t in group if not t.is_global)
+    total = sum(counts.values())
+    if total == 0:
+        raise ValueError("root_branch_shares of a group without branches")
+    per_root = [counts.get(t.traj_id, 0) for t in group if t.is_global]
+    if sum(per_root) != total:
+        raise ValueError("a branch's root_id is not a global trajectory of its group")
+    return np.sort(np.asarray(per_root, np.float64))[::-1] / total
+
+
+def root_concentration(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """`branch_roots`, `max_root_branch_share`, `effective_branch_roots`: means over groups that branched."""
+    shares = [root_branch_shares(g) for g in groups if any(not t.is_global for t in g)]
+    if not shares:
+        return dict.fromkeys(("branch_roots", "max_root_branch_share", "effective_branch_roots"), float("nan"))
+    return {
+        "branch_roots": float(np.mean([np.count_nonzero(s) for s in shares])),
+        "max_root_branch_share": float(np.mean([s[0] for s in shares])),
+        "effective_branch_roots": float(np.mean([1.0 / np.sum(s**2) for s in shares])),
+    }
 
 
 def longest_run(flags: Sequence[bool]) -> int:
@@ -89,6 +131,7 @@ def compute_stats(
     if not trajs:
         raise ValueError("compute_stats needs at least one trajectory")
     branches = [t for t in trajs if not t.is_global]
+    runs_per_lineage = [longest_run(t.lineage) for t in trajs]
     own_entropy = [s.entropy for t in trajs for s in t.segments if t.branch_point is None or s.start >= t.branch_point]
     counters: Counter = Counter()
     rounds = repacks = topups = 0
@@ -103,9 +146,11 @@ def compute_stats(
         num_global=len(trajs) - len(branches),
         num_branch=len(branches),
         branches_per_trajectory=len(branches) / len(trajs),
-        top3_branch_fraction=top3_branch_fraction(groups),
-        top3_root_branch_fraction=top3_branch_fraction(groups, by="root"),
-        longest_branch_run=max(longest_run(t.lineage) for t in trajs),
+        top3_branch_fraction=top3_branch_fraction(groups, by="root"),
+        top3_parent_branch_fraction=top3_branch_fraction(groups, by="parent"),
+        **root_concentration(groups),
+        longest_branch_run=max(runs_per_lineage),
+        mean_lineage_branch_run=float(np.mean(runs_per_lineage)),
         tool_calls_per_trajectory=float(np.mean([t.num_tool_calls for t in trajs])),
         mean_segment_entropy=float(np.mean(own_entropy)) if own_entropy else float("nan"),
         num_topups=topups,

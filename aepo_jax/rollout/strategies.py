@@ -42,7 +42,7 @@ class RolloutConfig:
     entropy_measure: str = "exact_mean"  # or "top10_sum" (released code; needs top-10 log-probs)
     dynamic_budget: bool = True  # AEPO entropy pre-monitoring
     beta: float = 0.5
-    premonitor_reuse: bool = True  # keep the pre-monitoring sample as the first global
+    premonitor_reuse: bool = True  # keep the pre-monitoring sample as the first global (it branches too)
     penalty_slope: float = 0.05
     penalty_scope: str = "lineage"  # or "prompt" (released code)
 

@@ -227,3 +227,94 @@ def test_loop_ends_rows_that_have_no_cache_room_instead_of_spinning():
     trajs = result.groups[0]
     assert len(trajs) == 2
     assert all(t.stop_reason == END_CONTEXT for t in trajs), [t.stop_reason for t in trajs]
+
+
+# ----- branch decisions: measured over K tokens, drawn only with budget left -------------------
+
+
+class CappedGenerator(ScriptedGenerator):
+    """A scripted generator whose calls number `capped_calls` (1-based) decode at most `cap` tokens per row,
+    the way a nearly full cache cuts a chunk short (the loop pauses the row and continues it next round)."""
+
+    def __init__(self, script, cap, capped_calls, **kwargs):
+        super().__init__(script, **kwargs)
+        self.cap, self.capped_calls, self.calls = cap, set(capped_calls), 0
+
+    def generate(self, state, max_new_tokens, rng=None):
+        self.calls += 1
+        if self.calls in self.capped_calls:
+            budgets = [max_new_tokens] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
+            max_new_tokens = [min(b, self.cap) for b in budgets]
+        return super().generate(state, max_new_tokens, rng)
+
+
+def ramp_script(calls_before_answer):
+    """Token j of every segment has entropy 0.1 * j (plus 1 after a tool result): a mean over fewer than K
+    tokens differs from the mean over K."""
+
+    def script(ids, rng):
+        n = ids.count(RESULT)
+        text = "<think>" + "w" * 30 + "</think>"
+        text += "<search>q</search>" if n < calls_before_answer else "<answer>\\boxed{1}</answer>"
+        tokens = TOK.encode(text)
+        return ScriptedSegment(tokens, [0.1 * j + (1.0 if n else 0.0) for j in range(len(tokens))], "stop")
+
+    return script
+
+
+class LoggingPolicy:
+    """Branches at every decision (Z = 2) and records what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def branch_count(self, traj, entropy_now, rng):
+        rng.uniform()
+        self.asked.append((traj.traj_id, len(traj.response_ids), entropy_now, traj.h_init))
+        return 1
+
+    def end_round(self, new_trajectories):
+        pass
+
+
+def test_segment_entropy_spans_chunk_boundaries():
+    """A first chunk cut to 3 tokens is re-measured over K = 20 tokens (and H_init with it); the decision
+    after a tool result whose segment was cut short waits for K tokens (regression: both read 3 tokens)."""
+    k_tokens = 20
+    expected_root = float(np.mean([0.1 * j for j in range(k_tokens)]))
+    expected_after = expected_root + 1.0
+    # Call 1 decodes the first segment; call 3 the segment after the first tool result.
+    gen = CappedGenerator(ramp_script(1), cap=3, capped_calls={1, 3})
+    policy = LoggingPolicy()
+    loop = AgentLoop(gen, TOK, RecordingTools(), LoopConfig(max_response_tokens=2000, max_context_len=4000,
+                                                            entropy_tokens=k_tokens))
+    result = loop.run([TOK.encode("q0")], 2, 1, rng=np.random.default_rng(0), key=jax.random.key(0), policy=policy)
+    root = next(t for t in result.groups[0] if t.is_global)
+    assert root.segments[0].entropy == pytest.approx(expected_root)
+    assert root.h_init == pytest.approx(expected_root)
+    assert root.segments[1].entropy == pytest.approx(expected_after)
+    (asked,) = policy.asked
+    assert asked[2] == pytest.approx(expected_after) and asked[3] == pytest.approx(expected_root)
+    assert asked[1] >= root.segments[1].start + k_tokens  # decided once K tokens were there
+    child = next(t for t in result.groups[0] if not t.is_global)
+    assert child.branch_point == root.tool_steps[0].result_end
+    assert child.response_ids[: child.branch_point] == root.response_ids[: child.branch_point]
+
+
+def test_no_branch_decision_is_drawn_without_budget():
+    """k = 2 from one global that branches at once: the budget is gone after the first decision, so its
+    later tool results draw nothing (regression: every later tool result drew and logged a decision)."""
+    policy = LoggingPolicy()
+    rng = np.random.default_rng(0)
+    loop = AgentLoop(ScriptedGenerator(ramp_script(4)), TOK, RecordingTools(), LoopConfig())
+    result = loop.run([TOK.encode("q0")], 2, 1, rng=rng, key=jax.random.key(0), policy=policy)
+    assert len(result.groups[0]) == 2
+    assert len(policy.asked) == 1
+    assert all(len(t.decisions) == 1 for t in result.groups[0])  # the branch decision only
+    assert rng.bit_generator.state == _after_draws(0, 1)  # one alpha drawn in total
+
+
+def _after_draws(seed: int, draws: int) -> dict:
+    rng = np.random.default_rng(seed)
+    rng.uniform(size=draws)
+    return rng.bit_generator.state

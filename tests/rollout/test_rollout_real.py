@@ -119,11 +119,15 @@ def test_aepo_end_to_end_real_model_and_tools(agent):
     assert stats.forward_tokens > 0 and stats.trajectory_tokens > 0
     assert stats.global_budgets is not None and all(1 <= m <= k for m in stats.global_budgets)
     # Branches were forked from the KV cache: the only prefilled tokens are the global trajectories' prompts
-    # (the pre-monitoring samples included), none of a branch's prefix.
+    # (the pre-monitoring samples included) and the shared prefixes of the reused pre-monitoring samples'
+    # own branches (that run's decode state is gone by then), none of another branch's prefix.
     by_id = {t.traj_id: t for t in trajs}
     assert stats.num_branch > 0 and stats.repacks == 0
     globals_started = [t for t in trajs if t.is_global]  # reused pre-monitoring samples are among them
-    assert stats.prefill_tokens == sum(len(t.prompt_ids) for t in globals_started)
+    reused = {t.traj_id for t in trajs if t.traj_id < len(QUESTIONS)}  # the pre-run's ids come first
+    from_reused = [t for t in trajs if t.parent_id in reused]
+    assert stats.prefill_tokens == (sum(len(t.prompt_ids) for t in globals_started)
+                                    + sum(len(t.prompt_ids) + t.branch_point for t in from_reused))
     check_branches(agent["model"], by_id)
 
 
