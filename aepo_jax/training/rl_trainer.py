@@ -124,9 +124,10 @@ class RLTrainer(CheckpointedTrainer):
         )
         self._logprobs = make_logprob_fn(self.run.graphdef, self.step_config)
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
-        # The reference model: a frozen copy of the initial parameters (spec §3.3).
+        # The reference model: a frozen copy of the initial parameters (spec §3.3), on the same shards.
         self.reference_params = (
-            jax.tree.map(jnp.copy, self.state.params) if self.needs_reference else None
+            jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.run.state_sharding.params)(
+                self.state.params) if self.needs_reference else None
         )
         self._open_outputs(workdir, process_index)
 
