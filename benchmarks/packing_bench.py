@@ -9,7 +9,7 @@ the prefix up to that tool result and continuing with fresh tokens; top-ups star
 new globals until the group has `k`. Segment lengths: generated 40-120 tokens,
 tool results 60-200, answers 20-60, up to 3 tool calls.
 
-Both layouts run the real jitted step (`make_rl_train_step`, `make_packed_rl_train_step`,
+Both layouts run the real jitted step (`make_rl_train_step`, `make_train_step_for_pack(..., "tree")`,
 AdamW, AEPO surrogate) on the same sequences. Micro-batches hold at most
 `--tokens-per-micro-batch` slots in both layouts (packed: whole groups, so at
 least one group). Row length of the packed layout: `choose_row_len` picks among
@@ -40,7 +40,7 @@ from flax import nnx
 from aepo_jax.models import Decoder, ModelConfig, get_preset
 from aepo_jax.models.tree_attention import block_skip_fraction
 from aepo_jax.training.batch import pad_sequences
-from aepo_jax.training.packing import build_packed_batch, make_packed_rl_train_step
+from aepo_jax.training.packing import build_packed_batch, make_train_step_for_pack
 from aepo_jax.training.packing.row_length import choose_row_len, forward_flops
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import StepConfig, make_rl_train_step
@@ -166,7 +166,7 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
     tx = optax.adamw(1e-6, weight_decay=0.01)
     flat_cfg = StepConfig(surrogate="aepo", micro_batch_size=micro_rows)
     runs = {"flat": prepare_step(make_rl_train_step(graphdef, tx, flat_cfg), params, tx, flat),
-            "tree": prepare_step(make_packed_rl_train_step(graphdef, tx, StepConfig(surrogate="aepo")), params, tx,
+            "tree": prepare_step(make_train_step_for_pack(graphdef, tx, StepConfig(surrogate="aepo"), "tree"), params, tx,
                                  packed)}
     times = interleaved_min_times(runs, repeats)
     t_flat, t_tree = times["flat"], times["tree"]

@@ -3,9 +3,10 @@
 Epoch `e` visits the examples in the order of a permutation drawn from
 `numpy.random.default_rng([seed, e])`, so the order depends only on the seed
 and the epoch (a fresh shuffle per epoch), never on how many batches were
-taken before. Each step takes the next `batch_size * process_count` indices
-of that order and process `p` keeps slice `p` of them, so processes see
-disjoint prompts and all take the same number of steps. The incomplete tail
+taken before. `batch_size` is global (`data.prompts_per_step`): each step
+takes the next `batch_size` indices of that order and process `p` keeps
+slice `p` of `process_count` equal shares, so processes see disjoint prompts
+and all take the same number of steps. The incomplete tail
 of an epoch is dropped. `state()` is a small JSON-able dict the trainer
 checkpoints; `restore(state)` continues with exactly the batches an
 uninterrupted run would have produced.
@@ -26,7 +27,8 @@ class PromptPipeline:
 
     Args:
       examples: the whole dataset (every process passes the same list).
-      batch_size: examples per batch on this process.
+      batch_size: examples per step over all processes; each process gets
+        `batch_size / process_count` of them (it must divide).
       seed: shuffling seed.
       process_index: this process (e.g. `jax.process_index()`).
       process_count: number of processes (e.g. `jax.process_count()`).
@@ -49,19 +51,18 @@ class PromptPipeline:
             raise ValueError(
                 f"need 0 <= process_index < process_count, got {process_index} of {process_count}"
             )
-        global_batch = batch_size * process_count
-        if len(examples) < global_batch:
-            raise ValueError(
-                f"dataset has {len(examples)} examples, fewer than one global batch "
-                f"({batch_size} x {process_count} processes = {global_batch})"
-            )
+        if batch_size % process_count:
+            raise ValueError(f"batch_size={batch_size} (data.prompts_per_step, global) is not divisible by "
+                             f"the {process_count} processes")
+        if len(examples) < batch_size:
+            raise ValueError(f"dataset has {len(examples)} examples, fewer than one global batch ({batch_size})")
         self._examples = list(examples)
-        self.batch_size = batch_size
+        self.batch_size = batch_size // process_count  # this process's share
         self.seed = int(seed)
         self.process_index = process_index
         self.process_count = process_count
         self.shuffle = shuffle
-        self.steps_per_epoch = len(self._examples) // global_batch
+        self.steps_per_epoch = len(self._examples) // batch_size
         self._epoch = 0
         self._position = 0  # steps already taken in the current epoch
         self._order = self._epoch_order(0)

@@ -3,7 +3,7 @@
     from aepo_jax.training import RLTrainer, SFTTrainer, make_rl_train_step, Checkpointer
 """
 
-from aepo_jax.training.batch import pad_sequences, select_rows
+from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.checkpoint import Checkpointer, abstract_like
 from aepo_jax.training.metrics_log import MetricsLogger, read_metrics
 from aepo_jax.training.optimizer import (
@@ -49,7 +49,6 @@ __all__ = [
     "make_sft_train_step",
     "pad_sequences",
     "read_metrics",
-    "select_rows",
     "sequence_logprobs",
     "text_record_to_tokens",
     "train_state_shardings",

@@ -11,8 +11,8 @@ aligned with `input_ids`):
 - `valid[b, t] = 1` on real tokens (prompt, response, tool results), 0 on padding.
 - `positions[b, t]` rotary position (0..len-1 for right padding).
 
-A later issue adds tree packing (several branches in one row with ancestor
-masks); the step already accepts an explicit `attention_mask` for that.
+Tree-packed batches (`packing/`) keep these flat arrays for the loss and add
+the packed rows the forward runs on (docs/packing.md).
 """
 
 from __future__ import annotations
@@ -85,8 +85,3 @@ def pad_sequences(
     out["mask"] *= out["valid"]
     out["mask"][:, 0] = 0.0  # the first token has no logits to score it
     return out
-
-
-def select_rows(batch: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Sub-batch with the given row indices (mini-batches for PPO epochs)."""
-    return {k: np.asarray(v)[rows] for k, v in batch.items()}

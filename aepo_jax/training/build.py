@@ -40,15 +40,32 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
     return get_preset(cfg.model.preset, **overrides)
 
 
-def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None = None) -> tuple[nnx.GraphDef, Any]:
-    """(graphdef, float32 params): from `model.checkpoint_dir` when set, else random (seeded)."""
+def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None = None,
+               mesh: jax.sharding.Mesh | None = None) -> tuple[nnx.GraphDef, Any]:
+    """(graphdef, float32 params): from `model.checkpoint_dir` when set, else random (seeded).
+
+    With a `mesh`, every parameter is created directly on its shards (DESIGN.md,
+    Paper scale): checkpoint tensors are read from the memory-mapped safetensors
+    shard by shard, and a fresh model is initialised inside one `jax.jit` whose
+    `out_shardings` are the parameters' logical-axis shardings, so no device
+    ever holds a full copy.
+    """
     model_config = model_config or model_config_from(cfg)
     if cfg.model.get("checkpoint_dir"):
         from aepo_jax.models.hf_checkpoint import load_hf_checkpoint
 
-        model = load_hf_checkpoint(cfg.model.checkpoint_dir, dtype=model_config.dtype, param_dtype="float32")
+        model = load_hf_checkpoint(cfg.model.checkpoint_dir, dtype=model_config.dtype, param_dtype="float32",
+                                   mesh=mesh)
         return nnx.split(model)
-    return nnx.split(Decoder(model_config, rngs=nnx.Rngs(int(cfg.seed))))
+    from aepo_jax.parallel import state_shardings
+
+    seed = int(cfg.seed)
+    graphdef, abstract = abstract_model(model_config)
+    # Jitted with or without a mesh, so a run's initial weights do not depend on it
+    # (eager and jitted initialisers differ in the last bit).
+    create = jax.jit(lambda: nnx.split(Decoder(model_config, rngs=nnx.Rngs(seed)))[1],
+                     out_shardings=None if mesh is None else state_shardings(abstract, mesh))
+    return graphdef, create()
 
 
 def abstract_model(model_config: ModelConfig) -> tuple[nnx.GraphDef, Any]:
@@ -125,13 +142,32 @@ def build_run(cfg: ml_collections.ConfigDict, graphdef: nnx.GraphDef | None = No
 
     The lr schedule counts optimiser updates: `total_steps x updates_per_round`.
     """
-    if graphdef is None:
-        graphdef, params = init_model(cfg)
     mesh = make_mesh_from(cfg)
+    if graphdef is None:
+        graphdef, params = init_model(cfg, mesh=mesh)
     tx, schedule = optimizer_from_config(cfg, int(cfg.train.total_steps) * updates_per_round)
-    state = TrainState.create(params, tx, seed=int(cfg.seed))
-    sharding = train_state_shardings(state, tx, mesh)
-    return RunParts(graphdef, jax.device_put(state, sharding), sharding, tx, schedule, mesh)
+    state, sharding = sharded_train_state(params, tx, int(cfg.seed), mesh)
+    return RunParts(graphdef, state, sharding, tx, schedule, mesh)
+
+
+def sharded_train_state(params: Any, tx: optax.GradientTransformation, seed: int,
+                        mesh: jax.sharding.Mesh) -> tuple[TrainState, TrainState]:
+    """`(TrainState, its shardings)` with every leaf created on its shards.
+
+    The shardings come from an abstract evaluation of `TrainState.create`;
+    parameters not already placed that way are moved shard by shard
+    (`device_put`), and the optimiser state is initialised under `jax.jit`
+    with `out_shardings`, so its moments are born sharded like their parameters
+    (initialising first and sharding after builds the whole optimiser state on
+    one device: about 177 GB at 14B).
+    """
+    abstract = jax.eval_shape(lambda p: TrainState.create(p, tx, seed=seed), params)
+    sharding = train_state_shardings(abstract, tx, mesh)
+    params = jax.device_put(params, sharding.params)
+    # Everything but the parameters, born on its shards; the parameters are only read for their shapes.
+    rest = jax.jit(lambda p: TrainState.create(p, tx, seed=seed).replace(params=None),
+                   out_shardings=sharding.replace(params=None))(params)
+    return rest.replace(params=params), sharding
 
 
 def place_batch(batch: dict[str, Any], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:

@@ -17,8 +17,9 @@ and `stats` is a mapping (or has `as_dict()`) of tree statistics.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -27,28 +28,36 @@ import ml_collections
 import numpy as np
 
 from aepo_jax.objectives import compute_advantages, kl_penalty
-from aepo_jax.training.batch import select_rows
+from aepo_jax.parallel.multihost import (
+    gather_metrics,
+    global_max,
+    host_local,
+    local_share,
+)
 from aepo_jax.training.build import (
     RunParts,
     build_run,
     data_parallel_size,
-    place_batch,
     preset_from,
-    row_multiple,
     step_config_from,
     updates_per_step,
 )
 from aepo_jax.training.packing import (
     DEFAULT_PACK,
     PackingTally,
+    agree_batch_shapes,
+    build_train_batch,
+    make_logprob_fn_for_pack,
     make_train_step_for_pack,
-    pack_mini_batch,
-    place_tree_batch,
-    rows_to_sequences,
+    per_sequence_values,
+    place_train_batch,
 )
-from aepo_jax.training.rollout_batch import build_rollout_rows, rollout_metrics
+from aepo_jax.training.rollout_batch import (
+    RolloutSequences,
+    rollout_metrics,
+    rollout_sequences,
+)
 from aepo_jax.training.step_loop import CheckpointedTrainer
-from aepo_jax.training.train_step import make_logprob_fn
 
 
 class RolloutFn(Protocol):
@@ -57,6 +66,11 @@ class RolloutFn(Protocol):
 
 
 RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
+
+# Host-side metrics that are counts: summed over processes (the rest are averaged).
+SUMMED_METRICS = frozenset({"trajectories", "dropped_groups", "kept_groups", "pack/flat_tokens", "pack/flat_slots",
+                            "pack/computed_tokens", "pack/computed_slots", "pack/unique_tokens",
+                            "pack/copied_tokens", "pack/rows", "pack/bucket_slots", "pack/micro_batches"})
 
 
 def _stats_dict(stats: Any) -> dict[str, float]:
@@ -115,18 +129,30 @@ class RLTrainer(CheckpointedTrainer):
         self.step_config = step_config_from(config, self.preset)
         self.run: RunParts = build_run(config, graphdef, params, updates_per_round=updates_per_step(config))
         self.state = self.run.state
-        mesh = self.run.mesh
-        self.row_multiple = row_multiple(config.train.micro_batch_size, mesh)
         self.pack = str(config.train.get("pack", DEFAULT_PACK))
         self._train_step = make_train_step_for_pack(
             self.run.graphdef, self.run.tx, self.step_config, self.pack, self.run.schedule,
             self.run.state_sharding,
         )
-        self._logprobs = make_logprob_fn(self.run.graphdef, self.step_config)
+        self._logprobs = make_logprob_fn_for_pack(self.run.graphdef, self.step_config, self.pack)
+        # Multi-host: config sizes are global, this process rolls out and packs its share.
+        self.process_count = jax.process_count()
+        self.local_prompts = local_share(int(config.data.prompts_per_step), self.process_count,
+                                         "data.prompts_per_step")
+        self.local_mini_prompts = local_share(max(1, int(config.train.mini_batch_prompts)), self.process_count,
+                                              "train.mini_batch_prompts")
+        if self.process_count > 1 and self.preset.dynamic_sampling:
+            raise ValueError("DAPO dynamic sampling keeps a data-dependent number of groups per process; "
+                             "it is not supported with several processes")
+        self.local_data_parallel = local_share(data_parallel_size(self.run.mesh), self.process_count,
+                                               "the mesh's data x fsdp devices")
+        multiple = math.lcm(int(config.train.micro_batch_size), data_parallel_size(self.run.mesh))
+        self.rows_per_mini = -(-self.local_mini_prompts * int(config.rollout.k) // multiple) * multiple
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
-        # The reference model: a frozen copy of the initial parameters (spec §3.3).
+        # The reference model: a frozen copy of the initial parameters (spec §3.3), on the same shards.
         self.reference_params = (
-            jax.tree.map(jnp.copy, self.state.params) if self.needs_reference else None
+            jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.run.state_sharding.params)(
+                self.state.params) if self.needs_reference else None
         )
         self._open_outputs(workdir, process_index)
 
@@ -145,6 +171,9 @@ class RLTrainer(CheckpointedTrainer):
     # -- one step ----------------------------------------------------------
     def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator):
         prompts = [list(map(int, self.encode_prompt(ex))) for ex in examples]
+        if self.process_count > 1:  # every process samples its own prompts with its own (local) key
+            key = jax.random.fold_in(jax.random.wrap_key_data(np.asarray(jax.random.key_data(key))),
+                                     jax.process_index())
         groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), self.state.params, key, rng)
         if len(groups) != len(examples):
             raise RuntimeError(f"rollout_fn returned {len(groups)} groups for {len(examples)} prompts")
@@ -182,56 +211,61 @@ class RLTrainer(CheckpointedTrainer):
             info["skipped_update"] = 1.0
         return groups, rewards, stats, info
 
-    def _advantages(self, rows, logp, entropy, logp_ref) -> tuple[np.ndarray, dict[str, float]]:
-        batch = rows.batch
+    def _advantages(self, seqs: RolloutSequences, logp_ref: np.ndarray | None) -> dict[str, float]:
+        """Token advantages of the preset into every sequence (`advantages`); returns their metrics."""
+        padded = seqs.padded(self.pad_id)  # [N, T]: the estimators' layout
         kl = None
         if logp_ref is not None and self.preset.kl_in_reward:
-            kl = kl_penalty(jnp.asarray(logp), jnp.asarray(logp_ref), self.preset.kl_estimator)
-            kl = kl * jnp.asarray(batch["mask"])
+            kl = kl_penalty(jnp.asarray(padded["logp_old"]), jnp.asarray(logp_ref), self.preset.kl_estimator)
+            kl = kl * jnp.asarray(padded["mask"])
         advantages, metrics = compute_advantages(
-            self.preset, rows.rewards, rows.group_ids, batch["mask"], entropy=entropy,
-            response_lengths=rows.response_lengths, max_response_len=int(self.config.rollout.max_response_len),
-            kl=kl, tokens=batch["input_ids"], step_starts=rows.step_starts, shared_prefix_len=rows.shared_prefix_len,
+            self.preset, seqs.rewards, seqs.group_ids, padded["mask"], entropy=padded["entropy"],
+            response_lengths=seqs.response_lengths, max_response_len=int(self.config.rollout.max_response_len),
+            kl=kl, tokens=padded["input_ids"], step_starts=seqs.step_starts,
+            shared_prefix_len=seqs.shared_prefix_len,
         )
-        return np.asarray(advantages, np.float32), {f"adv/{k}": float(v) for k, v in metrics.items()}
+        seqs.set_per_token("advantages", np.asarray(advantages, np.float32))
+        return {f"adv/{k}": float(v) for k, v in metrics.items()}
 
-    def _score(self, params: Any, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        device_batch = place_batch(batch, self.run.mesh)
-        logp, entropy = self._logprobs(params, device_batch)
-        return np.asarray(logp) * batch["valid"], np.asarray(entropy) * batch["valid"]
-
-    def _mini_batches(self, num_groups: int, group_ids: np.ndarray, rng: np.random.Generator):
-        per_mini = max(1, int(self.config.train.mini_batch_prompts))
-        rows_per_mini = per_mini * int(self.config.rollout.k)
-        rows_per_mini = -(-rows_per_mini // self.row_multiple) * self.row_multiple
+    def _mini_batch_plan(self, num_groups: int, group_ids: np.ndarray,
+                         rng: np.random.Generator) -> list[list[np.ndarray]]:
+        """Per PPO epoch, the sequence indices of each mini-batch (whole groups, a fresh
+        order per epoch). The scoring pass uses the first epoch's mini-batches."""
+        per_mini = self.local_mini_prompts
+        epochs = []
         for _ in range(int(self.config.train.ppo_epochs)):
             order = rng.permutation(num_groups)
-            for start in range(0, num_groups, per_mini):
-                chosen = set(order[start:start + per_mini].tolist())
-                rows = np.flatnonzero(np.isin(group_ids, list(chosen)))
-                yield rows, rows_per_mini
+            epochs.append([np.flatnonzero(np.isin(group_ids, order[start:start + per_mini]))
+                           for start in range(0, num_groups, per_mini)])
+        return epochs
 
-    def _update_batch(self, batch: dict[str, np.ndarray], row_ids: np.ndarray, rows_per_mini: int,
-                      group_ids: np.ndarray, tally: PackingTally) -> dict[str, jax.Array]:
-        """The mini-batch `row_ids` of the flat rows, on the mesh in the `train.pack` layout.
-
-        "tree" packs the rows' trajectories with the flat `T` (Dr. GRPO's
-        normaliser needs it) into whole-group micro-batches of about the flat
-        micro-batch's slots (`pack_mini_batch`).
-        """
-        length = batch["input_ids"].shape[1]  # T
-        flat_slots = rows_per_mini * length
-        if self.pack == "flat":
-            tally.add_flat(int(batch["valid"][row_ids].sum()), flat_slots)
-            return place_batch(_pad_rows(select_rows(batch, row_ids), rows_per_mini), self.run.mesh)
+    def _batch(self, seqs: RolloutSequences, index: np.ndarray):
+        """The one batch builder call: sequences `index` in the `train.pack` layout, shapes
+        agreed with the other processes, placed on the mesh as global arrays."""
         train = self.config.train
-        tree, stats = pack_mini_batch(
-            rows_to_sequences(batch, row_ids), group_ids[row_ids], length, row_len=train.get("row_len"),
-            micro_batch_size=int(train.micro_batch_size), data_parallel=data_parallel_size(self.run.mesh),
-            pad_id=self.pad_id,
+        batch, stats = build_train_batch(
+            [seqs.sequences[i] for i in index], self.pack, group_ids=seqs.group_ids[index], length=seqs.length,
+            rows=self.rows_per_mini, micro_batch_size=int(train.micro_batch_size),
+            data_parallel=self.local_data_parallel, row_len=train.get("row_len"), pad_id=self.pad_id,
         )
-        tally.add_tree(stats, flat_slots, tree["mask"].shape[0])
-        return place_tree_batch(tree, self.run.mesh)
+        batch, stats = agree_batch_shapes(batch, stats, self.pack, self.pad_id)
+        return batch, stats, place_train_batch(batch, self.pack, self.run.mesh)
+
+    def _score(self, params: Any, seqs: RolloutSequences,
+               mini_batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(logp, entropy) `[N, T]` of every sequence in input order, 0 past its end.
+
+        One micro-batched forward per mini-batch, through the same batch builder and
+        scorer layout as the update, so memory is that of the update's micro-batches
+        (not one forward over all the step's rows)."""
+        logp = np.zeros((len(seqs), seqs.length), np.float32)
+        entropy = np.zeros_like(logp)
+        for index in mini_batches:
+            batch, _, device_batch = self._batch(seqs, index)
+            values = [host_local(x) for x in self._logprobs(params, device_batch)]
+            logp[index], entropy[index] = (per_sequence_values(v, batch, self.pack, len(index)) for v in values)
+        valid = np.arange(seqs.length)[None, :] < np.asarray([len(s["tokens"]) for s in seqs.sequences])[:, None]
+        return logp * valid, entropy * valid
 
     def train_step(self) -> dict[str, float]:
         """One RL step; returns the logged metrics."""
@@ -255,36 +289,43 @@ class RLTrainer(CheckpointedTrainer):
             self.state = self.state.replace(rounds=self.state.rounds + 1)
             return self._finish_step(metrics, t0, t_rollout, time.perf_counter(), train_tokens=0.0)
 
-        rows = build_rollout_rows(groups, rewards, max_len=int(cfg.train.max_seq_len), pad_id=self.pad_id,
-                                  row_multiple=self.row_multiple, length_bucket=int(cfg.train.length_bucket))
-        batch = rows.batch
+        seqs = rollout_sequences(groups, rewards, max_len=int(cfg.train.max_seq_len),
+                                 length_bucket=int(cfg.train.length_bucket))
+        seqs.length = global_max(seqs.length)  # one T for the step on every process
+        plan = self._mini_batch_plan(len(groups), seqs.group_ids, rng)
+        padded = seqs.padded(self.pad_id)
+        mask, tokens = padded["mask"], max(float(padded["mask"].sum()), 1.0)
         if cfg.train.recompute_logp_old:
-            logp_old, entropy = self._score(self.state.params, batch)
-            metrics["logp_old_abs_diff"] = float(
-                np.sum(np.abs(logp_old - batch["logp_old"]) * batch["mask"]) / max(batch["mask"].sum(), 1.0))
-            batch["logp_old"], batch["entropy"] = logp_old * batch["mask"], entropy * batch["mask"]
+            logp_old, entropy = self._score(self.state.params, seqs, plan[0])
+            metrics["logp_old_abs_diff"] = float(np.sum(np.abs(logp_old - padded["logp_old"]) * mask) / tokens)
+            seqs.set_per_token("logp_old", logp_old * mask)
+            seqs.set_per_token("entropy", entropy * mask)
         logp_ref = None
         if self.needs_reference:
-            logp_ref, _ = self._score(self.reference_params, batch)
-            kl_values = np.asarray(kl_penalty(jnp.asarray(batch["logp_old"]), jnp.asarray(logp_ref),
-                                              self.preset.kl_estimator))
-            metrics["kl_ref_rollout"] = float(np.sum(kl_values * batch["mask"]) / max(batch["mask"].sum(), 1.0))
+            logp_ref, _ = self._score(self.reference_params, seqs, plan[0])
+            logp_old = seqs.padded(self.pad_id)["logp_old"]
+            kl_values = np.asarray(kl_penalty(jnp.asarray(logp_old), jnp.asarray(logp_ref), self.preset.kl_estimator))
+            metrics["kl_ref_rollout"] = float(np.sum(kl_values * mask) / tokens)
             if self.step_config.kl_coef > 0:
-                batch["logp_ref"] = logp_ref * batch["mask"]
-        advantages, adv_metrics = self._advantages(rows, batch["logp_old"], batch["entropy"], logp_ref)
-        batch["advantages"] = advantages
-        metrics.update(adv_metrics)
-        metrics["entropy_mean"] = float(np.sum(batch["entropy"] * batch["mask"]) / max(batch["mask"].sum(), 1.0))
+                seqs.set_per_token("logp_ref", logp_ref * mask)
+        metrics.update(self._advantages(seqs, logp_ref))
+        metrics["entropy_mean"] = float(np.sum(seqs.padded(self.pad_id)["entropy"] * mask) / tokens)
 
         t_train = time.perf_counter()
         update_metrics: list[dict[str, Any]] = []
         tally = PackingTally()
-        for row_ids, rows_per_mini in self._mini_batches(len(groups), rows.group_ids, rng):
-            mini = self._update_batch(batch, row_ids, rows_per_mini, rows.group_ids, tally)
-            self.state, m = self._train_step(self.state, mini)
-            update_metrics.append(m)
+        for epoch in plan:
+            for index in epoch:
+                batch, pack_stats, device_batch = self._batch(seqs, index)
+                if pack_stats is None:
+                    tally.add_flat(sum(len(seqs.sequences[i]["tokens"]) for i in index), batch["mask"].size)
+                else:
+                    tally.add_tree(pack_stats, self.rows_per_mini * seqs.length, batch["mask"].shape[0])
+                self.state, m = self._train_step(self.state, device_batch)
+                update_metrics.append(m)
         metrics.update(tally.metrics())
-        update_metrics = jax.device_get(update_metrics)
+        metrics = gather_metrics(metrics, SUMMED_METRICS)
+        update_metrics = jax.device_get(update_metrics)  # replicated scalars: readable on every process
         for key_name in update_metrics[0]:
             values = [float(m[key_name]) for m in update_metrics]
             metrics[key_name] = values[-1] if key_name == "learning_rate" else float(np.mean(values))
@@ -303,15 +344,3 @@ class RLTrainer(CheckpointedTrainer):
         if "rollout/tool_seconds" in metrics:  # reported by rollouts that time their tools
             metrics["tools_s"] = metrics["rollout/tool_seconds"]
         return metrics
-
-
-def _pad_rows(batch: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    """Append all-padding rows (mask 0, valid 0) up to `rows` so every mini-batch has one shape."""
-    have = next(iter(batch.values())).shape[0]
-    if have > rows:
-        raise ValueError(f"mini-batch has {have} rows, more than the fixed {rows}")
-    if have == rows:
-        return dict(batch)
-    return {k: np.concatenate([v, np.zeros((rows - have,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
-
-

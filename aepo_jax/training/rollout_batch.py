@@ -1,9 +1,12 @@
-"""Rollout groups -> the flat per-row data the RL step and the advantage code need.
+"""Rollout groups -> per-trajectory sequences, the trainer's unit from rollout to update.
 
 A trajectory (`aepo_jax.agent.trajectory.Trajectory` or anything with the same
 attributes: `prompt_ids`, `response_ids`, `mask`, `logp_old`, `entropy`,
-`tool_steps`, `stop_reason`) becomes one row `prompt + response` with `mask`
-0 on the prompt. Rows of one prompt share a `group_id`.
+`tool_steps`, `stop_reason`) becomes one sequence `prompt + response` with
+per-token arrays aligned to its tokens (`mask` 0 on the prompt). Sequences of
+one prompt share a `group_id`. The batch builder (`packing.build_train_batch`)
+turns a selection of them into a flat or tree-packed batch; `padded` gives the
+`[N, T]` view the advantage estimators read.
 """
 
 from __future__ import annotations
@@ -15,41 +18,56 @@ from typing import Any
 import numpy as np
 
 from aepo_jax.agent.trajectory import tree_shared_prefixes
-from aepo_jax.training.batch import pad_sequences
+from aepo_jax.training.batch import pad_sequences, round_up
 
 
 @dataclass
-class RolloutRows:
-    """Everything per row, in group order.
+class RolloutSequences:
+    """One step's trajectories, in group order.
 
     Attributes:
-      batch: padded numpy arrays (`input_ids, positions, valid, mask, logp_old, entropy`).
-      group_ids: int32[B] prompt index of each row; each padding row gets a group
-        of its own (a group of one has advantage 0).
-      rewards: float32[B] outcome reward (0 on padding rows).
-      response_lengths: int32[B] response tokens (generated + tool results).
-      step_starts: per row, the columns where each GiGPO step starts.
-      num_rows: real (non-padding) rows.
-      shared_prefix_len: int32[B, B] leading columns rows i and j share through
-        the rollout tree (prompt plus shared response; 0 across groups and on
-        padding rows), for ARPO hard attribution.
+      sequences: per trajectory `tokens` (int32[n]) and float32[n] `mask`, `logp_old`,
+        `entropy` (later also `advantages`, `logp_ref`), aligned with `tokens`.
+      group_ids: int32[N] prompt index of each sequence.
+      rewards: float32[N] outcome reward.
+      response_lengths: int32[N] response tokens (generated + tool results).
+      step_starts: per sequence, the columns where each GiGPO step starts.
+      length: `T`, the longest sequence rounded up to the length bucket (capped at
+        `train.max_seq_len`): every flat batch of the step, and the row length of
+        its tree batches, use it, so `T`-dependent aggregations agree.
+      shared_prefix_len: int32[N, N] leading tokens sequences i and j share through
+        the rollout tree (prompt plus shared response; 0 across groups), for ARPO
+        hard attribution.
     """
 
-    batch: dict[str, np.ndarray]
+    sequences: list[dict[str, np.ndarray]]
     group_ids: np.ndarray
     rewards: np.ndarray
     response_lengths: np.ndarray
     step_starts: list[list[int]]
-    num_rows: int
+    length: int
     shared_prefix_len: np.ndarray | None = None
 
+    def __len__(self) -> int:
+        return len(self.sequences)
 
-def trajectory_row(traj: Any) -> dict[str, np.ndarray]:
-    """One trajectory as a token row with prompt-aligned per-token arrays."""
+    def padded(self, pad_id: int = 0) -> dict[str, np.ndarray]:
+        """`[N, T]` arrays of every sequence (`pad_sequences` layout), e.g. for the advantages."""
+        return pad_sequences(self.sequences, max_len=self.length, pad_id=pad_id, length_multiple=self.length)
+
+    def set_per_token(self, key: str, values: np.ndarray) -> None:
+        """Store `[N, T]` values (input order) as each sequence's `key`, cut to its length."""
+        values = np.asarray(values, np.float32)
+        for seq, row in zip(self.sequences, values, strict=True):
+            seq[key] = row[: len(seq["tokens"])]
+
+
+def trajectory_sequence(traj: Any) -> dict[str, np.ndarray]:
+    """One trajectory as a token sequence with prompt-aligned per-token arrays."""
     prompt = len(traj.prompt_ids)
     zeros = np.zeros(prompt, np.float32)
     return {
-        "tokens": list(traj.prompt_ids) + list(traj.response_ids),
+        "tokens": np.asarray(list(traj.prompt_ids) + list(traj.response_ids), np.int32),
         "mask": np.concatenate([zeros, np.asarray(traj.mask, np.float32)]),
         "logp_old": np.concatenate([zeros, np.asarray(traj.logp_old, np.float32)]),
         "entropy": np.concatenate([zeros, np.asarray(traj.entropy, np.float32)]),
@@ -62,46 +80,53 @@ def gigpo_step_starts(traj: Any) -> list[int]:
     return [prompt] + [prompt + int(step.result_end) for step in traj.tool_steps if step.result_end < len(traj.response_ids)]
 
 
-def build_rollout_rows(
+def rollout_sequences(
     groups: Sequence[Sequence[Any]],
     rewards: Sequence[Sequence[float]],
     max_len: int,
-    pad_id: int = 0,
-    row_multiple: int = 1,
     length_bucket: int = 8,
-) -> RolloutRows:
-    """Pad every trajectory of every group into one batch (see module docstring)."""
+) -> RolloutSequences:
+    """Every trajectory of every group as a sequence (see module docstring)."""
     if len(groups) != len(rewards):
         raise ValueError(f"{len(groups)} groups but {len(rewards)} reward lists")
-    rows, group_ids, flat_rewards, lengths, starts = [], [], [], [], []
+    sequences, group_ids, flat_rewards, lengths, starts = [], [], [], [], []
     for g, (group, group_rewards) in enumerate(zip(groups, rewards)):
         if len(group) != len(group_rewards):
             raise ValueError(f"group {g}: {len(group)} trajectories but {len(group_rewards)} rewards")
         for traj, reward in zip(group, group_rewards):
-            rows.append(trajectory_row(traj))
+            sequences.append(trajectory_sequence(traj))
             group_ids.append(g)
             flat_rewards.append(float(reward))
             lengths.append(len(traj.response_ids))
             starts.append(gigpo_step_starts(traj))
-    batch = pad_sequences(rows, max_len=max_len, pad_id=pad_id, row_multiple=row_multiple,
-                          length_multiple=length_bucket)
-    total = batch["input_ids"].shape[0]
-    extra = total - len(rows)
-    shared = np.zeros((total, total), np.int32)  # [B, B], block-diagonal over groups
+    if not sequences:
+        raise ValueError("rollout_sequences needs at least one trajectory")
+    longest = max(len(s["tokens"]) for s in sequences)
+    if longest > max_len:
+        too_long = [i for i, s in enumerate(sequences) if len(s["tokens"]) > max_len]
+        raise ValueError(f"sequences {too_long[:5]} are longer than max_len={max_len} (longest {longest} tokens)")
+    return RolloutSequences(
+        sequences=sequences,
+        group_ids=np.asarray(group_ids, np.int32),
+        rewards=np.asarray(flat_rewards, np.float32),
+        response_lengths=np.asarray(lengths, np.int32),
+        step_starts=starts,
+        length=min(round_up(longest, length_bucket), max_len),
+        shared_prefix_len=_shared_prefix_matrix(groups),
+    )
+
+
+def _shared_prefix_matrix(groups: Sequence[Sequence[Any]]) -> np.ndarray:
+    """int32[N, N], block-diagonal over groups: `tree_shared_prefixes` plus the prompt."""
+    total = sum(len(g) for g in groups)
+    shared = np.zeros((total, total), np.int32)
     start = 0
     for group in groups:
-        block = slice(start, start + len(group))
-        shared[block, block] = tree_shared_prefixes(list(group)) + (len(group[0].prompt_ids) if group else 0)
-        start += len(group)
-    return RolloutRows(
-        batch=batch,
-        group_ids=np.asarray(group_ids + list(range(len(groups), len(groups) + extra)), np.int32),
-        rewards=np.asarray(flat_rewards + [0.0] * extra, np.float32),
-        response_lengths=np.asarray(lengths + [0] * extra, np.int32),
-        step_starts=starts + [[0]] * extra,
-        num_rows=len(rows),
-        shared_prefix_len=shared,
-    )
+        if group:
+            block = slice(start, start + len(group))
+            shared[block, block] = tree_shared_prefixes(list(group)) + len(group[0].prompt_ids)
+            start += len(group)
+    return shared
 
 
 def rollout_metrics(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> dict[str, float]:

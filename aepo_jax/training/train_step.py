@@ -98,7 +98,7 @@ def sequence_logprobs(
     return scored_tokens(logits, batch["input_ids"], temperature, chunk_size)
 
 
-def _split_micro_batches(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]:
+def split_micro_batches(batch: Batch, micro_batch_size: int | None) -> Batch:
     """[B, ...] -> [n_micro, B / n_micro, ...]; micro-batch j holds rows j, j + n, j + 2n, ...
 
     The strided split keeps the leading (sharded) batch axis intact: row-major
@@ -106,7 +106,7 @@ def _split_micro_batches(batch: Batch, micro_batch_size: int | None) -> tuple[Ba
     """
     rows = batch["input_ids"].shape[0]
     if micro_batch_size is None or micro_batch_size >= rows:
-        return jax.tree.map(lambda x: x[None], batch), 1
+        return jax.tree.map(lambda x: x[None], batch)
     if rows % micro_batch_size:
         raise ValueError(f"batch of {rows} rows is not a multiple of micro_batch_size={micro_batch_size}")
     n_micro = rows // micro_batch_size
@@ -115,21 +115,26 @@ def _split_micro_batches(batch: Batch, micro_batch_size: int | None) -> tuple[Ba
         x = x.reshape((micro_batch_size, n_micro) + x.shape[1:])  # [mb, n, ...]
         return jnp.swapaxes(x, 0, 1)  # [n, mb, ...]
 
-    return jax.tree.map(split, batch), n_micro
+    return jax.tree.map(split, batch)
 
 
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def _accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, denominator: jax.Array,
-                          micro_batch_size: int | None) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
-    """Sum of micro-batch losses and gradients, and token-weighted metric sums.
+def flat_denominator(mask: jax.Array, denominator_fn: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """`denominator_fn` of a micro-batched `[M, B, T]` mask seen as one `[M * B, T]` batch."""
+    return denominator_fn(mask.reshape((-1, mask.shape[-1])))
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, micro: Batch,
+                         denominator: jax.Array) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+    """Sum of micro-batch losses and gradients over the leading `[M]` axis, and token-weighted metrics.
 
     `loss_fn(params, micro_batch, denominator) -> (loss_mb, metrics_mb)` where
     metrics are token means of the micro-batch; they are re-weighted by each
-    micro-batch's token count so the result equals the full-batch mean.
+    micro-batch's token count so the result equals the full-batch mean. The
+    one accumulation of every step (RL flat or tree-packed, SFT).
     """
-    micro, n_micro = _split_micro_batches(batch, micro_batch_size)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def one(carry, mb):
@@ -146,11 +151,11 @@ def _accumulate_gradients(loss_fn: LossFn, params: Any, batch: Batch, denominato
         jax.tree.map(jnp.zeros_like, params),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
     )
-    if n_micro == 1:
+    if micro["mask"].shape[0] == 1:
         (loss, grads, metric_sum), _ = one(zeros, first)
     else:
         (loss, grads, metric_sum), _ = jax.lax.scan(one, zeros, micro)
-    total_tokens = jnp.maximum(jnp.sum(batch["mask"].astype(jnp.float32)), 1.0)
+    total_tokens = jnp.maximum(jnp.sum(micro["mask"].astype(jnp.float32)), 1.0)
     metrics = jax.tree.map(lambda s: s / total_tokens, metric_sum)
     return loss, grads, metrics
 
@@ -206,33 +211,41 @@ def make_rl_train_step(
     schedule: optax.Schedule | None = None,
     state_sharding: Any | None = None,
     batch_sharding: Any | None = None,
+    logprobs: Callable | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """A jitted RL update on one mini-batch.
 
-    The batch needs `input_ids, positions, valid, mask, logp_old, advantages`
-    (`[B, T]`), optionally `logp_ref` (required when `kl_coef > 0`) and
-    `attention_mask` (`bool[B, T, T]`, overrides the causal+padding mask).
+    Flat (default `logprobs`): the batch needs `input_ids, positions, valid, mask,
+    logp_old, advantages` (`[B, T]`), optionally `logp_ref` (required when
+    `kl_coef > 0`) and `attention_mask` (`bool[B, T, T]`); it is split into
+    micro-batches of `cfg.micro_batch_size` rows inside the step. With another
+    scorer (`packing.packed_logprobs`) the batch arrives already micro-batched,
+    every array with a leading `[M]` axis (`packing.build_train_batch`), and
+    `cfg.micro_batch_size` is ignored.
     """
-    return _accumulating_step(rl_loss_fn(graphdef, cfg), lambda mask: loss_denominator(mask, cfg.loss_agg),
-                              tx, cfg, schedule, state_sharding, batch_sharding)
+    return _accumulating_step(rl_loss_fn(graphdef, cfg, logprobs), lambda mask: loss_denominator(mask, cfg.loss_agg),
+                              tx, schedule, state_sharding, batch_sharding, cfg.micro_batch_size,
+                              pre_split=logprobs is not None)
 
 
 def _accumulating_step(
     loss_fn: LossFn,
     denominator_fn: Callable[[jax.Array], jax.Array],
     tx: optax.GradientTransformation,
-    cfg: StepConfig,
     schedule: optax.Schedule | None,
     state_sharding: Any | None,
     batch_sharding: Any | None,
+    micro_batch_size: int | None,
+    pre_split: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """Jitted step: exact gradient accumulation of `loss_fn` over micro-batches against the whole
-    batch's `denominator_fn(mask)`, then one optimiser update."""
+    batch's `denominator_fn(mask)`, then one optimiser update. `pre_split`: the batch already
+    has its `[M]` axis; else it is split into `micro_batch_size`-row parts here."""
 
     def step(state: TrainState, batch: Batch):
-        denominator = denominator_fn(batch["mask"])
-        loss, grads, metrics = _accumulate_gradients(loss_fn, state.params, batch, denominator,
-                                                     cfg.micro_batch_size)
+        micro = batch if pre_split else split_micro_batches(batch, micro_batch_size)
+        denominator = flat_denominator(micro["mask"], denominator_fn)
+        loss, grads, metrics = accumulate_gradients(loss_fn, state.params, micro, denominator)
         state, update_metrics = apply_update(state, grads, tx, schedule)
         metrics.update(update_metrics, loss=loss, train_tokens=jnp.sum(batch["mask"].astype(jnp.float32)))
         return state, metrics
@@ -267,19 +280,37 @@ def make_sft_train_step(
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """A jitted SFT update: mean next-token NLL over `mask == 1` tokens of the batch."""
     return _accumulating_step(sft_loss_fn(graphdef, cfg), lambda mask: jnp.sum(mask.astype(jnp.float32)),
-                              tx, cfg, schedule, state_sharding, batch_sharding)
+                              tx, schedule, state_sharding, batch_sharding, cfg.micro_batch_size)
 
 
 def make_logprob_fn(
-    graphdef: nnx.GraphDef, cfg: StepConfig, batch_sharding: Any | None = None
+    graphdef: nnx.GraphDef, cfg: StepConfig, batch_sharding: Any | None = None, logprobs: Callable | None = None,
 ) -> Callable[[Any, Batch], tuple[jax.Array, jax.Array]]:
-    """Jitted `(params, batch) -> (logp, entropy)` `[B, T]`: reference log-probs for
-    KL, or the current policy's exact entropies for AEPO's entropy-aware advantages."""
+    """Jitted `(params, batch) -> (logp, entropy)` in the batch's own layout, one micro-batch at a time.
+
+    The scoring pass of the RL step (`logp_old` recomputed, reference log-probs for KL,
+    the current policy's entropies for AEPO's advantages) on the update's batches:
+    flat `[B, T]` batches in `cfg.micro_batch_size`-row parts, or, with a packed
+    scorer (`packing.packed_logprobs`), `[M, ...]` batches part by part, so its memory
+    is that of one micro-batch's forward, not of the whole step's rows.
+    """
+    pre_split = logprobs is not None
+    logprobs = sequence_logprobs if logprobs is None else logprobs
 
     def fn(params: Any, batch: Batch):
-        return sequence_logprobs(graphdef, params, batch, cfg.temperature, cfg.compute_dtype,
-                                 cfg.logits_chunk_size)
+        micro = batch if pre_split else split_micro_batches(batch, cfg.micro_batch_size)
+        logp, entropy = jax.lax.map(lambda mb: logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype,
+                                                        cfg.logits_chunk_size), micro)  # [M, B/M, T] each
+        if pre_split:
+            return logp, entropy
+        return merge_micro_batches(logp), merge_micro_batches(entropy)
 
     if batch_sharding is None:
         return jax.jit(fn)
     return jax.jit(fn, in_shardings=(None, batch_sharding))
+
+
+def merge_micro_batches(x: jax.Array) -> jax.Array:
+    """Inverse of `split_micro_batches` for one array: `[n, mb, ...]` -> `[mb * n, ...]` in row order."""
+    x = jnp.swapaxes(x, 0, 1)  # [mb, n, ...]
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])

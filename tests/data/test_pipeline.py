@@ -50,7 +50,7 @@ def test_no_shuffle_keeps_file_order():
 
 def test_processes_get_disjoint_slices_of_the_global_batch():
     shards = [
-        PromptPipeline(EXAMPLES, 3, seed=1, process_index=p, process_count=2)
+        PromptPipeline(EXAMPLES, 6, seed=1, process_index=p, process_count=2)  # 6 global: 3 each
         for p in range(2)
     ]
     single = PromptPipeline(EXAMPLES, 6, seed=1)
@@ -84,6 +84,8 @@ def test_restore_refuses_a_foreign_state_and_bad_arguments():
     with pytest.raises(ValueError, match="out of range"):
         PromptPipeline(EXAMPLES, 4, seed=9).restore({**state, "position": 99})
     with pytest.raises(ValueError, match="fewer than one global batch"):
-        PromptPipeline(EXAMPLES[:5], 3, process_count=2)
+        PromptPipeline(EXAMPLES[:5], 6, process_count=2)
+    with pytest.raises(ValueError, match="not divisible by the 2 processes"):
+        PromptPipeline(EXAMPLES, 3, process_count=2)
     with pytest.raises(ValueError, match="process_index"):
-        PromptPipeline(EXAMPLES, 3, process_index=2, process_count=2)
+        PromptPipeline(EXAMPLES, 4, process_index=2, process_count=2)

@@ -48,3 +48,18 @@ def with_logp_old_near_current(graphdef, params, batch, temperature=1.0):
     out = dict(batch)
     out["logp_old"] = (np.asarray(logp) + batch["logp_old"]) * batch["valid"]
     return out
+
+
+def packed_loss_and_grads(graphdef, cfg, params, batch):
+    """Loss, gradients and metrics of a tree batch (leading `[M]` axis): the tree-packed
+    step without its optimiser update, for comparing against the flat loss."""
+    from aepo_jax.objectives import loss_denominator
+    from aepo_jax.training.packing import packed_logprobs
+    from aepo_jax.training.train_step import (
+        accumulate_gradients,
+        flat_denominator,
+        rl_loss_fn,
+    )
+
+    denominator = flat_denominator(batch["mask"], lambda mask: loss_denominator(mask, cfg.loss_agg))
+    return accumulate_gradients(rl_loss_fn(graphdef, cfg, packed_logprobs), params, batch, denominator)

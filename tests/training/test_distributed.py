@@ -1,15 +1,9 @@
 """Multi-host detection, and a real two-process `jax.distributed` start on loopback."""
 
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from aepo_jax.parallel.distributed import detect_multihost, maybe_initialize_distributed
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.training.local_cluster import result_lines, start_processes
 
 
 def test_single_host_environments_need_no_initialisation():
@@ -59,19 +53,6 @@ _WORKER = (
 
 
 def test_two_processes_initialise_on_loopback():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for pid in range(2):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
-        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        results.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
+    results = result_lines(start_processes(["-c", _WORKER], 2, 2), timeout_s=120)
     # each process sees its own index, two processes, and all four devices of the job
     assert sorted(results) == ["RESULT 0 2 4", "RESULT 1 2 4"]

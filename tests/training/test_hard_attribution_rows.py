@@ -15,7 +15,7 @@ import pytest
 
 from aepo_jax.agent.trajectory import ToolStep, Trajectory, tree_shared_prefixes
 from aepo_jax.objectives import compute_advantages, get_preset, shared_prefix_lengths
-from aepo_jax.training.rollout_batch import build_rollout_rows
+from aepo_jax.training.rollout_batch import rollout_sequences
 
 PROMPT = [5, 6, 7]
 
@@ -65,14 +65,13 @@ def test_tree_shared_prefixes_of_the_hand_built_tree():
 
 def test_shared_prefix_tokens_get_the_mean_advantage_of_their_sharers():
     groups, rewards = hand_built_groups()
-    rows = build_rollout_rows(groups, rewards, max_len=64, row_multiple=8, length_bucket=8)
-    assert rows.shared_prefix_len.shape == (8, 8)
+    rows = rollout_sequences(groups, rewards, max_len=64, length_bucket=8)
+    assert rows.shared_prefix_len.shape == (5, 5)
     np.testing.assert_array_equal(rows.shared_prefix_len[:4, :4], tree_shared_prefixes(groups[0]) + len(PROMPT))
     assert rows.shared_prefix_len[4, 4] == 2 + 2 and not rows.shared_prefix_len[:4, 4:].any()
-    assert not rows.shared_prefix_len[5:].any()  # padding rows
 
     preset = dataclasses.replace(get_preset("arpo"), hard_attribution=True)
-    adv, _ = compute_advantages(preset, rows.rewards, rows.group_ids, rows.batch["mask"],
+    adv, _ = compute_advantages(preset, rows.rewards, rows.group_ids, rows.padded()["mask"],
                                 shared_prefix_len=rows.shared_prefix_len)
     adv = np.asarray(adv)
 
@@ -95,13 +94,12 @@ def test_shared_prefix_tokens_get_the_mean_advantage_of_their_sharers():
         np.testing.assert_allclose(got[~np.isnan(values)], values[~np.isnan(values)], rtol=1e-5)
         assert np.all(got[np.isnan(values)] == 0)
         assert np.all(adv[row, :prompt] == 0) and np.all(adv[row, prompt + len(values):] == 0)
-    assert not adv[5:].any()
 
 
 def test_soft_attribution_ignores_the_tree():
     groups, rewards = hand_built_groups()
-    rows = build_rollout_rows(groups, rewards, max_len=64)
-    soft, _ = compute_advantages(get_preset("arpo"), rows.rewards, rows.group_ids, rows.batch["mask"],
+    rows = rollout_sequences(groups, rewards, max_len=64)
+    soft, _ = compute_advantages(get_preset("arpo"), rows.rewards, rows.group_ids, rows.padded()["mask"],
                                  shared_prefix_len=rows.shared_prefix_len)
     scale = 0.5 / (np.std([1.0, 0.0, 1.0, 0.0], ddof=1) + 1e-6)
     assert np.asarray(soft)[0, 3] == pytest.approx(scale, rel=1e-5)  # A's first token keeps A's own advantage

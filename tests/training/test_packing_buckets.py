@@ -14,15 +14,14 @@ from aepo_jax.training.packing import (
     PackingTally,
     bucket_size,
     build_packed_batch,
-    make_packed_rl_train_step,
+    make_train_step_for_pack,
     pack_mini_batch,
-    packed_loss_and_grads,
     pad_to_buckets,
     unpack_flat,
 )
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import StepConfig, rl_loss_fn, sequence_logprobs
-from tests.training.fixtures import tiny_model
+from tests.training.fixtures import packed_loss_and_grads, tiny_model
 
 T = 32
 
@@ -178,7 +177,7 @@ def test_mini_batches_in_one_bucket_reuse_the_compiled_step(model):
         assert a[key].shape == b[key].shape and a[key].dtype == b[key].dtype, key
     assert a["packed_ids"].shape == (6, 4, T)
 
-    step = make_packed_rl_train_step(graphdef, sgd, cfg)
+    step = make_train_step_for_pack(graphdef, sgd, cfg, "tree")
     metrics = []
     for batch in (a, b):
         state = TrainState.create(jax.tree.map(jnp.array, params), sgd, seed=0)

@@ -168,12 +168,13 @@ def test_choose_row_len_trades_copies_against_quadratic_attention():
 def test_train_pack_switch_builds_the_matching_batch():
     sequences, groups = _two_groups_with_long_prompts()
     seqs = [{"tokens": s, "mask": [0] * 20 + [1] * 10, "advantages": 1.0} for s in sequences]
-    flat, stats = build_train_batch(seqs, "flat", group_ids=groups, max_len=32)
+    flat, stats = build_train_batch(seqs, "flat", group_ids=groups, length=32)
     assert stats is None and flat["input_ids"].shape == (8, 32)
     np.testing.assert_array_equal(flat["mask"], pad_sequences(seqs, max_len=32)["mask"])
-    tree, stats = build_train_batch(seqs, "tree", group_ids=groups, max_len=32, row_len=64, micro_batch_size=4)
-    assert tree["packed_ids"].shape[0] == 2 and stats.unique_tokens == 2 * 60  # two micro-batches, one group each
+    tree, stats = build_train_batch(seqs, "tree", group_ids=groups, length=32, row_len=64, micro_batch_size=1)
+    # a 64-slot row per group, micro-batches of about one flat row (32 slots): one group each
+    assert tree["packed_ids"].shape[:2] == (2, 1) and stats.unique_tokens == 2 * 60
     order = per_sequence_values(tree["input_ids"], tree, "tree", len(seqs))
     np.testing.assert_array_equal(order, flat["input_ids"])  # back in input order
     with pytest.raises(ValueError, match="unknown train.pack 'ragged'"):
-        build_train_batch(seqs, "ragged", group_ids=groups, max_len=32)
+        build_train_batch(seqs, "ragged", group_ids=groups, length=32)

@@ -19,8 +19,9 @@ from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler
 from aepo_jax.tokenizers import train_sentencepiece
 from aepo_jax.tools import ToolRegistry
-from aepo_jax.training.packing import build_train_batch, packed_loss_and_grads
+from aepo_jax.training.packing import build_train_batch
 from aepo_jax.training.train_step import StepConfig, rl_loss_fn
+from tests.training.fixtures import packed_loss_and_grads
 
 QUESTIONS = ["How many people live in Brindle?", "When was the Ostwick bridge built?"]
 SYSTEM = "Think, then use <search>query</search> or <python>code</python>; answer as <answer>\\boxed{x}</answer>."
@@ -66,8 +67,8 @@ def rollout_sequences():
 def test_rollout_trees_tree_packed_loss_and_gradients_equal_flat(rollout_sequences):
     graphdef, params, sequences, group_ids = rollout_sequences
     max_len = max(len(s["tokens"]) for s in sequences)
-    flat, _ = build_train_batch(sequences, "flat", group_ids=group_ids, max_len=max_len)
-    packed, stats = build_train_batch(sequences, "tree", group_ids=group_ids, max_len=max_len)
+    flat, _ = build_train_batch(sequences, "flat", group_ids=group_ids, length=max_len)
+    packed, stats = build_train_batch(sequences, "tree", group_ids=group_ids, length=max_len)
     first = {}
     response_tokens = 0
     for s, g in zip(sequences, group_ids, strict=True):

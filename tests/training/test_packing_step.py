@@ -10,12 +10,8 @@ import pytest
 
 from aepo_jax.objectives import get_preset, loss_denominator
 from aepo_jax.training.batch import pad_sequences
+from aepo_jax.training.packing import make_logprob_fn_for_pack, make_train_step_for_pack
 from aepo_jax.training.packing.packed_batch import build_packed_batch, unpack_flat
-from aepo_jax.training.packing.packed_step import (
-    make_packed_logprob_fn,
-    make_packed_rl_train_step,
-    packed_loss_and_grads,
-)
 from aepo_jax.training.train_state import TrainState
 from aepo_jax.training.train_step import (
     StepConfig,
@@ -23,7 +19,7 @@ from aepo_jax.training.train_step import (
     rl_loss_fn,
     sequence_logprobs,
 )
-from tests.training.fixtures import tiny_model
+from tests.training.fixtures import packed_loss_and_grads, tiny_model
 
 ROW_LEN = 32
 OBJECTIVES = ("aepo", "grpo", "gppo", "cispo", "gspo")
@@ -131,7 +127,7 @@ def all_objectives(setup):
     @jax.jit
     def packed_side(params, packed):
         out = {name: packed_loss_and_grads(graphdef, cfg, params, packed)[:2] for name, cfg in cfgs.items()}
-        out["logprobs"] = make_packed_logprob_fn(graphdef, StepConfig())(params, packed)  # inlined into this jit
+        out["logprobs"] = make_logprob_fn_for_pack(graphdef, StepConfig(), "tree")(params, packed)  # inlined into this jit
         return out
 
     return flat_side(params, flat), packed_side(params, packed), packed_np, stats
@@ -178,7 +174,7 @@ def test_packed_train_step_with_micro_batches_kl_and_entropy_equals_flat_step(se
     want, want_m = _run(make_rl_train_step(graphdef, sgd, cfg), params, sgd, flat)
     packed, _ = build_packed_batch(sequences, ROW_LEN, group_ids, micro_batches=2)
     assert packed["mask"].shape[0] == 2
-    got, got_m = _run(make_packed_rl_train_step(graphdef, sgd, cfg), params, sgd, packed)
+    got, got_m = _run(make_train_step_for_pack(graphdef, sgd, cfg, "tree"), params, sgd, packed)
     for key in ("loss", "grad_norm", "clip_frac_upper", "clip_frac_lower", "ratio_mean", "kl_ref", "entropy_mean",
                 "train_tokens"):
         np.testing.assert_allclose(got_m[key], want_m[key], rtol=1e-5, atol=1e-7, err_msg=key)

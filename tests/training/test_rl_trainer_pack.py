@@ -21,6 +21,8 @@ from aepo_jax.tokenizers import train_sentencepiece
 from aepo_jax.tools import ToolRegistry
 from aepo_jax.training.packing import pack_mini_batch
 from aepo_jax.training.rl_trainer import RLTrainer
+from aepo_jax.training.rollout_batch import rollout_sequences
+from aepo_jax.training.train_step import sequence_logprobs
 from configs.aepo_tiny import get_config as aepo_config
 
 QUESTIONS = ["How many people live in Brindle?", "When was the Ostwick bridge built?"]
@@ -174,3 +176,56 @@ def test_pack_mini_batch_sizes_micro_batches_by_packed_slots(micro_batch_size, d
     assert batch["packed_ids"].shape == (parts, rows, 8)
     assert batch["mask"].shape[0] == parts and batch["mask"].shape[2] == 8
     assert stats.unique_tokens == 4 * 8 and stats.flat_tokens == 8 * 7
+
+
+def _trainer(setup, pack, workdir, **overrides):
+    tok, graphdef, params, prompts, rollout_fn = setup
+    cfg = _config(pack)
+    for key, value in overrides.items():
+        cfg.train[key] = value
+    examples = [{"id": f"q{i}", "question": q, "answers": ["42"], "data_source": "test"}
+                for i, q in enumerate(QUESTIONS)]
+    return RLTrainer(cfg, str(workdir), rollout_fn=rollout_fn, pipeline=PromptPipeline(examples, 2, seed=0),
+                     encode_prompt=lambda ex: prompts[ex["question"]], reward_fn=_reward,
+                     graphdef=graphdef, params=jax.tree.map(jnp.asarray, params), pad_id=tok.pad_id)
+
+
+@pytest.mark.parametrize("pack", ["tree", "flat"])
+def test_micro_batched_scoring_equals_one_shot_flat_scoring(setup, tmp_path, pack):
+    """`RLTrainer._score` (one mini-batch of one group at a time, micro-batched, in the update's
+    layout) equals one flat forward over all the step's rows, on real branched rollouts."""
+    tok, graphdef, params, prompts, rollout_fn = setup
+    trainer = _trainer(setup, pack, tmp_path, mini_batch_prompts=1)
+    try:
+        groups, _ = rollout_fn([prompts[q] for q in QUESTIONS], 4, trainer.state.params, jax.random.key(0),
+                               np.random.default_rng(0))
+        seqs = rollout_sequences(groups, [[_reward(None, t) for t in g] for g in groups], max_len=512,
+                                 length_bucket=64)
+        plan = trainer._mini_batch_plan(len(groups), seqs.group_ids, np.random.default_rng(0))
+        assert len(plan[0]) == 2  # scored in two mini-batches (and each in micro-batches)
+        logp, entropy = trainer._score(trainer.state.params, seqs, plan[0])
+    finally:
+        trainer.close()
+    padded = seqs.padded(tok.pad_id)
+    want_logp, want_entropy = jax.jit(sequence_logprobs, static_argnums=0)(
+        graphdef, jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, padded))
+    valid = padded["valid"]
+    assert np.abs(want_logp * valid).sum() > 0
+    np.testing.assert_allclose(logp, np.asarray(want_logp) * valid, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy, np.asarray(want_entropy) * valid, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pack", ["tree", "flat"])
+def test_first_update_after_rescoring_has_ratio_exactly_one(setup, tmp_path, pack):
+    """`train.recompute_logp_old`: scoring uses the update's batch builder, layout and scorer on the
+    first epoch's mini-batches, so the first update's log-ratio is exactly 0 on every policy token."""
+    trainer = _trainer(setup, pack, tmp_path)
+    try:
+        assert trainer.config.train.recompute_logp_old
+        metrics = trainer.train_step()
+    finally:
+        trainer.close()
+    assert metrics["updates"] == 1.0
+    assert metrics["approx_kl_old"] == 0.0 and metrics["approx_kl_old_k3"] == 0.0, metrics
+    assert metrics["ratio_mean"] == 1.0
+    assert metrics["clip_frac_upper"] == metrics["clip_frac_lower"] == 0.0

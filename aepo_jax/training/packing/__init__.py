@@ -1,8 +1,8 @@
 """Prefix-shared ("tree-packed") training: every shared prefix token computed once (docs/packing.md).
 
-    batch, stats = build_train_batch(sequences, "tree", group_ids=groups, max_len=4096)
+    batch, stats = build_train_batch(sequences, "tree", group_ids=groups, length=T)
     step = make_train_step_for_pack(graphdef, tx, step_config, "tree")
-    state, metrics = step(state, batch)
+    state, metrics = step(state, place_train_batch(batch, "tree", mesh))
 """
 
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
@@ -12,34 +12,26 @@ from aepo_jax.training.packing.layout import (
     first_fit_decreasing,
     layout_forest,
 )
-from aepo_jax.training.packing.pack_mode import (
-    DEFAULT_PACK,
-    PACK_MODES,
-    build_train_batch,
-    check_pack_mode,
-    make_logprob_fn_for_pack,
-    make_train_step_for_pack,
-    per_sequence_values,
-)
 from aepo_jax.training.packing.packed_batch import (
     PackingStats,
     build_packed_batch,
     empty_tree_batch,
     unpack_flat,
 )
-from aepo_jax.training.packing.packed_step import (
-    make_packed_logprob_fn,
-    make_packed_rl_train_step,
-    packed_logprobs,
-    packed_loss_and_grads,
-    packed_rl_loss_fn,
-)
+from aepo_jax.training.packing.packed_scorer import packed_logprobs
 from aepo_jax.training.packing.trainer_batches import (
+    DEFAULT_PACK,
+    PACK_MODES,
     PackingTally,
+    agree_batch_shapes,
+    build_train_batch,
+    check_pack_mode,
+    make_logprob_fn_for_pack,
+    make_train_step_for_pack,
     pack_mini_batch,
-    place_tree_batch,
-    rows_to_sequences,
-    tree_batch_shardings,
+    per_sequence_values,
+    place_train_batch,
+    train_batch_shardings,
 )
 from aepo_jax.training.packing.trie import (
     PrefixForest,
@@ -54,6 +46,7 @@ __all__ = [
     "PackingStats",
     "PackingTally",
     "PrefixForest",
+    "agree_batch_shapes",
     "ancestor_mask",
     "bucket_size",
     "build_packed_batch",
@@ -64,18 +57,13 @@ __all__ = [
     "first_fit_decreasing",
     "layout_forest",
     "make_logprob_fn_for_pack",
-    "make_packed_logprob_fn",
-    "make_packed_rl_train_step",
     "make_train_step_for_pack",
     "pack_mini_batch",
     "packed_logprobs",
-    "packed_loss_and_grads",
-    "packed_rl_loss_fn",
     "pad_to_buckets",
     "per_sequence_values",
-    "place_tree_batch",
+    "place_train_batch",
     "preorder_and_sizes",
-    "rows_to_sequences",
-    "tree_batch_shardings",
+    "train_batch_shardings",
     "unpack_flat",
 ]

@@ -58,20 +58,36 @@ def pad_to_buckets(
     kept (the caller buckets them). The returned stats count the added slots
     in `packed_slots`, `rows` and `bucket_slots`.
     """
-    m, rows, slots = np.shape(batch["packed_ids"])
-    flat_rows, length = np.shape(batch["mask"])[1:]
+    m, rows, _ = np.shape(batch["packed_ids"])
+    flat_rows = np.shape(batch["mask"])[1]
     if rows % row_multiple or flat_rows % row_multiple:
         raise ValueError(f"batch rows ({rows} packed, {flat_rows} flat) are not multiples of "
                          f"row_multiple={row_multiple}; build it with the same row_multiple")
-    new_m = bucket_size(m)
-    new_rows = bucket_size(rows, row_multiple)
-    new_flat_rows = bucket_size(flat_rows, row_multiple)
+    return pad_tree_batch(batch, stats, bucket_size(m), bucket_size(rows, row_multiple),
+                          bucket_size(flat_rows, row_multiple), pad_id)
+
+
+def pad_tree_batch(
+    batch: Mapping[str, np.ndarray],
+    stats: PackingStats,
+    micro_batches: int,
+    rows: int,
+    flat_rows: int,
+    pad_id: int = 0,
+) -> tuple[dict[str, np.ndarray], PackingStats]:
+    """Copy a tree batch into the leading corner of an `empty_tree_batch` of `[M, R]` /
+    `[M, B]` = `(micro_batches, rows)` / `(micro_batches, flat_rows)` (each at least the batch's)."""
+    m, have_rows, slots = np.shape(batch["packed_ids"])
+    have_flat, length = np.shape(batch["mask"])[1:]
+    if micro_batches < m or rows < have_rows or flat_rows < have_flat:
+        raise ValueError(f"cannot pad a tree batch of [M, R, B] = {[m, have_rows, have_flat]} down to "
+                         f"{[micro_batches, rows, flat_rows]}")
     flat_dtypes = {k: np.asarray(v).dtype for k, v in batch.items() if k not in _STRUCTURAL_KEYS}
-    out = empty_tree_batch(new_m, new_rows, slots, new_flat_rows, length, flat_dtypes, pad_id)
+    out = empty_tree_batch(micro_batches, rows, slots, flat_rows, length, flat_dtypes, pad_id)
     for key, value in batch.items():
         value = np.asarray(value)
         out[key][tuple(slice(0, n) for n in value.shape)] = value
-    added = new_m * new_rows * slots - m * rows * slots
-    stats = dataclasses.replace(stats, packed_slots=stats.packed_slots + added, rows=new_m * new_rows,
+    added = micro_batches * rows * slots - m * have_rows * slots
+    stats = dataclasses.replace(stats, packed_slots=stats.packed_slots + added, rows=micro_batches * rows,
                                 bucket_slots=stats.bucket_slots + added)
     return out, stats

@@ -1,45 +1,102 @@
-"""The RL trainer's update batches in the `train.pack` layout, and the packing counts it logs.
+"""The batch builder: per-trajectory sequences -> one flat or tree-packed batch (`train.pack`).
 
-The trainer scores rollouts and computes advantages on flat padded rows
-(`training/rollout_batch.py`), then updates on mini-batches of whole groups.
-For `pack = "tree"` a mini-batch's flat rows become per-trajectory sequences
-again (`rows_to_sequences`) and are tree-packed with the flat `T`
-(`pack_mini_batch`: rows of `T` slots, `max_len = T`), so every
-`T`-dependent aggregation (Dr. GRPO's constant normaliser) is the flat one.
-A tree batch has a leading micro-batch axis `[M, ...]`; its rows (axis 1) go
-over the data-parallel axes (`place_tree_batch`).
+The trainer keeps one step's trajectories as sequences (`rollout_batch.py`)
+and calls `build_train_batch` once per mini-batch, for the scoring pass and
+for the update alike; `make_train_step_for_pack` / `make_logprob_fn_for_pack`
+give the jitted step and scorer for that layout (the same accumulating step
+and `rl_loss_fn`, with the flat or the packed log-prob scorer), and
+`per_sequence_values` brings scores back to input order.
+
+- "flat": `[rows, T]` padded rows (`pad_sequences`), split into micro-batches
+  of `micro_batch_size` rows inside the step; rows (axis 0) go over the
+  data-parallel axes.
+- "tree": the same sequences tree-packed with the flat `T` (rows of `row_len`
+  slots, default `T`), so every `T`-dependent aggregation (Dr. GRPO's constant
+  normaliser) is the flat one; micro-batches of whole groups are fixed here,
+  every array has a leading `[M]` axis and its rows (axis 1) go over the
+  data-parallel axes.
+
+`place_train_batch` makes global device arrays from each process's part with
+`jax.make_array_from_process_local_data` (one process: the whole batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
+import optax
+from flax import nnx
 from jax.sharding import NamedSharding
 
+from aepo_jax.parallel.multihost import global_max
 from aepo_jax.parallel.sharding import logical_to_spec
-from aepo_jax.training.packing.buckets import pad_to_buckets
-from aepo_jax.training.packing.packed_batch import PackingStats, build_packed_batch
+from aepo_jax.training.batch import pad_sequences
+from aepo_jax.training.packing.buckets import pad_to_buckets, pad_tree_batch
+from aepo_jax.training.packing.packed_batch import (
+    PackingStats,
+    build_packed_batch,
+    unpack_flat,
+)
+from aepo_jax.training.packing.packed_scorer import packed_logprobs
+from aepo_jax.training.train_step import StepConfig, make_logprob_fn, make_rl_train_step
 
-# Per-token arrays a tree batch carries per trajectory (the step recomputes entropies itself).
+PACK_MODES = ("tree", "flat")
+DEFAULT_PACK = "tree"
+
+# Per-token arrays a batch carries per trajectory (the step recomputes entropies itself).
 SEQUENCE_KEYS = ("mask", "logp_old", "advantages", "logp_ref")
 
 
-def rows_to_sequences(batch: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """Flat right-padded rows -> one dict per row: `tokens` up to its `valid` length and the
-    per-token `SEQUENCE_KEYS` present in `batch`, cut to the same length."""
-    keys = [k for k in SEQUENCE_KEYS if k in batch]
-    lengths = np.asarray(batch["valid"])[np.asarray(rows)].sum(axis=1)  # [n]
-    sequences = []
-    for row, n in zip(rows, lengths, strict=True):
-        if n < 1:
-            raise ValueError(f"row {int(row)} has no valid token; only real trajectories can be packed")
-        sequence = {"tokens": np.asarray(batch["input_ids"][row, :n])}
-        sequence.update({k: np.asarray(batch[k][row, :n]) for k in keys})
-        sequences.append(sequence)
-    return sequences
+def check_pack_mode(pack: str) -> None:
+    """Raise a ValueError naming the known modes if `pack` is not one of them."""
+    if pack not in PACK_MODES:
+        raise ValueError(f"unknown train.pack {pack!r}; choose from {PACK_MODES}")
+
+
+def build_train_batch(
+    sequences: Sequence[Mapping[str, Sequence]],
+    pack: str = DEFAULT_PACK,
+    *,
+    group_ids: Sequence[int],
+    length: int,
+    rows: int | None = None,
+    micro_batch_size: int = 1,
+    data_parallel: int = 1,
+    row_len: int | None = None,
+    pad_id: int = 0,
+    bucket: bool = True,
+) -> tuple[dict[str, np.ndarray], PackingStats | None]:
+    """One mini-batch in the `pack` layout (numpy arrays) and, for "tree", its packing statistics.
+
+    Args:
+      sequences: per trajectory `tokens`, `mask` and optional per-token `logp_old`,
+        `advantages`, `logp_ref`, ... (`pad_sequences`).
+      pack: "tree" or "flat".
+      group_ids: the prompt group of each sequence (tree sharing stays inside a group).
+      length: the flat `T` (every sequence must fit).
+      rows: "flat": rows of the batch (all-padding rows fill it up; default: a
+        multiple of `lcm(micro_batch_size, data_parallel)`), so every mini-batch
+        of a step has one shape.
+      micro_batch_size: trajectories per forward, as in `StepConfig`.
+      data_parallel: devices the rows are split over.
+      row_len: "tree": packed row length (default `length`).
+      bucket: "tree": pad `M` and the rows up to `buckets.bucket_size`.
+    """
+    check_pack_mode(pack)
+    if pack == "flat":
+        multiple = rows or math.lcm(int(micro_batch_size), int(data_parallel))
+        batch = pad_sequences(sequences, max_len=length, pad_id=pad_id, row_multiple=multiple,
+                              length_multiple=length)
+        if rows is not None and batch["input_ids"].shape[0] != rows:
+            raise ValueError(f"mini-batch has {len(sequences)} sequences, more than the fixed {rows} rows")
+        return batch, None
+    return pack_mini_batch(sequences, group_ids, length, row_len=row_len, micro_batch_size=micro_batch_size,
+                           data_parallel=data_parallel, pad_id=pad_id, bucket=bucket)
 
 
 def pack_mini_batch(
@@ -69,6 +126,7 @@ def pack_mini_batch(
     jitted step compiles a few programs per run instead of one per step
     (`stats.bucket_slots` counts the added slots).
     """
+    sequences = [{k: v for k, v in s.items() if k == "tokens" or k in SEQUENCE_KEYS} for s in sequences]
     rows_per_micro = max(int(micro_batch_size), int(data_parallel), 1)
     kwargs = {"max_len": length, "pad_id": pad_id, "row_multiple": data_parallel, "length_multiple": length}
     row_len = int(row_len) if row_len else length
@@ -81,20 +139,75 @@ def pack_mini_batch(
     return batch, stats
 
 
-def tree_batch_shardings(batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
-    """`[M, rows, ...]` arrays: axis 1 over the batch (data, fsdp) axes, the micro-batch axis replicated."""
+def agree_batch_shapes(batch: dict[str, np.ndarray], stats: PackingStats | None, pack: str,
+                       pad_id: int = 0) -> tuple[dict[str, np.ndarray], PackingStats | None]:
+    """Pad this process's tree batch to the largest `[M, R]` / `[M, B]` of any process, so the
+    parts form one global array (`pad_tree_batch`: loss and gradients unchanged). Flat batches
+    already agree (fixed rows, the step's global `T`); one process: unchanged."""
+    if pack == "flat" or jax.process_count() == 1:
+        return batch, stats
+    m, rows, _ = np.shape(batch["packed_ids"])
+    flat_rows = np.shape(batch["mask"])[1]
+    target = global_max((m, rows, flat_rows))
+    if target == (m, rows, flat_rows):
+        return batch, stats
+    return pad_tree_batch(batch, stats, *target, pad_id=pad_id)
+
+
+def make_train_step_for_pack(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    cfg: StepConfig,
+    pack: str = DEFAULT_PACK,
+    schedule: optax.Schedule | None = None,
+    state_sharding: Any | None = None,
+    batch_sharding: Any | None = None,
+) -> Callable:
+    """The jitted RL step for `build_train_batch(..., pack)` batches: one step, flat or packed scorer."""
+    check_pack_mode(pack)
+    return make_rl_train_step(graphdef, tx, cfg, schedule, state_sharding, batch_sharding,
+                              logprobs=packed_logprobs if pack == "tree" else None)
+
+
+def make_logprob_fn_for_pack(graphdef: nnx.GraphDef, cfg: StepConfig, pack: str = DEFAULT_PACK,
+                             batch_sharding: Any | None = None) -> Callable:
+    """Jitted `(params, batch) -> (logp, entropy)` in the batch's own layout, micro-batch by micro-batch."""
+    check_pack_mode(pack)
+    return make_logprob_fn(graphdef, cfg, batch_sharding, logprobs=packed_logprobs if pack == "tree" else None)
+
+
+def per_sequence_values(values: Any, batch: Mapping[str, np.ndarray], pack: str, num_sequences: int) -> np.ndarray:
+    """Per-token values in the batch's layout -> `[num_sequences, T]` in input order."""
+    check_pack_mode(pack)
+    if pack == "flat":
+        return np.asarray(values)[:num_sequences]
+    return unpack_flat(values, batch, num_sequences)
+
+
+def train_batch_shardings(batch: Mapping[str, np.ndarray], pack: str,
+                          mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
+    """Rows over the batch (data, fsdp) axes: axis 0 of flat arrays, axis 1 of tree `[M, rows, ...]` ones."""
+    check_pack_mode(pack)
+    lead = 1 if pack == "tree" else 0
     out = {}
     for key, value in batch.items():
-        if np.ndim(value) < 2:
-            raise ValueError(f"tree batch array {key!r} has shape {np.shape(value)}; expected [M, rows, ...]")
-        names = (None, "batch") + (None,) * (np.ndim(value) - 2)
+        if np.ndim(value) < lead + 1:
+            raise ValueError(f"{pack} batch array {key!r} has shape {np.shape(value)}; "
+                             f"expected {'[M, rows, ...]' if lead else '[rows, ...]'}")
+        names = (None,) * lead + ("batch",) + (None,) * (np.ndim(value) - lead - 1)
         out[key] = NamedSharding(mesh, logical_to_spec(names, mesh=mesh))
     return out
 
 
-def place_tree_batch(batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
-    """Host tree batch -> device arrays sharded by `tree_batch_shardings`."""
-    return jax.device_put(dict(batch), tree_batch_shardings(batch, mesh))
+def place_train_batch(batch: Mapping[str, np.ndarray], pack: str, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+    """This process's part of a batch -> global device arrays (`train_batch_shardings`).
+
+    With several processes each passes its own rows (same shapes on every
+    process); the global batch is their concatenation along the rows axis.
+    """
+    shardings = train_batch_shardings(batch, pack, mesh)
+    return {key: jax.make_array_from_process_local_data(shardings[key], np.asarray(value))
+            for key, value in batch.items()}
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""Multi-host data plumbing for the trainer (DESIGN.md, Paper scale: multi-host).
+
+Config sizes are global; every process handles its share (`local_share`),
+builds its part of each batch with the shapes all processes agree on
+(`global_max`), and reads back only its own rows of
+a global result (`host_local`). Host-side metrics are combined over processes
+with `multihost_utils` (`gather_metrics`). With one process every function is
+the identity or a plain numpy conversion, so the single-host path is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def local_share(global_count: int, process_count: int, what: str) -> int:
+    """`global_count / process_count`, or a ValueError naming `what` when it does not divide."""
+    if process_count < 1:
+        raise ValueError(f"process_count must be >= 1, got {process_count}")
+    if global_count % process_count:
+        raise ValueError(f"{what}={global_count} is global and must be divisible by the {process_count} "
+                         f"processes (each takes an equal share)")
+    return global_count // process_count
+
+
+def global_max(values: tuple[int, ...] | int) -> tuple[int, ...] | int:
+    """Element-wise maximum of integers over all processes (the shape every process pads to)."""
+    scalar = isinstance(values, (int, np.integer))
+    local = np.asarray([values] if scalar else values, np.int64)
+    if jax.process_count() > 1:
+        local = np.max(np.asarray(multihost_utils.process_allgather(local)), axis=0)
+    out = tuple(int(v) for v in local)
+    return out[0] if scalar else out
+
+
+def host_local(x: jax.Array) -> np.ndarray:
+    """This process's part of a global array (the rows it contributed), as numpy."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    sharding = x.sharding
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        raise TypeError(f"host_local needs a NamedSharding, got {type(sharding).__name__}")
+    return np.asarray(multihost_utils.global_array_to_host_local_array(x, sharding.mesh, sharding.spec))
+
+
+def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ()) -> dict[str, float]:
+    """Combine one process's host-side metrics with every other's: sums for `sum_keys`
+    (counts), means for the rest. Every process must report the same keys."""
+    if jax.process_count() == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    counts = np.asarray(multihost_utils.process_allgather(np.asarray([len(keys)], np.int64)))
+    if np.any(counts != len(keys)):
+        raise RuntimeError(f"processes report different metric keys (counts {counts.ravel().tolist()})")
+    values = np.asarray(multihost_utils.process_allgather(np.asarray([metrics[k] for k in keys], np.float64)))
+    return {k: float(values[:, i].sum() if k in sum_keys else values[:, i].mean()) for i, k in enumerate(keys)}

@@ -1,0 +1,41 @@
+"""Real `jax.distributed` clusters on loopback for tests: N Python processes, fake CPU devices each."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_processes(args: list[str], processes: int, devices_each: int) -> list[subprocess.Popen]:
+    """`python *args` once per process, with the coordinator on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for pid in range(processes):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+                   JAX_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen([sys.executable, *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def result_lines(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
+    """The `RESULT ...` line of each process (which must exit 0 within `timeout_s`); kills stragglers."""
+    lines = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout_s)  # a hang fails here instead of blocking the suite
+            assert proc.returncode == 0, err[-3000:]
+            lines.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return lines

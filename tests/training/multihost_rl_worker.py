@@ -1,0 +1,88 @@
+"""One process of the two-process RL test (`test_multihost_rl.py`): `configs/aepo_tiny.py` on a mesh
+spanning both processes, 2 RL steps, then a digest of this process's own parameter shards.
+
+Run as `python -m tests.training.multihost_rl_worker WORKDIR` with `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` and `XLA_FLAGS=--xla_force_host_platform_device_count=4`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+
+def _digest(params) -> str:
+    """SHA-256 over this process's own shards of every parameter (its devices' memory), one per
+    distinct index, in index order: equal on two processes only if their copies are equal."""
+    import jax
+    import numpy as np
+
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        shards = {}
+        for shard in leaf.addressable_shards:
+            start = tuple(s.start or 0 for s in shard.index)
+            shards.setdefault(start, np.asarray(shard.data))
+        for start in sorted(shards):
+            h.update(repr(start).encode() + shards[start].tobytes())
+    return h.hexdigest()
+
+
+def main(workdir: str) -> None:
+    index, count = maybe_initialize_distributed("auto")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    from aepo_jax.data import PromptPipeline
+    from aepo_jax.training.rl_trainer import RLTrainer
+    from configs.aepo_tiny import get_config
+    from tests.training.sampling_fixture import (
+        digit_examples,
+        encode_digits,
+        low_token_reward,
+        make_sampling_rollout,
+    )
+
+    cfg = get_config()
+    cfg.model.vocab_size = 64
+    cfg.data.prompts_per_step = 4  # global: 2 prompts per process
+    cfg.train.mini_batch_prompts = 2  # global: two mini-batches of one group per process
+    cfg.train.max_seq_len = 16
+    cfg.train.length_bucket = 16
+    cfg.rollout.max_response_len = 8
+    cfg.train.total_steps = 2
+    cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 1}  # 4 x 2 over the 8 devices of both processes
+    cfg.checkpoint.every = 2
+    cfg.checkpoint.async_save = False
+    cfg.log.progress_bar = False
+    cfg.log.tensorboard = False
+
+    trainer_graphdef = None
+
+    def rollout_fn(prompts, k, params, key, rng):
+        # The sampler of this test runs on this process's devices: gather the global weights to it.
+        local = jax.tree.map(jnp.asarray, multihost_utils.process_allgather(params, tiled=True))
+        return make_sampling_rollout(trainer_graphdef)(prompts, k, local, key, rng)
+
+    pipeline = PromptPipeline(digit_examples(16), int(cfg.data.prompts_per_step), seed=int(cfg.seed),
+                              process_index=index, process_count=count)
+    trainer = RLTrainer(cfg, workdir, rollout_fn=rollout_fn, pipeline=pipeline, encode_prompt=encode_digits,
+                        reward_fn=low_token_reward, process_index=index)
+    trainer_graphdef = trainer.run.graphdef
+    initial = _digest(trainer.state.params)
+    records = trainer.train()
+    trainer.close()
+    print("RESULT " + json.dumps({
+        "process": index, "processes": count, "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(), "initial": initial, "final": _digest(trainer.state.params),
+        "steps": [r["step"] for r in records], "loss": [r["loss"] for r in records],
+        "trajectories": [r["trajectories"] for r in records], "rounds": int(trainer.state.rounds),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
