@@ -286,7 +286,7 @@ def loop_events(config, k):
                     existing=pre.groups).events
 
 
-# ----- the paper's diagnosis: a few lineages stay uncertain (aepo_jax.rollout.scenarios) ----------
+# ----- the paper's diagnosis: a few lineages stay uncertain (benchmarks.branch_scenarios) ----------
 
 
 def test_few_uncertain_lineages_scenario_and_what_the_penalty_does_there():
@@ -300,7 +300,7 @@ def test_few_uncertain_lineages_scenario_and_what_the_penalty_does_there():
     docs/demo.md). At the spec's slope 0.05 the penalty changes almost nothing
     here, so nothing is asserted for it.
     """
-    from aepo_jax.rollout.scenarios import Scenario, measure
+    from benchmarks.branch_scenarios import Scenario, measure
 
     seeds, half = 6, "aepo penalty only (lineage, slope 0.3)"
     results = measure(seeds, k=16, num_prompts=4, names=["arpo", half])
