@@ -41,6 +41,12 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.vocab_size = config_dict.placeholder(int)  # override the preset's vocabulary (demo tokenizer)
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
+    # Activation rematerialisation per scanned layer: "none" | "block" (keep only each layer's input) |
+    # a jax.checkpoint_policies name, e.g. "dots_with_no_batch_dims_saveable" (aepo_jax/models/remat.py).
+    c.model.remat = "none"
+    # Positions per chunk of the LM head when scoring tokens: [B, chunk, V] float32 logits instead of
+    # [B, T, V] in training, scoring and SFT (aepo_jax/models/lm_head.py); None = all of T at once.
+    c.model.logits_chunk_size = config_dict.placeholder(int)
 
     # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
     c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})

@@ -32,6 +32,7 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
         overrides["vocab_size"] = int(cfg.model.vocab_size)
     if cfg.model.get("compute_dtype"):
         overrides["dtype"] = cfg.model.compute_dtype
+    overrides["remat"] = cfg.model.get("remat", "none")
     return get_preset(cfg.model.preset, **overrides)
 
 
@@ -41,7 +42,8 @@ def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None 
     if cfg.model.get("checkpoint_dir"):
         from aepo_jax.models.hf_checkpoint import load_hf_checkpoint
 
-        model = load_hf_checkpoint(cfg.model.checkpoint_dir, dtype=model_config.dtype, param_dtype="float32")
+        model = load_hf_checkpoint(cfg.model.checkpoint_dir, dtype=model_config.dtype, param_dtype="float32",
+                                   remat=model_config.remat)
         return nnx.split(model)
     return nnx.split(Decoder(model_config, rngs=nnx.Rngs(int(cfg.seed))))
 
@@ -75,6 +77,7 @@ def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) ->
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,
+        logits_chunk_size=cfg.model.get("logits_chunk_size"),
     )
 
 
