@@ -104,6 +104,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.mini_batch_prompts = 8  # PPO mini-batch in prompts (paper 8 / 16)
     c.train.micro_batch_size = 4  # sequences per forward/backward (memory knob; exact accumulation)
     c.train.max_seq_len = 8192  # padded training length (prompt + response)
+    # JAX persistent compilation cache directory ("" = off); applied once at start-up
+    # (aepo_jax.parallel.compilation_cache.enable_compilation_cache).
+    c.train.compilation_cache_dir = ""
     c.train.length_bucket = 256  # pad T up to a multiple of this: few compiled shapes
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
