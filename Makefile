@@ -40,3 +40,22 @@ clean:
 .PHONY: fuzz
 fuzz: $(VENV)/.installed-test
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m hypothesis tests
+
+# Ahead-of-time memory plan of the paper configs for a simulated TPU v5p slice
+# (benchmarks/memory_plan.py, docs/scaling.md). libtpu (the wheel matching
+# jax 0.10.2) lives only in this separate venv; `make test` and `make demo`
+# never install it. JAX_PLATFORMS=cpu: the TPU programs are compiled, never run.
+TPU_VENV := .venv-tpu
+LIBTPU := libtpu==0.0.42.1
+
+.PHONY: memory-plan
+
+$(TPU_VENV)/.installed: setup.py constraints.txt
+	$(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TPU_VENV)/bin/python -m pip install -q -c constraints.txt -e . $(LIBTPU)
+	touch $@
+
+memory-plan: $(TPU_VENV)/.installed
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 JAX_PLATFORMS=cpu TPU_WORKER_HOSTNAMES=localhost \
+		$(TPU_VENV)/bin/python benchmarks/memory_plan.py --json runs/memory_plan.json

@@ -32,7 +32,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "qwen3_14b"
     c.model.checkpoint_dir = "/path/to/Qwen3-14B"  # HF safetensors (after the SFT cold start)
     c.model.compute_dtype = "bfloat16"
-    # No activation rematerialisation yet (the decoder has none): train.micro_batch_size is the memory knob.
+    # Memory (docs/scaling.md, benchmarks/memory_plan.py): keep each scanned layer's weight-matmul outputs and
+    # recompute the rest (attention scores included) in the backward pass; score tokens 1024 positions at a time.
+    c.model.remat = "dots_with_no_batch_dims_saveable"
+    c.model.logits_chunk_size = 1024
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen3-14B/tokenizer.json"
 

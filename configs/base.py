@@ -49,6 +49,12 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
     c.model.attention = "dense"  # attention backend: "dense" (XLA, CPU, the reference), "splash" (TPU), "cudnn" (GPU); docs/attention.md
+    # Activation rematerialisation per scanned layer: "none" | "block" (keep only each layer's input) |
+    # a jax.checkpoint_policies name, e.g. "dots_with_no_batch_dims_saveable" (aepo_jax/models/remat.py).
+    c.model.remat = "none"
+    # Positions per chunk of the LM head when scoring tokens: [B, chunk, V] float32 logits instead of
+    # [B, T, V] in training, scoring and SFT (aepo_jax/models/lm_head.py); None = all of T at once.
+    c.model.logits_chunk_size = config_dict.placeholder(int)
 
     # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
     c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})
@@ -107,6 +113,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.mini_batch_prompts = 8  # PPO mini-batch in prompts (paper 8 / 16)
     c.train.micro_batch_size = 4  # sequences per forward/backward (memory knob; exact accumulation)
     c.train.max_seq_len = 8192  # padded training length (prompt + response)
+    # JAX persistent compilation cache directory ("" = off); applied once at start-up
+    # (aepo_jax.parallel.compilation_cache.enable_compilation_cache).
+    c.train.compilation_cache_dir = ""
     c.train.length_bucket = 256  # pad T up to a multiple of this: few compiled shapes
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the

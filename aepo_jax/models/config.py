@@ -13,6 +13,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from aepo_jax.models.remat import check_remat
+
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -44,6 +46,9 @@ class ModelConfig:
     dtype: Any = "float32"
     param_dtype: Any = "float32"
     attention: str = "dense"  # attention backend (models/attention.py): "dense", "splash" (TPU), "cudnn" (GPU)
+    # Activation rematerialisation of each scanned layer: "none", "block" or a
+    # `jax.checkpoint_policies` name (aepo_jax.models.remat). Numerics are unchanged.
+    remat: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len"):
@@ -68,6 +73,7 @@ class ModelConfig:
             if missing:
                 raise ValueError(f"llama3 rope_scaling is missing keys {missing}")
             object.__setattr__(self, "rope_scaling", {"rope_type": "llama3", **{k: scaling[k] for k in LLAMA3_ROPE_KEYS}})
+        check_remat(self.remat)
         for name in ("dtype", "param_dtype"):
             try:
                 object.__setattr__(self, name, jnp.dtype(getattr(self, name)).name)

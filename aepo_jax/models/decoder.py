@@ -5,6 +5,11 @@ Contract (docs/interfaces.md): `model(input_ids)` returns float32 logits
 `[B, T, V]` under a causal mask; `positions` and `attention_mask` make
 left-padded, cached and tree-packed batches the same forward; with
 `kv_cache` the call also returns the updated cache.
+
+The layers are one `DecoderBlock` whose parameters are stacked along a
+leading `layers` axis (`nnx.vmap` at init) and applied with `lax.scan`, so a
+program holds one layer's code whatever the depth (compile time does not grow
+with `n_layers`) and `ModelConfig.remat` can rematerialise one layer at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from aepo_jax.models.layers import (
     logical_param,
     rope_inverse_frequencies,
 )
+from aepo_jax.models.lm_head import project_to_vocab
+from aepo_jax.models.remat import remat_block
+
+LAYER_AXIS = "layers"  # logical name of the stacked parameters' leading axis (unsharded)
 
 
 class DecoderBlock(nnx.Module):
@@ -39,17 +48,29 @@ class DecoderBlock(nnx.Module):
         return h + self.mlp(self.mlp_norm(h)), cache_kv
 
 
+def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
+    """`n_layers` independently initialised blocks as one block with `[L, ...]` parameters."""
+
+    @nnx.split_rngs(splits=config.n_layers)
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYER_AXIS})
+    def make(layer_rngs: nnx.Rngs) -> DecoderBlock:
+        return DecoderBlock(config, rngs=layer_rngs)
+
+    return make(rngs)
+
+
 class Decoder(nnx.Module):
-    """Token ids to next-token logits (float32)."""
+    """Token ids to next-token logits (float32), or to final hidden states."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
         self.config = config
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.embed = logical_param(
             rngs, nnx.initializers.normal(stddev=config.d_model**-0.5), (config.vocab_size, config.d_model),
             ("vocab", "embed"),
             config.param_dtype,
         )
-        self.layers = nnx.List([DecoderBlock(config, rngs=rngs) for _ in range(config.n_layers)])
+        self.layers = stacked_blocks(config, rngs)
         self.final_norm = RMSNorm(config.d_model, config.rms_eps, config.param_dtype, rngs=rngs)
         if config.tie_embeddings:
             self.lm_head = None
@@ -59,6 +80,10 @@ class Decoder(nnx.Module):
                 ("embed", "vocab"), config.param_dtype,
             )
 
+    def head(self) -> jax.Array:
+        """The `[D, V]` output projection (the embedding's transpose when tied), in storage dtype."""
+        return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+
     def __call__(
         self,
         input_ids: jax.Array,  # int32[B, T]
@@ -67,6 +92,7 @@ class Decoder(nnx.Module):
         kv_cache: KVCache | None = None,
         *,
         last_logits_only: bool = False,
+        return_hidden: bool = False,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Logits `[B, T, V]` (and the updated cache when `kv_cache` is given).
 
@@ -74,6 +100,9 @@ class Decoder(nnx.Module):
         vocabulary and returns `[B, 1, V]`, equal to the default's `[:, -1:]`:
         prefill and append of a right-aligned block need nothing else, and the
         `[B, T, V]` projection is the largest matmul of a short model's prefill.
+        `return_hidden=True` returns the final-normed hidden states `[B, T, D]`
+        (compute dtype) instead of logits, for `lm_head.head_token_scores`,
+        which projects them to the vocabulary a chunk of positions at a time.
         """
         config = self.config
         batch, length = input_ids.shape
@@ -95,19 +124,45 @@ class Decoder(nnx.Module):
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))
 
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(config.dtype)  # [B, T, D]
-        new_k, new_v = [], []
-        for i, block in enumerate(self.layers):
-            cache_kv = None if kv_cache is None else (kv_cache.k[i], kv_cache.v[i])
-            x, cache_kv = block(x, positions, attention_mask, inv_freq, cache_kv, offset)
-            if cache_kv is not None:
-                new_k.append(cache_kv[0])
-                new_v.append(cache_kv[1])
+        x, kv_cache = self._scan_layers(x, positions, attention_mask, inv_freq, kv_cache, offset)
         if last_logits_only:
             x = x[:, -1:]  # [B, 1, D]
         x = self.final_norm(x)
-        head = self.embed[...].T if self.lm_head is None else self.lm_head[...]  # [D, V]
-        logits = jnp.einsum("btd,dv->btv", x, head.astype(config.dtype), preferred_element_type=jnp.float32)
-        logits = logits.astype(jnp.float32)  # [B, T, V] ([B, 1, V] with last_logits_only)
+        if return_hidden:
+            out = x  # [B, T, D]
+        else:
+            out = project_to_vocab(x, self.head(), config.dtype)  # [B, T, V] ([B, 1, V] with last_logits_only)
         if kv_cache is None:
-            return logits
-        return logits, KVCache(k=tuple(new_k), v=tuple(new_v), index=offset + length)
+            return out
+        return out, kv_cache.replace(index=offset + length)
+
+    def _scan_layers(self, x, positions, mask, inv_freq, kv_cache: KVCache | None, offset):
+        """Runs the stacked blocks in order under `lax.scan` (rematerialised as `config.remat` says).
+
+        Without a cache the carry is the residual stream `[B, T, D]`; with one,
+        it also holds the stacked `[L, B, S, KVH, Dh]` keys and values, and layer
+        i reads and rewrites slice i in place (no second copy of the cache).
+        """
+        graphdef, layer_params = nnx.split(self.layers)
+        layer_ids = jnp.arange(self.config.n_layers, dtype=jnp.int32)
+
+        def body(carry, layer):
+            params, i = layer
+            block = nnx.merge(graphdef, params)
+            if kv_cache is None:
+                out, _ = block(carry, positions, mask, inv_freq)
+                return out, None
+            h, cache_k, cache_v = carry
+            layer_kv = (jax.lax.dynamic_index_in_dim(cache_k, i, keepdims=False),
+                        jax.lax.dynamic_index_in_dim(cache_v, i, keepdims=False))  # [B, S, KVH, Dh] each
+            h, (layer_k, layer_v) = block(h, positions, mask, inv_freq, layer_kv, offset)
+            cache_k = jax.lax.dynamic_update_index_in_dim(cache_k, layer_k, i, 0)
+            cache_v = jax.lax.dynamic_update_index_in_dim(cache_v, layer_v, i, 0)
+            return (h, cache_k, cache_v), None
+
+        body = remat_block(body, self.config.remat)
+        if kv_cache is None:
+            x, _ = jax.lax.scan(body, x, (layer_params, layer_ids))
+            return x, None
+        (x, cache_k, cache_v), _ = jax.lax.scan(body, (x, kv_cache.k, kv_cache.v), (layer_params, layer_ids))
+        return x, kv_cache.replace(k=cache_k, v=cache_v)

@@ -37,47 +37,48 @@ SAFETENSORS_DTYPES = {
 
 # (HF tensor name, attribute path in `Decoder`, number of leading axes of our
 # parameter that form HF's `in_features` axis; None: not a linear weight, HF
-# stores it flattened to 1-D (norm scales, biases); KEEP: same shape both sides).
+# stores it flattened to 1-D (norm scales, biases); KEEP: same shape both sides;
+# layer index into the stacked `[L, ...]` parameter, or None for a global one).
 KEEP = "keep"
-TensorEntry = tuple[str, tuple[Any, ...], int | str | None]
+TensorEntry = tuple[str, tuple[str, ...], int | str | None, int | None]
 
 
 def _tensor_layout(config: ModelConfig) -> list[TensorEntry]:
     """Every HF tensor of `config`'s architecture and where it lives in our model."""
-    entries: list[TensorEntry] = [("model.embed_tokens.weight", ("embed",), KEEP)]
+    entries: list[TensorEntry] = [("model.embed_tokens.weight", ("embed",), KEEP, None)]
+    attn = ("layers", "attention")
+    per_layer: list[tuple[str, tuple[str, ...], int | str | None]] = [
+        ("input_layernorm.weight", ("layers", "attention_norm", "scale"), None),
+        ("self_attn.q_proj.weight", (*attn, "q_proj"), 1),
+        ("self_attn.k_proj.weight", (*attn, "k_proj"), 1),
+        ("self_attn.v_proj.weight", (*attn, "v_proj"), 1),
+        ("self_attn.o_proj.weight", (*attn, "o_proj"), 2),
+        ("post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), None),
+        ("mlp.gate_proj.weight", ("layers", "mlp", "gate"), 1),
+        ("mlp.up_proj.weight", ("layers", "mlp", "up"), 1),
+        ("mlp.down_proj.weight", ("layers", "mlp", "down"), 1),
+    ]
+    if config.qkv_bias:
+        per_layer += [(f"self_attn.{p}_proj.bias", (*attn, f"{p}_bias"), None) for p in "qkv"]
+    if config.qk_norm:
+        per_layer += [(f"self_attn.{p}_norm.weight", (*attn, f"{p}_norm", "scale"), None) for p in "qk"]
     for i in range(config.n_layers):
-        hf, ours = f"model.layers.{i}.", ("layers", i)
-        attn = (*ours, "attention")
-        entries += [
-            (hf + "input_layernorm.weight", (*ours, "attention_norm", "scale"), None),
-            (hf + "self_attn.q_proj.weight", (*attn, "q_proj"), 1),
-            (hf + "self_attn.k_proj.weight", (*attn, "k_proj"), 1),
-            (hf + "self_attn.v_proj.weight", (*attn, "v_proj"), 1),
-            (hf + "self_attn.o_proj.weight", (*attn, "o_proj"), 2),
-            (hf + "post_attention_layernorm.weight", (*ours, "mlp_norm", "scale"), None),
-            (hf + "mlp.gate_proj.weight", (*ours, "mlp", "gate"), 1),
-            (hf + "mlp.up_proj.weight", (*ours, "mlp", "up"), 1),
-            (hf + "mlp.down_proj.weight", (*ours, "mlp", "down"), 1),
-        ]
-        if config.qkv_bias:
-            entries += [(hf + f"self_attn.{p}_proj.bias", (*attn, f"{p}_bias"), None) for p in "qkv"]
-        if config.qk_norm:
-            entries += [(hf + f"self_attn.{p}_norm.weight", (*attn, f"{p}_norm", "scale"), None) for p in "qk"]
-    entries.append(("model.norm.weight", ("final_norm", "scale"), None))
+        entries += [(f"model.layers.{i}.{name}", path, in_axes, i) for name, path, in_axes in per_layer]
+    entries.append(("model.norm.weight", ("final_norm", "scale"), None, None))
     if not config.tie_embeddings:
-        entries.append(("lm_head.weight", ("lm_head",), 1))
+        entries.append(("lm_head.weight", ("lm_head",), 1, None))
     return entries
 
 
-def _param_at(model: Decoder, path: tuple[Any, ...]) -> nnx.Param:
+def _param_at(model: Decoder, path: tuple[str, ...]) -> nnx.Param:
     node: Any = model
     for key in path:
-        node = node[key] if isinstance(key, int) else getattr(node, key)
+        node = getattr(node, key)
     return node
 
 
 def _hf_shape(shape: tuple[int, ...], in_axes: int | str | None) -> tuple[int, ...]:
-    """HF's shape for one of our parameters: `[out, in]` for linears, flat for vectors."""
+    """HF's shape for one of our (per-layer) parameters: `[out, in]` for linears, flat for vectors."""
     if in_axes == KEEP:
         return shape
     if in_axes is None:
@@ -99,33 +100,51 @@ def _to_hf(array: np.ndarray, in_axes: int | str | None) -> np.ndarray:
     return np.ascontiguousarray(array.reshape(shape[1], shape[0]).T)
 
 
+def _grouped_layout(config: ModelConfig) -> dict[tuple[str, ...], list[TensorEntry]]:
+    """The layout grouped by parameter: a global parameter has one entry, a stacked one L (in layer order)."""
+    groups: dict[tuple[str, ...], list[TensorEntry]] = {}
+    for entry in _tensor_layout(config):
+        groups.setdefault(entry[1], []).append(entry)
+    return groups
+
+
 def model_from_hf_tensors(
     config: ModelConfig,
     tensors: Mapping[str, np.ndarray],
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
+    remat: str | None = None,
+    attention: str | None = None,
 ) -> Decoder:
     """A `Decoder` whose weights are HF-named, HF-layout `tensors` (e.g. `model.layers.0.self_attn.q_proj.weight`).
 
     The model is built abstractly (no random init) and each parameter is filled
-    from its tensor, cast to `param_dtype` (default `dtype`) and, with a
-    `mesh`, placed on its shards by the logical-axis rules. Extra tensors (e.g.
-    an `lm_head.weight` copy of tied embeddings) are ignored; missing ones raise.
+    from its tensor(s) (per-layer tensors stacked along the leading layer
+    axis), cast to `param_dtype` (default `dtype`) and, with a `mesh`, placed
+    on its shards by the logical-axis rules. `remat` and `attention` override
+    the config's rematerialisation and attention backend (run-time choices a
+    checkpoint does not carry). Extra tensors (e.g. an `lm_head.weight` copy
+    of tied embeddings) are ignored; missing ones raise.
     """
     from aepo_jax.parallel.sharding import named_sharding
 
     param_dtype = dtype if param_dtype is None else param_dtype
-    config = config.replace(dtype=dtype, param_dtype=param_dtype)
-    layout = _tensor_layout(config)
-    missing = [name for name, _, _ in layout if name not in tensors]
+    run_time = {k: v for k, v in (("remat", remat), ("attention", attention)) if v is not None}
+    config = config.replace(dtype=dtype, param_dtype=param_dtype, **run_time)
+    missing = [name for name, _, _, _ in _tensor_layout(config) if name not in tensors]
     if missing:
         shown = ", ".join(missing[:20]) + (f", ... ({len(missing)} in all)" if len(missing) > 20 else "")
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s) the config needs: {shown}")
     model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
-    for name, path, in_axes in layout:
+    for path, entries in _grouped_layout(config).items():
         param = _param_at(model, path)
-        host = _from_hf(name, np.asarray(tensors[name]), tuple(param.shape), in_axes).astype(param.dtype)
+        stacked = entries[0][3] is not None
+        shape = tuple(param.shape[1:] if stacked else param.shape)
+        pieces = [_from_hf(name, np.asarray(tensors[name]), shape, in_axes).astype(param.dtype)
+                  for name, _, in_axes, _ in entries]
+        host = np.stack(pieces) if stacked else pieces[0]  # [L, ...] for per-layer tensors
+        del pieces
         if mesh is None:
             param.set_value(jnp.asarray(host))
         else:
@@ -138,8 +157,10 @@ def model_from_hf_tensors(
 def hf_tensors_from_model(model: Decoder) -> dict[str, np.ndarray]:
     """HF-named, HF-layout host copies of every weight (the inverse of `model_from_hf_tensors`)."""
     tensors = {}
-    for name, path, in_axes in _tensor_layout(model.config):
-        tensors[name] = _to_hf(np.asarray(jax.device_get(_param_at(model, path)[...])), in_axes)
+    for path, entries in _grouped_layout(model.config).items():
+        value = np.asarray(jax.device_get(_param_at(model, path)[...]))
+        for name, _, in_axes, layer in entries:
+            tensors[name] = _to_hf(value if layer is None else value[layer], in_axes)
     return tensors
 
 
@@ -187,6 +208,8 @@ def load_hf_checkpoint(
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
+    remat: str | None = None,
+    attention: str | None = None,
 ) -> Decoder:
     """Loads a Hugging Face model directory (llama / qwen2 / qwen3) as a `Decoder`.
 
@@ -195,6 +218,8 @@ def load_hf_checkpoint(
         listed in `model.safetensors.index.json`).
       dtype: activation dtype; also the parameter dtype unless `param_dtype` is given.
       mesh: if given, every parameter is placed on the mesh by its logical axes.
+      remat: rematerialisation setting of the returned model (`ModelConfig.remat`).
+      attention: attention backend of the returned model (`ModelConfig.attention`).
     """
     directory = Path(path)
     if directory.is_file():
@@ -210,7 +235,8 @@ def load_hf_checkpoint(
     tensors: dict[str, np.ndarray] = {}
     for file in weight_files:
         tensors.update(read_safetensors(file))
-    return model_from_hf_tensors(config, tensors, dtype=dtype, param_dtype=param_dtype, mesh=mesh)
+    return model_from_hf_tensors(config, tensors, dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat,
+                                 attention=attention)
 
 
 def save_hf_checkpoint(model: Decoder, path: str | Path) -> None:

@@ -1,5 +1,6 @@
 """Device meshes and logical-axis sharding of model state and batches."""
 
+from aepo_jax.parallel.compilation_cache import enable_compilation_cache
 from aepo_jax.parallel.mesh import MESH_AXES, make_mesh
 from aepo_jax.parallel.sharding import (
     LOGICAL_AXIS_RULES,
@@ -14,6 +15,7 @@ __all__ = [
     "LOGICAL_AXIS_RULES",
     "MESH_AXES",
     "batch_sharding",
+    "enable_compilation_cache",
     "logical_to_spec",
     "make_mesh",
     "named_sharding",

@@ -27,6 +27,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
+    "layers": None,  # leading axis of the scanned decoder's stacked parameters: every device holds all layers
 }
 
 

@@ -14,7 +14,7 @@ from aepo_jax.sampling.state import DecodeArrays
 
 
 def _map_kv(cache, fn):
-    return cache.replace(k=tuple(fn(x) for x in cache.k), v=tuple(fn(x) for x in cache.v))
+    return cache.map_layers(fn)  # fn sees one layer's [B, S, KVH, Dh]
 
 
 def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
@@ -66,10 +66,8 @@ def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
     def cat(a, b):
         return jnp.concatenate([a, b], axis=0)
 
-    cache = first.cache.replace(
-        k=tuple(cat(a, b) for a, b in zip(first.cache.k, second.cache.k, strict=True)),
-        v=tuple(cat(a, b) for a, b in zip(first.cache.v, second.cache.v, strict=True)),
-    )
+    layers_cat = jax.vmap(cat)  # over the leading layer axis of [L, B, S, KVH, Dh]
+    cache = first.cache.replace(k=layers_cat(first.cache.k, second.cache.k), v=layers_cat(first.cache.v, second.cache.v))
     return DecodeArrays(
         cache=cache,
         slot_valid=cat(first.slot_valid, second.slot_valid),

@@ -290,7 +290,14 @@ class Sampler:
             return tree
         batch = NamedSharding(self.mesh, PartitionSpec("data"))
         replicated = NamedSharding(self.mesh, PartitionSpec())
-        return jax.tree.map(lambda x: jax.device_put(x, batch if x.ndim else replicated), tree)
+        # The KV cache is [L, B, S, KVH, Dh]: its batch axis is the second.
+        layered = NamedSharding(self.mesh, PartitionSpec(None, "data"))
+
+        def sharding_of(path, x):
+            in_cache = any(getattr(key, "name", None) in ("k", "v") for key in path)
+            return layered if in_cache else batch if x.ndim else replicated
+
+        return jax.device_put(tree, jax.tree_util.tree_map_with_path(sharding_of, tree))
 
     def _empty_arrays(self, batch: int, length: int) -> DecodeArrays:
         cache = KVCache.init(self.config, batch=batch, length=length, dtype=self._cache_dtype)

@@ -37,6 +37,7 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
         overrides["dtype"] = cfg.model.compute_dtype
     if cfg.model.get("attention"):
         overrides["attention"] = cfg.model.attention
+    overrides["remat"] = cfg.model.get("remat", "none")
     return get_preset(cfg.model.preset, **overrides)
 
 
@@ -55,7 +56,7 @@ def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None 
         from aepo_jax.models.hf_checkpoint import load_hf_checkpoint
 
         model = load_hf_checkpoint(cfg.model.checkpoint_dir, dtype=model_config.dtype, param_dtype="float32",
-                                   mesh=mesh)
+                                   mesh=mesh, remat=model_config.remat, attention=model_config.attention)
         return nnx.split(model)
     from aepo_jax.parallel import state_shardings
 
@@ -97,6 +98,7 @@ def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) ->
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,
+        logits_chunk_size=cfg.model.get("logits_chunk_size"),
     )
 
 

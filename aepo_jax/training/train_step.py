@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from aepo_jax.models.lm_head import TokenScores, next_token_scores
 from aepo_jax.objectives.aggregation import loss_denominator
-from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
 from aepo_jax.objectives.policy_loss import policy_loss
 from aepo_jax.objectives.presets import loss_config as objective_loss_config
 from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
@@ -62,27 +62,22 @@ def attention_mask_from_valid(valid: jax.Array) -> jax.Array:
 def forward_logits(graphdef: nnx.GraphDef, params: Any, batch: Batch, compute_dtype: str | None = None) -> jax.Array:
     """Float32 logits `[B, T, V]` of the batch (params cast to `compute_dtype` first)."""
     model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
+    return model(batch["input_ids"], positions=batch["positions"], attention_mask=batch_attention_mask(batch))
+
+
+def batch_attention_mask(batch: Batch) -> jax.Array:
+    """The batch's `attention_mask`, or the causal+padding mask of its `valid` tokens."""
     mask = batch.get("attention_mask")
-    if mask is None:
-        mask = attention_mask_from_valid(batch["valid"])
-    return model(batch["input_ids"], positions=batch["positions"], attention_mask=mask)
+    return attention_mask_from_valid(batch["valid"]) if mask is None else mask
 
 
-def _shift_right(x: jax.Array) -> jax.Array:
-    """[B, T-1] values of tokens 1..T-1 -> [B, T] with 0 for token 0."""
-    return jnp.concatenate([jnp.zeros((x.shape[0], 1), x.dtype), x], axis=1)
-
-
-def scored_tokens(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
-                  chunk_size: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """Log-prob and entropy of every token, float32 `[B, T]` each.
-
-    Token `t` is scored by the logits at `t - 1`; column 0 is 0.
-    """
-    logp, entropy = token_logprobs_and_entropy(
-        logits[:, :-1], input_ids[:, 1:], temperature=temperature, chunk_size=chunk_size
-    )  # [B, T-1] each
-    return _shift_right(logp), _shift_right(entropy)
+def batch_token_scores(graphdef: nnx.GraphDef, params: Any, batch: Batch, temperature: float = 1.0,
+                       compute_dtype: str | None = None, chunk_size: int | None = None) -> TokenScores:
+    """`TokenScores` `[B, T]` of every token given the ones before it, from the model's hidden states:
+    with `chunk_size`, `[B, T, V]` logits never exist (`aepo_jax.models.lm_head`)."""
+    model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
+    return next_token_scores(model, batch["input_ids"], batch["positions"], batch_attention_mask(batch),
+                             temperature=temperature, chunk_size=chunk_size)
 
 
 def sequence_logprobs(
@@ -93,9 +88,9 @@ def sequence_logprobs(
     compute_dtype: str | None = None,
     chunk_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Forward then `scored_tokens`: (logp, entropy), float32 `[B, T]` each."""
-    logits = forward_logits(graphdef, params, batch, compute_dtype)  # [B, T, V]
-    return scored_tokens(logits, batch["input_ids"], temperature, chunk_size)
+    """Forward then the chunked LM head: (logp, entropy), float32 `[B, T]` each."""
+    scores = batch_token_scores(graphdef, params, batch, temperature, compute_dtype, chunk_size)
+    return scores.logp, scores.entropy
 
 
 def split_micro_batches(batch: Batch, micro_batch_size: int | None) -> Batch:
@@ -257,11 +252,11 @@ def sft_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig) -> LossFn:
     """Micro-batch next-token loss on `mask == 1` tokens (cold-start SFT)."""
 
     def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
-        logits = forward_logits(graphdef, params, mb, cfg.compute_dtype)  # [B, T, V]
-        logp, entropy = scored_tokens(logits, mb["input_ids"], 1.0, cfg.logits_chunk_size)
+        scores = batch_token_scores(graphdef, params, mb, 1.0, cfg.compute_dtype, cfg.logits_chunk_size)
+        logp, entropy = scores.logp, scores.entropy  # [B, T] each
         mask = mb["mask"].astype(jnp.float32)
         loss = -jnp.sum(logp * mask) / jnp.maximum(denominator, 1.0)
-        hits = _shift_right((jnp.argmax(logits[:, :-1], axis=-1) == mb["input_ids"][:, 1:]).astype(jnp.float32))
+        hits = scores.is_argmax.astype(jnp.float32)
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
         metrics = {"nll": -jnp.sum(logp * mask) / tokens, "entropy_mean": jnp.sum(entropy * mask) / tokens,
                    "token_accuracy": jnp.sum(hits * mask) / tokens}

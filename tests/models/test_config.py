@@ -51,11 +51,12 @@ def test_config_to_hf_round_trips_every_preset():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_abstractly_with_consistent_shapes(name):
-    config = get_preset(name, n_layers=1)  # every layer has the same shapes; one keeps the test fast
+    config = get_preset(name, n_layers=2)  # every layer has the same shapes; two keep the test fast
     model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
-    attention = model.layers[0].attention
-    assert attention.q_proj.shape == (config.d_model, config.n_heads, config.head_dim)
-    assert attention.k_proj.shape == (config.d_model, config.n_kv_heads, config.head_dim)
+    attention = model.layers.attention  # parameters stacked along a leading layer axis
+    assert attention.q_proj.shape == (2, config.d_model, config.n_heads, config.head_dim)
+    assert attention.k_proj.shape == (2, config.d_model, config.n_kv_heads, config.head_dim)
+    assert attention.q_proj.get_metadata("out_sharding") == ("layers", "embed", "heads", "head_dim")
     assert (model.lm_head is None) == config.tie_embeddings
     assert model.embed.shape == (config.vocab_size, config.d_model)
 

@@ -34,7 +34,9 @@ def test_forward_returns_float32_logits_of_vocab_size():
     assert bool(jnp.isfinite(logits).all())
 
 
-@pytest.mark.parametrize("overrides", [{}, {"qkv_bias": True}, {"qk_norm": True, "head_dim": 24}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"qkv_bias": True}, {"qk_norm": True, "head_dim": 24, "remat": "block"}, {"n_layers": 3}]
+)
 def test_prefill_then_token_by_token_decode_matches_full_forward(overrides):
     forward = _jitted(_model(**overrides))
     ids = jax.random.randint(jax.random.key(1), (3, 10), 0, 512, dtype=jnp.int32)
@@ -101,11 +103,50 @@ def test_grouped_query_attention_matches_repeated_kv_heads_in_float64_numpy():
 def test_take_rows_copies_cache_rows():
     cfg = get_preset("tiny")
     cache = KVCache.init(cfg, batch=2, length=4)
-    cache = cache.replace(k=tuple(k.at[1].set(1.0) for k in cache.k), index=jnp.int32(3))
+    cache = cache.replace(k=cache.k.at[:, 1].set(1.0), index=jnp.int32(3))  # row 1 of every layer
     forked = cache.take_rows(jnp.array([1, 1, 0]))
-    assert forked.k[0].shape == (3, 4, cfg.n_kv_heads, cfg.head_dim)
-    assert float(forked.k[1][0].min()) == 1.0 and float(forked.k[1][2].max()) == 0.0
+    assert forked.k.shape == (cfg.n_layers, 3, 4, cfg.n_kv_heads, cfg.head_dim)
+    assert float(forked.k[1, 0].min()) == 1.0 and float(forked.k[1, 2].max()) == 0.0
     assert int(forked.index) == 3
+
+
+def test_scanned_layers_equal_blocks_applied_one_by_one():
+    """The scan over stacked parameters is the same as calling each layer's block in a Python loop."""
+    from aepo_jax.models.layers import rope_inverse_frequencies
+
+    model = _model(n_layers=3)
+    config = model.config
+    ids = jax.random.randint(jax.random.key(3), (2, 6), 0, 512, dtype=jnp.int32)
+    graphdef, stacked = nnx.split(model.layers)
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((6, 6), bool)), (2, 6, 6))
+    inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, None))
+    x = model.embed[...][ids]
+    for i in range(config.n_layers):
+        block = nnx.merge(graphdef, jax.tree.map(lambda p, i=i: p[i], stacked))
+        x, _ = block(x, positions, mask, inv_freq)
+    expected = model.final_norm(x) @ model.embed[...].T
+    np.testing.assert_allclose(np.asarray(_jitted(model)(ids)), np.asarray(expected), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("remat", ["block", "dots_with_no_batch_dims_saveable"])
+def test_remat_keeps_values_and_gradients(remat):
+    ids = jax.random.randint(jax.random.key(4), (2, 8), 0, 512, dtype=jnp.int32)
+
+    def loss_and_grad(remat_name):
+        graphdef, state = nnx.split(_model(remat=remat_name))
+        loss = lambda s: jnp.mean(nnx.merge(graphdef, s)(ids) ** 2)
+        return jax.jit(jax.value_and_grad(loss))(state)
+
+    (base, base_grads), (got, got_grads) = loss_and_grad("none"), loss_and_grad(remat)
+    np.testing.assert_allclose(float(got), float(base), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(base_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_remat_name_raises_listing_the_choices():
+    with pytest.raises(ValueError, match=r"unknown remat setting 'dots'.*'block'.*'dots_saveable'"):
+        get_preset("tiny", remat="dots")
 
 
 def test_jit_over_split_state_matches_eager():

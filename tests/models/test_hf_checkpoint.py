@@ -58,8 +58,8 @@ def test_load_onto_8_device_mesh_places_shards_and_keeps_logits(tmp_path, input_
     hf_model.save_pretrained(tmp_path)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     model = load_hf_checkpoint(tmp_path, mesh=mesh)
-    gate = model.layers[0].mlp.gate[...]
-    assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor") and gate.shape == (64, 96)
+    gate = model.layers.mlp.gate[...]  # [L, D, F]: the layer axis is never sharded
+    assert gate.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor") and gate.shape[1:] == (64, 96)
     graphdef, state = nnx.split(model)
     with jax.set_mesh(mesh):
         got = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids))(state, jnp.asarray(input_ids))
@@ -179,3 +179,30 @@ def test_checkpoint_missing_a_tensor_raises_listing_it(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing 1 tensor.*model\.layers\.1\.self_attn\.k_norm\.weight"):
         load_hf_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(("remat", "chunk_size"), [("none", None), ("block", 5), ("dots_with_no_batch_dims_saveable", 8)])
+def test_token_logprobs_and_entropy_match_transformers_with_remat_and_chunking(remat, chunk_size, tmp_path, input_ids):
+    """Scanned layers, remat and the chunked LM head give transformers' next-token log-probs and entropies."""
+    from aepo_jax.models.lm_head import next_token_scores
+
+    hf_model = make_hf_model("qwen3_qk_norm_head_dim")
+    hf_model.save_pretrained(tmp_path)
+    graphdef, state = nnx.split(load_hf_checkpoint(tmp_path, remat=remat))
+    ids = jnp.asarray(input_ids)
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((ids.shape[1],) * 2, bool)), (ids.shape[0],) + (ids.shape[1],) * 2)
+
+    @jax.jit
+    def scores(state):
+        return next_token_scores(nnx.merge(graphdef, state), ids, positions, mask, chunk_size=chunk_size)
+
+    got = scores(state)
+    logits = hf_logits(hf_model, input_ids).astype(np.float64)[:, :-1]  # [B, T-1, V]: position t-1 scores token t
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    expected_logp = np.take_along_axis(log_probs, input_ids[:, 1:, None], axis=-1)[..., 0]
+    expected_entropy = -(np.exp(log_probs) * log_probs).sum(-1)
+    np.testing.assert_allclose(np.asarray(got.logp)[:, 1:], expected_logp, atol=TOLERANCE)
+    np.testing.assert_allclose(np.asarray(got.entropy)[:, 1:], expected_entropy, atol=TOLERANCE)
+    assert float(jnp.abs(got.logp[:, 0]).max()) == 0.0

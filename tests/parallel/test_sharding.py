@@ -52,8 +52,9 @@ def test_state_shardings_follow_parameter_metadata():
     _, state = nnx.split(Decoder(get_preset("tiny"), rngs=nnx.Rngs(0)))
     shardings = state_shardings(state, mesh)
     assert shardings["embed"].get_value().spec == P("tensor", "fsdp")  # [vocab, embed]
-    assert shardings["layers"][0]["attention"]["q_proj"].get_value().spec == P("fsdp", "tensor", None)
-    assert shardings["layers"][0]["mlp"]["down"].get_value().spec == P("tensor", "fsdp")
+    # Stacked [L, ...] layer parameters: the layer axis is never sharded.
+    assert shardings["layers"]["attention"]["q_proj"].get_value().spec == P(None, "fsdp", "tensor", None)
+    assert shardings["layers"]["mlp"]["down"].get_value().spec == P(None, "tensor", "fsdp")
     assert shardings["final_norm"]["scale"].get_value().spec == P(None)
 
 
@@ -68,9 +69,9 @@ def test_sharded_forward_on_8_devices_equals_single_device_forward():
     expected = jax.jit(forward)(state, ids)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     sharded_state = shard_state(state, mesh)
-    q_proj = sharded_state["layers"][0]["attention"]["q_proj"].get_value()
-    assert q_proj.sharding.spec == P("fsdp", "tensor", None) and len(q_proj.addressable_shards) == 8
-    assert q_proj.addressable_shards[0].data.shape == (32, 2, 16)
+    q_proj = sharded_state["layers"]["attention"]["q_proj"].get_value()
+    assert q_proj.sharding.spec == P(None, "fsdp", "tensor", None) and len(q_proj.addressable_shards) == 8
+    assert q_proj.addressable_shards[0].data.shape == (config.n_layers, 32, 2, 16)
     with jax.set_mesh(mesh):
         got = jax.jit(forward)(sharded_state, jax.device_put(ids, batch_sharding(mesh, 2)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=0)
@@ -87,11 +88,9 @@ def test_sharded_cached_decode_step_equals_single_device():
     cache = KVCache.init(config, batch=4, length=8)
     expected, _ = jax.jit(prefill)(state, cache, ids)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    cache_sharding = jax.sharding.NamedSharding(mesh, logical_to_spec(("batch", "length", "kv_heads", "head_dim")))
-    sharded_cache = cache.replace(
-        k=tuple(jax.device_put(k, cache_sharding) for k in cache.k),
-        v=tuple(jax.device_put(v, cache_sharding) for v in cache.v),
-    )
+    cache_sharding = jax.sharding.NamedSharding(
+        mesh, logical_to_spec(("layers", "batch", "length", "kv_heads", "head_dim")))  # [L, B, S, KVH, Dh]
+    sharded_cache = cache.replace(k=jax.device_put(cache.k, cache_sharding), v=jax.device_put(cache.v, cache_sharding))
     with jax.set_mesh(mesh):
         got, new_cache = jax.jit(prefill, donate_argnums=1)(shard_state(state, mesh), sharded_cache, ids)
     assert int(new_cache.index) == 6

@@ -2,7 +2,7 @@
 
 Per micro-batch: forward the packed rows under their ancestor mask (positions =
 depths), so every slot's logits equal the flat layout's logits at that token;
-score each flat token with the logits of its parent's slot (`score_row`,
+score each flat token with the hidden state of its parent's slot (`score_row`,
 `score_col`). The train step (`train_step.make_rl_train_step(...,
 logprobs=packed_logprobs)`) then applies exactly the flat `rl_loss_fn` to the
 `[B, T]` arrays. A node shared by several trajectories is computed once and the
@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aepo_jax.objectives.logprobs import token_logprobs_and_entropy
+from aepo_jax.models.lm_head import head_token_scores
+from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
 from aepo_jax.training.packing.ancestor_mask import ancestor_mask
-from aepo_jax.training.train_step import forward_logits
 
 Batch = dict[str, jax.Array]
 
@@ -38,21 +38,25 @@ def packed_logprobs(
 
     Token `t` of flat row `b` is scored at slot `(score_row, score_col)[b, t]`,
     its parent's slot; column 0 and padding are 0, as in the flat step.
-    A slot with several children is scored once per child: the slot's log
-    normaliser comes from the first child's log-prob (`packed_next_ids`),
-    which is also exactly the value used when the scored child is the first.
+    A slot with several children is scored once per child: the first child
+    (`packed_next_ids`) by the chunked LM head, the others by their own
+    logit (one dot product) minus the slot's log normaliser, so `[R, L, V]`
+    logits never exist when `chunk_size` is set.
     """
-    packed = {"input_ids": mb["packed_ids"], "positions": mb["packed_positions"],
-              "attention_mask": ancestor_mask(mb["packed_subtree_end"])}
-    logits = forward_logits(graphdef, params, packed, compute_dtype)  # [R, L, V]
-    first_logp, slot_entropy = token_logprobs_and_entropy(
-        logits, mb["packed_next_ids"], temperature=temperature, chunk_size=chunk_size)  # [R, L] each
-    first_logit = jnp.take_along_axis(logits, mb["packed_next_ids"][..., None], axis=-1)[..., 0]  # [R, L]
-    log_norm = first_logit.astype(jnp.float32) / temperature - first_logp  # [R, L]
+    model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
+    hidden = model(mb["packed_ids"], positions=mb["packed_positions"],
+                   attention_mask=ancestor_mask(mb["packed_subtree_end"]), return_hidden=True)  # [R, L, D]
+    head = model.head()  # [D, V]
+    slot = head_token_scores(hidden, head, mb["packed_next_ids"], dtype=model.config.dtype,
+                             temperature=temperature, chunk_size=chunk_size)  # [R, L] each, no [R, L, V]
 
     rows, cols, targets = mb["score_row"], mb["score_col"], mb["input_ids"]  # [B, T] each
-    target_logit = logits[rows, cols, targets].astype(jnp.float32) / temperature  # [B, T]
+    dtype = model.config.dtype
+    parent_hidden = hidden[rows, cols].astype(dtype)  # [B, T, D]
+    target_columns = jnp.take(head, targets, axis=1).astype(dtype)  # [D, B, T]
+    target_logit = jnp.einsum("btd,dbt->bt", parent_hidden, target_columns,
+                              preferred_element_type=jnp.float32) / temperature  # [B, T]
     is_first = mb["packed_next_ids"][rows, cols] == targets
-    logp = jnp.where(is_first, first_logp[rows, cols], target_logit - log_norm[rows, cols])
+    logp = jnp.where(is_first, slot.logp[rows, cols], target_logit - slot.log_norm[rows, cols])
     scored = mb["scored"] > 0
-    return jnp.where(scored, logp, 0.0), jnp.where(scored, slot_entropy[rows, cols], 0.0)
+    return jnp.where(scored, logp, 0.0), jnp.where(scored, slot.entropy[rows, cols], 0.0)
