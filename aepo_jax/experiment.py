@@ -44,6 +44,14 @@ TOKENIZER_FILES = ("tokenizer.model", "tokenizer.vocab")
 
 
 # -- rollout pieces ------------------------------------------------------------
+def start_runtime(cfg: ml_collections.ConfigDict) -> None:
+    """Process-wide JAX settings of the run, before its first jit: the persistent
+    compilation cache (`train.compilation_cache_dir`, "" = off)."""
+    from aepo_jax.parallel.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache(cfg.train.get("compilation_cache_dir") or None)
+
+
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
     """The agent loop's limits (spec §4) and entropy window (spec §1) from `cfg.rollout`."""
     r = cfg.rollout

@@ -111,7 +111,10 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
         environment_from,
         fit_model_to_tokenizer,
         save_run_files,
+        start_runtime,
     )
+
+    start_runtime(cfg)
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)
     env = environment_from(cfg, workdir)
