@@ -26,6 +26,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
+        "pytest-xdist>=3.5",  # `make test` runs the suite on 2 workers, one test file per worker at a time
         "hypothesis>=6.100",
         "torch==2.13.0",
         "transformers>=4.51",
