@@ -1,5 +1,15 @@
-"""Test-wide setup: eight fake CPU devices, set before jax is imported anywhere,
-and the hypothesis profiles.
+"""Test-wide setup: eight fake CPU devices and one persistent XLA compilation
+cache, both set before jax is imported anywhere, and the hypothesis profiles.
+
+Most of a test's time on CPU is XLA compilation, and many tests compile the
+same tiny programs (in both xdist workers and in the processes that tests
+start, which inherit the environment). JAX's persistent cache
+(`JAX_COMPILATION_CACHE_DIR`, every program however short its compile) shares
+them: a program is compiled once per run, and once per machine while
+`.pytest_cache/` lasts. The cache key covers the program, the devices, XLA
+flags and the jax version, so a hit is the same executable. Set
+`JAX_COMPILATION_CACHE_DIR` yourself to move it, or `JAX_ENABLE_COMPILATION_CACHE=false`
+to run without it.
 
 Profiles (`HYPOTHESIS_PROFILE=<name>`, default "ci"):
   ci:   derandomized (each test's examples come from a seed fixed by the test
@@ -23,6 +33,11 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
+                                   "jax-compilation-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 CI_EXAMPLES = 100  # hypothesis' own default: a test without a count gets this many under ci
 FUZZ_FACTOR = 10

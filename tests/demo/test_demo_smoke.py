@@ -1,8 +1,12 @@
-"""The whole demo pipeline end to end at its smallest setting (configs/demo.py:smoke).
+"""The whole demo pipeline end to end at its smallest setting (configs/demo.py:smoke),
+as a script and as the Colab notebook.
 
 Real parts throughout: generated task files, a trained SentencePiece
 tokenizer, the search server process, the python sandbox, SFT and AEPO
 updates, orbax checkpoints, held-out evaluation through the agent loop.
+The notebook test sits in this file so that it runs after the script's
+pipeline in the same test worker and reuses its compiled programs (the
+persistent compilation cache of tests/conftest.py).
 """
 
 import json
@@ -10,9 +14,13 @@ import math
 import os
 import sys
 
+import nbformat
 import pytest
+from nbclient import NotebookClient
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOTEBOOK = os.path.join(ROOT, "notebooks", "aepo_small_model.ipynb")
+sys.path.insert(0, ROOT)
 
 from configs.demo import get_config
 from launch.demo import format_table, run_demo
@@ -52,3 +60,17 @@ def test_every_stage_reports_and_leaves_its_artifacts(smoke_report):
             assert os.path.getsize(os.path.join(workdir, stage, name)) > 0, (stage, name)
     table = format_table(report)
     assert "| pass@1 |" in table and not any(math.isnan(report[s]["pass@1"]) for s in ("sft", "aepo"))
+
+
+def test_notebook_executes_at_smoke_size(tmp_path, monkeypatch):
+    """The Colab notebook runs headless at its smallest setting, so it cannot rot."""
+    pytest.importorskip("ipykernel")
+    monkeypatch.setenv("AEPO_NOTEBOOK_SIZE", "smoke")
+    monkeypatch.setenv("AEPO_NOTEBOOK_WORKDIR", str(tmp_path / "run"))
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    outputs = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                      for out in cell.get("outputs", []))
+    assert "size=smoke" in outputs
+    assert "global + " in outputs and "#0 [global" in outputs  # the rollout tree was printed
+    assert os.path.exists(tmp_path / "run" / "aepo" / "metrics.jsonl")
