@@ -101,14 +101,17 @@ def test_splash_refuses_a_dense_mask():
         masked_attention(q, k, v, jnp.ones((1, 128, 128), bool), implementation="splash")
 
 
-def test_decoder_with_splash_refuses_the_dense_mask_it_builds_today():
+def test_decoder_with_splash_traces_its_own_mask_and_refuses_a_dense_one():
     from flax import nnx
 
     config = get_preset("tiny", attention="splash", n_layers=1)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))  # shapes only
+    ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    logits = jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids), state, ids)  # causal AttentionMask
+    assert logits.shape == (1, 8, config.vocab_size)
     with pytest.raises(ValueError, match="splash backend needs an AttentionMask"):
-        jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids), state,
-                       jax.ShapeDtypeStruct((1, 8), jnp.int32))
+        jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids, attention_mask=jnp.ones((1, 8, 8), bool)),
+                       state, ids)
 
 
 def test_cudnn_on_cpu_raises_naming_the_backend():
