@@ -107,6 +107,7 @@ class Attention(nnx.Module):
         pdt = config.param_dtype
         self.dtype: Any = config.dtype
         self.implementation = check_backend(config.attention)
+        self.interpret = config.attention_interpret
         self.q_proj = logical_param(rngs, fan_in_normal(d), (d, h, dh), ("embed", "heads", "head_dim"), pdt)
         self.k_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
         self.v_proj = logical_param(rngs, fan_in_normal(d), (d, kvh, dh), ("embed", "kv_heads", "head_dim"), pdt)
@@ -151,5 +152,6 @@ class Attention(nnx.Module):
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
             cache_kv = (cache_k, cache_v)
-        out = masked_attention(q, k, v, mask, implementation=self.implementation)  # [B, T, H, Dh]
+        out = masked_attention(q, k, v, mask, implementation=self.implementation,
+                               interpret=self.interpret)  # [B, T, H, Dh]
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype)), cache_kv

@@ -6,12 +6,17 @@ Every mask the project builds is one rule over key slots (query t sits at slot
     allowed(b, t, j) = (key_valid[b, j] and j <= q and q < subtree_end[b, j]) or j == q,
     q = query_offset + t.
 
-- flat training rows (`training.train_step.attention_mask_from_valid`): causal
-  over the row, padding keys hidden, `query_offset = 0`, no subtree ends;
-- cached prefill / append / decode (`sampling.programs.block_attention_mask`):
-  `key_valid` = the cache's slot validity, `query_offset` = the first written slot;
-- tree-packed rows (`training.packing.ancestor_mask`): all slots valid and the
-  ancestor rule `j <= i < subtree_end[j]`.
+- flat training rows (`causal_mask`, built by `training.train_step` from the
+  batch's `valid`): causal over the row, padding keys hidden, `query_offset = 0`,
+  no subtree ends;
+- cached prefill / append / decode (`cached_mask`, built by
+  `sampling.programs.forward_block`): `key_valid` = the cache's slot validity,
+  `query_offset` = the first written slot;
+- tree-packed rows (`tree_mask`, built by `training.packing.packed_scorer`): all
+  slots valid and the ancestor rule `j <= i < subtree_end[j]`.
+
+These builders are the only place each mask is made; the decoder carries the
+`AttentionMask` through its scanned layers to `masked_attention`.
 
 A query always sees its own slot, so no row is fully masked. `to_dense` gives
 the `bool[B, T, S]` the dense path consumes (and the tests' reference); the

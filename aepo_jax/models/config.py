@@ -46,6 +46,9 @@ class ModelConfig:
     dtype: Any = "float32"
     param_dtype: Any = "float32"
     attention: str = "dense"  # attention backend (models/attention.py): "dense", "splash" (TPU), "cudnn" (GPU)
+    # Run the Pallas kernels behind `attention="splash"` in interpret mode, on any
+    # platform (CPU tests of the kernels inside the model); no effect on other backends.
+    attention_interpret: bool = False
     # Activation rematerialisation of each scanned layer: "none", "block" or a
     # `jax.checkpoint_policies` name (aepo_jax.models.remat). Numerics are unchanged.
     remat: str = "none"

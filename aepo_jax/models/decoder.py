@@ -4,7 +4,11 @@ One module covers Llama-3, SmolLM2, Qwen2.5 and Qwen3 (see `ModelConfig`).
 Contract (docs/interfaces.md): `model(input_ids)` returns float32 logits
 `[B, T, V]` under a causal mask; `positions` and `attention_mask` make
 left-padded, cached and tree-packed batches the same forward; with
-`kv_cache` the call also returns the updated cache.
+`kv_cache` the call also returns the updated cache. The mask is an
+`AttentionMask` (`attention_mask.py`: `causal_mask`, `cached_mask`,
+`tree_mask`), the O(B * S) form every attention backend takes, or a dense
+`bool[B, T, S]` (the dense and cuDNN backends only); it reaches every layer
+unchanged and each backend reads the form it needs (docs/attention.md).
 
 The layers are one `DecoderBlock` whose parameters are stacked along a
 leading `layers` axis (`nnx.vmap` at init) and applied with `lax.scan`, so a
@@ -19,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aepo_jax.models.attention import Attention
+from aepo_jax.models.attention_mask import AttentionMask, cached_mask, causal_mask
 from aepo_jax.models.config import ModelConfig
 from aepo_jax.models.kv_cache import KVCache
 from aepo_jax.models.layers import (
@@ -59,6 +64,20 @@ def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
     return make(rngs)
 
 
+def check_mask_shape(mask: AttentionMask | jax.Array, batch: int, length: int, n_keys: int, *, cached: bool) -> None:
+    """Raises naming the expected shapes unless `mask` covers `length` queries over `n_keys` keys."""
+    keys = "cache slots" if cached else "tokens"
+    if isinstance(mask, AttentionMask):
+        arrays = {"key_valid": mask.key_valid, "subtree_end": mask.subtree_end}
+        for name, array in arrays.items():
+            if array is not None and array.shape != (batch, n_keys):
+                raise ValueError(f"AttentionMask.{name} must be [B, S] = {(batch, n_keys)} (S = {keys}), "
+                                 f"got shape {array.shape}")
+    elif mask.ndim != 3 or mask.shape[-2:] != (length, n_keys):
+        raise ValueError(f"attention_mask must be bool[B, T, S] with T={length} queries and S={n_keys} keys "
+                         f"({keys}), got shape {mask.shape}")
+
+
 class Decoder(nnx.Module):
     """Token ids to next-token logits (float32), or to final hidden states."""
 
@@ -88,7 +107,7 @@ class Decoder(nnx.Module):
         self,
         input_ids: jax.Array,  # int32[B, T]
         positions: jax.Array | None = None,  # int32[B, T]
-        attention_mask: jax.Array | None = None,  # bool[B, T, T], or bool[B, T, S] with a cache
+        attention_mask: AttentionMask | jax.Array | None = None,  # over T keys, or S cache slots
         kv_cache: KVCache | None = None,
         *,
         last_logits_only: bool = False,
@@ -112,13 +131,9 @@ class Decoder(nnx.Module):
         n_keys = length if kv_cache is None else kv_cache.length
         if attention_mask is None:
             # Causal: query t (at slot offset + t) sees keys in slots <= offset + t.
-            causal = jnp.arange(n_keys)[None, :] <= (offset + jnp.arange(length))[:, None]  # [T, S]
-            attention_mask = jnp.broadcast_to(causal, (batch, length, n_keys))
-        elif attention_mask.ndim != 3 or attention_mask.shape[-2:] != (length, n_keys):
-            raise ValueError(
-                f"attention_mask must be bool[B, T, S] with T={length} queries and S={n_keys} keys "
-                f"({'cache slots' if kv_cache is not None else 'tokens'}), got shape {attention_mask.shape}"
-            )
+            every_key = jnp.ones((batch, n_keys), bool)
+            attention_mask = causal_mask(every_key) if kv_cache is None else cached_mask(every_key, offset)
+        check_mask_shape(attention_mask, batch, length, n_keys, cached=kv_cache is not None)
         if positions.shape != (batch, length):
             raise ValueError(f"positions must be int32[B, T] = {(batch, length)}, got shape {positions.shape}")
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))

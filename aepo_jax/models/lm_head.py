@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from aepo_jax.models.attention_mask import AttentionMask
+
 
 def project_to_vocab(hidden: jax.Array, head: jax.Array, dtype: Any) -> jax.Array:
     """Float32 logits `[B, t, V]` of hidden states `[B, t, D]` through `head` `[D, V]` (matmul in `dtype`)."""
@@ -106,7 +108,7 @@ def next_token_scores(
     model: Any,
     input_ids: jax.Array,
     positions: jax.Array,
-    attention_mask: jax.Array,
+    attention_mask: AttentionMask | jax.Array,
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,

@@ -2,7 +2,7 @@
 
 A tree-packed row lists its nodes in depth-first preorder, so key j is visible
 exactly to the queries of its subtree, the slot interval `[j, subtree_end[j])`
-(`training/packing/ancestor_mask.py`). Dense masked attention pays for every
+(`attention_mask.tree_mask`). Dense masked attention pays for every
 `(i, j)` pair; most of them are masked once a row holds several branches or
 several trees. This kernel tiles queries and keys into blocks, computes from
 `subtree_end` alone which `(query block, key block)` tiles hold at least one
@@ -295,7 +295,7 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, subtree_end: jax.Ar
       interpret: run the Pallas kernels in interpret mode (CPU, tests).
 
     Returns:
-      [B, L, H, Dh], equal to `masked_attention(q, k, v, ancestor_mask(subtree_end))`.
+      [B, L, H, Dh], equal to `masked_attention(q, k, v, tree_mask(subtree_end))`.
     """
     batch, length, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]

@@ -2,7 +2,8 @@
 
 `forward(params, tokens, positions, mask, cache) -> (logits, cache)` is the
 model's cached forward (docs/interfaces.md): the T new tokens are written at
-slots [cache.index, cache.index + T) of every row and mask is bool[B, T, S].
+slots [cache.index, cache.index + T) of every row and mask is their
+`AttentionMask` over the cache's S slots (`models.attention_mask.cached_mask`).
 Only the last position's logits are read, so `logits` may be [B, T, V] or
 just [B, 1, V] (the model's `last_logits_only`).
 """
@@ -15,6 +16,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from aepo_jax.models.attention_mask import cached_mask
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.state import DecodeArrays
 from aepo_jax.sampling.stopping import (
@@ -28,19 +30,6 @@ from aepo_jax.sampling.stopping import (
 from aepo_jax.sampling.token_distribution import draw_tokens, top_logprobs
 
 Forward = Callable[..., tuple[jax.Array, object]]
-
-
-def block_attention_mask(slot_valid: jax.Array, first_slot: jax.Array, block: int) -> jax.Array:
-    """bool[B, T, S]: query t (at slot first_slot + t) sees valid slots up to its own.
-
-    A query always sees its own slot, so a padding query (which no real query
-    ever attends to) still has one key and its softmax stays finite.
-    """
-    slots = jnp.arange(slot_valid.shape[1], dtype=jnp.int32)  # [S]
-    query_slots = first_slot + jnp.arange(block, dtype=jnp.int32)  # [T]
-    causal = slots[None, :] <= query_slots[:, None]  # [T, S]
-    own = slots[None, :] == query_slots[:, None]  # [T, S]
-    return (slot_valid[:, None, :] & causal[None]) | own[None]  # [B, T, S]
 
 
 def forward_block(
@@ -63,7 +52,9 @@ def forward_block(
     slot_valid = jax.lax.dynamic_update_slice(arrays.slot_valid, token_valid, (jnp.int32(0), first_slot))  # [B, S]
     offsets = jnp.cumsum(token_valid.astype(jnp.int32), axis=1) - 1  # [B, T]
     positions = arrays.next_position[:, None] + jnp.maximum(offsets, 0)  # [B, T]
-    mask = block_attention_mask(slot_valid, first_slot, tokens.shape[1])  # [B, T, S]
+    # Query t (slot first_slot + t) sees the valid slots up to its own, and always its own slot,
+    # so a padding query (which no real query ever attends to) keeps a finite softmax.
+    mask = cached_mask(slot_valid, first_slot)
     logits, cache = forward(params, tokens, positions, mask, cache)  # [B, T or 1, V]
     received = jnp.any(token_valid, axis=1)  # [B]
     last_logits = jnp.where(received[:, None], logits[:, -1].astype(jnp.float32), arrays.last_logits)  # [B, V]

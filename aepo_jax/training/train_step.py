@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from aepo_jax.models.attention_mask import causal_mask
 from aepo_jax.models.lm_head import TokenScores, next_token_scores
 from aepo_jax.objectives.aggregation import loss_denominator
 from aepo_jax.objectives.policy_loss import policy_loss
@@ -48,27 +49,10 @@ class StepConfig:
     logits_chunk_size: int | None = None
 
 
-def attention_mask_from_valid(valid: jax.Array) -> jax.Array:
-    """Causal mask that also hides padding keys: bool[B, T, T].
-
-    Every query may attend to itself, so an all-padding row stays finite.
-    """
-    length = valid.shape[1]
-    causal = jnp.tril(jnp.ones((length, length), bool))  # [T, T]
-    keys = valid.astype(bool)[:, None, :]  # [B, 1, T]
-    return (causal[None] & keys) | jnp.eye(length, dtype=bool)[None]
-
-
 def forward_logits(graphdef: nnx.GraphDef, params: Any, batch: Batch, compute_dtype: str | None = None) -> jax.Array:
     """Float32 logits `[B, T, V]` of the batch (params cast to `compute_dtype` first)."""
     model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
-    return model(batch["input_ids"], positions=batch["positions"], attention_mask=batch_attention_mask(batch))
-
-
-def batch_attention_mask(batch: Batch) -> jax.Array:
-    """The batch's `attention_mask`, or the causal+padding mask of its `valid` tokens."""
-    mask = batch.get("attention_mask")
-    return attention_mask_from_valid(batch["valid"]) if mask is None else mask
+    return model(batch["input_ids"], positions=batch["positions"], attention_mask=causal_mask(batch["valid"]))
 
 
 def batch_token_scores(graphdef: nnx.GraphDef, params: Any, batch: Batch, temperature: float = 1.0,
@@ -76,7 +60,7 @@ def batch_token_scores(graphdef: nnx.GraphDef, params: Any, batch: Batch, temper
     """`TokenScores` `[B, T]` of every token given the ones before it, from the model's hidden states:
     with `chunk_size`, `[B, T, V]` logits never exist (`aepo_jax.models.lm_head`)."""
     model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
-    return next_token_scores(model, batch["input_ids"], batch["positions"], batch_attention_mask(batch),
+    return next_token_scores(model, batch["input_ids"], batch["positions"], causal_mask(batch["valid"]),
                              temperature=temperature, chunk_size=chunk_size)
 
 
@@ -212,7 +196,7 @@ def make_rl_train_step(
 
     Flat (default `logprobs`): the batch needs `input_ids, positions, valid, mask,
     logp_old, advantages` (`[B, T]`), optionally `logp_ref` (required when
-    `kl_coef > 0`) and `attention_mask` (`bool[B, T, T]`); it is split into
+    `kl_coef > 0`); attention is causal over its `valid` tokens; it is split into
     micro-batches of `cfg.micro_batch_size` rows inside the step. With another
     scorer (`packing.packed_logprobs`) the batch arrives already micro-batched,
     every array with a leading `[M]` axis (`packing.build_train_batch`), and

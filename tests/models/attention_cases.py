@@ -50,3 +50,13 @@ def random_subtree_ends(rng, batch: int, length: int, trees_end_at: tuple[int, .
             if parent[i] >= 0:
                 ends[b, parent[i]] = max(ends[b, parent[i]], ends[b, i])
     return ends
+
+
+def numpy_ancestor_mask(ends: np.ndarray) -> np.ndarray:
+    """bool[B, L, L] of the tree rule, slot by slot: key j is visible to queries j..ends[j]-1."""
+    batch, length = ends.shape
+    mask = np.zeros((batch, length, length), bool)
+    for b in range(batch):
+        for j in range(length):
+            mask[b, j:ends[b, j], j] = True
+    return mask

@@ -1,5 +1,5 @@
-"""The dense attention path against a numpy reference, structured masks against the project's mask builders,
-and the backend switch's errors (flash kernels themselves: test_attention_kernels.py)."""
+"""The dense attention path against a numpy reference, structured masks against the rules written out slot
+by slot, and the backend switch's errors (flash kernels themselves: test_attention_kernels.py)."""
 
 from __future__ import annotations
 
@@ -7,41 +7,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import numpy_attention, random_qkv, random_subtree_ends
+from attention_cases import (
+    numpy_ancestor_mask,
+    numpy_attention,
+    random_qkv,
+    random_subtree_ends,
+)
 
 from aepo_jax.models import Decoder, get_preset
 from aepo_jax.models.attention import masked_attention as eager_masked_attention
 from aepo_jax.models.attention_flash import UnsupportedPlatformError
 from aepo_jax.models.attention_mask import cached_mask, causal_mask, tree_mask
-from aepo_jax.sampling.programs import block_attention_mask
-from aepo_jax.training.packing.ancestor_mask import ancestor_mask
-from aepo_jax.training.train_step import attention_mask_from_valid
 
 masked_attention = jax.jit(eager_masked_attention, static_argnames=("implementation", "interpret"))
 
 
-def test_causal_mask_matches_the_training_mask_with_padding_anywhere():
+def test_causal_mask_hides_padding_keys_anywhere_and_always_shows_a_query_its_own_token():
     valid = np.ones((3, 12), bool)
     valid[0, :4] = False  # left padding
     valid[1, 9:] = False  # right padding
     valid[2, 5:7] = False  # a hole
     got = causal_mask(jnp.asarray(valid)).to_dense(12)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(attention_mask_from_valid(jnp.asarray(valid))))
+    want = (np.tril(np.ones((12, 12), bool))[None] & valid[:, None, :]) | np.eye(12, dtype=bool)[None]
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
 @pytest.mark.parametrize("block, first_slot", [(1, 9), (4, 6), (4, 0)])
-def test_cached_mask_matches_the_sampler_mask(block, first_slot):
+def test_cached_mask_shows_each_query_the_valid_slots_up_to_its_own_and_its_own(block, first_slot):
     rng = np.random.default_rng(block)
     slot_valid = rng.random((3, 16)) < 0.7  # per-row holes, as left-padded appends leave
     got = cached_mask(jnp.asarray(slot_valid), first_slot).to_dense(block)
-    want = block_attention_mask(jnp.asarray(slot_valid), jnp.int32(first_slot), block)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    query_slots = first_slot + np.arange(block)[:, None]  # [T, 1]
+    slots = np.arange(16)[None, :]  # [1, S]
+    want = (slot_valid[:, None, :] & (slots <= query_slots)[None]) | (slots == query_slots)[None]
+    np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_tree_mask_matches_the_ancestor_mask():
+def test_tree_mask_shows_each_key_to_its_subtree_only():
     ends = random_subtree_ends(np.random.default_rng(0), 3, 30, trees_end_at=(11, 20))
     got = tree_mask(jnp.asarray(ends)).to_dense(30)
-    np.testing.assert_array_equal(np.asarray(got), ancestor_mask(ends))
+    np.testing.assert_array_equal(np.asarray(got), numpy_ancestor_mask(ends))
 
 
 def test_dense_causal_left_padded_gqa_matches_numpy():
@@ -101,14 +106,17 @@ def test_splash_refuses_a_dense_mask():
         masked_attention(q, k, v, jnp.ones((1, 128, 128), bool), implementation="splash")
 
 
-def test_decoder_with_splash_refuses_the_dense_mask_it_builds_today():
+def test_decoder_with_splash_traces_its_own_mask_and_refuses_a_dense_one():
     from flax import nnx
 
     config = get_preset("tiny", attention="splash", n_layers=1)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))  # shapes only
+    ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    logits = jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids), state, ids)  # causal AttentionMask
+    assert logits.shape == (1, 8, config.vocab_size)
     with pytest.raises(ValueError, match="splash backend needs an AttentionMask"):
-        jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids), state,
-                       jax.ShapeDtypeStruct((1, 8), jnp.int32))
+        jax.eval_shape(lambda state, ids: nnx.merge(graphdef, state)(ids, attention_mask=jnp.ones((1, 8, 8), bool)),
+                       state, ids)
 
 
 def test_cudnn_on_cpu_raises_naming_the_backend():

@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from attention_cases import random_qkv, random_subtree_ends
+from attention_cases import numpy_ancestor_mask, random_qkv, random_subtree_ends
 
 from aepo_jax.models.attention import masked_attention
 from aepo_jax.models.attention_mask import cached_mask, causal_mask, tree_mask
@@ -17,7 +17,6 @@ from aepo_jax.models.tree_attention import (
     tree_attention,
     tree_block_map,
 )
-from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 
 
 def values_and_grads(implementation: str, q, k, v, mask, weights):
@@ -67,7 +66,7 @@ def test_tree_kernel_matches_dense_ancestor_attention_values_and_grads():
         out = attend(q, k, v)
         return jnp.sum(out * weights), out
 
-    dense = functools.partial(masked_attention, mask=ancestor_mask(jnp.asarray(ends)))
+    dense = functools.partial(masked_attention, mask=tree_mask(jnp.asarray(ends)))
     (_, out), grads = jax.jit(jax.value_and_grad(functools.partial(loss, kernel), (0, 1, 2), has_aux=True))(q, k, v)
     (_, want), want_grads = jax.jit(jax.value_and_grad(functools.partial(loss, dense), (0, 1, 2), has_aux=True))(
         q, k, v)
@@ -104,7 +103,7 @@ def test_splash_tree_rows_lower_for_tpu():
 
 def test_tree_block_map_marks_exactly_the_tiles_with_an_allowed_pair():
     ends = random_subtree_ends(np.random.default_rng(4), 3, 48, trees_end_at=(20, 33))
-    dense = ancestor_mask(ends).reshape(3, 6, 8, 4, 12)  # [B, nq, bq, nk, bk]
+    dense = numpy_ancestor_mask(ends).reshape(3, 6, 8, 4, 12)  # [B, nq, bq, nk, bk]
     want = dense.any(axis=(2, 4)).astype(np.int32)
     np.testing.assert_array_equal(tree_block_map(ends, 8, 12), want)
     np.testing.assert_array_equal(np.asarray(tree_block_map(jnp.asarray(ends), 8, 12)), want)

@@ -8,6 +8,7 @@ from flax import nnx
 
 from aepo_jax.models import Decoder, KVCache, get_preset
 from aepo_jax.models.attention import masked_attention
+from aepo_jax.models.attention_mask import causal_mask
 
 
 def _model(**overrides):
@@ -166,5 +167,7 @@ def test_wrong_mask_or_positions_shape_raises_naming_the_expected_shape():
     ids = jnp.zeros((2, 5), jnp.int32)
     with pytest.raises(ValueError, match=r"attention_mask must be bool\[B, T, S\] with T=5 queries and S=16 keys"):
         model(ids, attention_mask=jnp.ones((2, 5, 5), bool), kv_cache=KVCache.init(model.config, 2, 16))
+    with pytest.raises(ValueError, match=r"AttentionMask.key_valid must be \[B, S\] = \(2, 16\) \(S = cache slots\)"):
+        model(ids, attention_mask=causal_mask(jnp.ones((2, 5), bool)), kv_cache=KVCache.init(model.config, 2, 16))
     with pytest.raises(ValueError, match=r"positions must be int32\[B, T\] = \(2, 5\)"):
         model(ids, positions=jnp.zeros((5,), jnp.int32))

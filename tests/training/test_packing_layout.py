@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from aepo_jax.models import get_preset
+from aepo_jax.models.attention_mask import tree_mask
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing import build_train_batch, per_sequence_values
-from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.packing.layout import first_fit_decreasing, layout_forest
 from aepo_jax.training.packing.row_length import choose_row_len
 from aepo_jax.training.packing.trie import build_prefix_forest, preorder_and_sizes
@@ -16,7 +16,7 @@ from aepo_jax.training.packing.trie import build_prefix_forest, preorder_and_siz
 
 def _rows(layout):
     """(tokens per slot, mask) of a layout whose node ids are the tokens themselves."""
-    return np.asarray(ancestor_mask(layout.subtree_end))
+    return np.asarray(tree_mask(layout.subtree_end).to_dense(layout.subtree_end.shape[1]))
 
 
 def _expected(sets, length):

@@ -5,7 +5,6 @@
     state, metrics = step(state, place_train_batch(batch, "tree", mesh))
 """
 
-from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 from aepo_jax.training.packing.buckets import bucket_size, pad_to_buckets
 from aepo_jax.training.packing.layout import (
     PackedLayout,
@@ -47,7 +46,6 @@ __all__ = [
     "PackingTally",
     "PrefixForest",
     "agree_batch_shapes",
-    "ancestor_mask",
     "bucket_size",
     "build_packed_batch",
     "build_prefix_forest",

@@ -16,7 +16,7 @@ parts are padded to common shapes. Arrays (numpy):
   `scored` (1 where the token has a scoring slot: t >= 1 of a real token);
   `score_row`, `score_col` int32.
 - packed, `[M, R, L]`: `packed_ids`, `packed_positions` (= depth),
-  `packed_subtree_end` (the ancestor-mask intervals, see `ancestor_mask.py`),
+  `packed_subtree_end` (the ancestor-mask intervals, `models.attention_mask.tree_mask`),
   `packed_next_ids` (the first child's token in the row, or 0).
 - `sequence_index` int32 `[M, B]`: which input sequence each flat row holds, -1 for padding.
 """

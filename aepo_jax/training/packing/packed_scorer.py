@@ -1,7 +1,8 @@
 """The tree-packed log-prob scorer: one forward over packed rows, flat per-token log-probs.
 
-Per micro-batch: forward the packed rows under their ancestor mask (positions =
-depths), so every slot's logits equal the flat layout's logits at that token;
+Per micro-batch: forward the packed rows under their ancestor mask
+(`tree_mask(packed_subtree_end)`, which the splash backend runs through the
+tree kernel; positions = depths), so every slot's logits equal the flat layout's logits at that token;
 score each flat token with the hidden state of its parent's slot (`score_row`,
 `score_col`). The train step (`train_step.make_rl_train_step(...,
 logprobs=packed_logprobs)`) then applies exactly the flat `rl_loss_fn` to the
@@ -19,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aepo_jax.models.attention_mask import tree_mask
 from aepo_jax.models.lm_head import head_token_scores
 from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
-from aepo_jax.training.packing.ancestor_mask import ancestor_mask
 
 Batch = dict[str, jax.Array]
 
@@ -45,7 +46,7 @@ def packed_logprobs(
     """
     model = nnx.merge(graphdef, cast_for_compute(params, resolve_dtype(compute_dtype)))
     hidden = model(mb["packed_ids"], positions=mb["packed_positions"],
-                   attention_mask=ancestor_mask(mb["packed_subtree_end"]), return_hidden=True)  # [R, L, D]
+                   attention_mask=tree_mask(mb["packed_subtree_end"]), return_hidden=True)  # [R, L, D]
     head = model.head()  # [D, V]
     slot = head_token_scores(hidden, head, mb["packed_next_ids"], dtype=model.config.dtype,
                              temperature=temperature, chunk_size=chunk_size)  # [R, L] each, no [R, L, V]
