@@ -298,14 +298,15 @@ def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> 
             cfg.model.vocab_size = int(env.tokenizer.vocab_size)
 
 
-def model_from(cfg: ml_collections.ConfigDict, env: Environment) -> tuple[Any, Any]:
-    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder."""
+def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:
+    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder
+    (created on its shards of `mesh` when given)."""
     from aepo_jax.training.build import init_model
 
     if env.pretrained is not None:
         return env.pretrained
     fit_model_to_tokenizer(cfg, env)
-    return init_model(cfg)
+    return init_model(cfg, mesh=mesh)
 
 
 def parameter_count(params: Any) -> int:
@@ -365,31 +366,46 @@ class _TimedTools:
         return seconds
 
 
-def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, mesh: Any = None):
-    """`rollout_fn(prompts, k, params, key, rng) -> (groups, stats)`, the RL trainer's rollout seam."""
+class AgentRollout:
+    """The RL trainer's rollout seam: `(prompts, k, params, key, rng) -> (groups, stats)`.
+
+    Holds the sampler (on the run's mesh), the agent loop and the strategy, so
+    a caller can inspect what the rollouts run on.
+    """
+
+    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: _TimedTools):
+        self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
+
+    def __call__(self, prompts, k, current_params, key, rng):
+        self.sampler.set_params(current_params)
+        groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
+        stats = stats.as_dict()
+        stats["tool_seconds"] = self._tools.take_seconds()  # wall time spent waiting on tools
+        return groups, stats
+
+
+def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
+                    mesh: Any = None) -> AgentRollout:
+    """The RL trainer's rollout function; its sampler's KV cache lives on `mesh` (the trainer's)."""
     sampler = sampler_from(cfg, graphdef, params, env.tokenizer, mesh)
     timed_tools = _TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
-    strategy = rollout_config_from(cfg)
-
-    def rollout_fn(prompts, k, current_params, key, rng):
-        sampler.set_params(current_params)
-        groups, stats = rollout(prompts, k, loop=loop, config=strategy, rng=rng, key=key)
-        stats = stats.as_dict()
-        stats["tool_seconds"] = timed_tools.take_seconds()  # wall time spent waiting on tools
-        return groups, stats
-
-    return rollout_fn
+    return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools)
 
 
 def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
                     params: Any = None, process_index: int = 0, process_count: int = 1):
-    """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`)."""
+    """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`).
+
+    One mesh (`cfg.mesh`) serves the train step and the rollout sampler, whose
+    KV cache is created on it, split over the batch axes and KV heads."""
+    from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 
+    mesh = make_mesh_from(cfg)
     if graphdef is None:
-        graphdef, params = model_from(cfg, env)
-    return RLTrainer(cfg, workdir, rollout_fn=rollout_fn_from(cfg, env, graphdef, params),
+        graphdef, params = model_from(cfg, env, mesh)
+    return RLTrainer(cfg, workdir, rollout_fn=rollout_fn_from(cfg, env, graphdef, params, mesh), mesh=mesh,
                      pipeline=pipeline_from(cfg, env.examples, process_index, process_count),
                      encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
                      pad_id=int(env.tokenizer.pad_id), process_index=process_index)
