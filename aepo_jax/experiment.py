@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,9 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
 
 def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
-    else none) and the python sandbox, with the config's timeout, result size and search top-k."""
+    else none) and the python sandbox, with the config's timeout, result size and search top-k.
+    `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
+    than that (benchmarks of tool latency; an external `data.search_url` keeps its own)."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         PythonSandbox,
@@ -127,15 +130,16 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
 
     closers: list[Callable[[], None]] = []
     tools: dict[str, Any] = {}
+    latency_ms = float(cfg.rollout.get("tool_latency_ms", 0))
     search_url = cfg.data.get("search_url") or ""
     if not search_url and corpus_path:
-        server = start_search_server(str(corpus_path))
+        server = start_search_server(str(corpus_path), latency_ms=latency_ms)
         closers.append(server.stop)
         search_url = server.url
     if search_url:
         tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
                                      max_result_chars=int(cfg.rollout.max_result_chars))
-    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)
     registry = ToolRegistry(tools)
@@ -349,20 +353,23 @@ def pipeline_from(cfg: ml_collections.ConfigDict, examples: Sequence[dict], proc
 
 
 class _TimedTools:
-    """Forwards `run_many` to a tool registry and adds up the wall time spent in it."""
+    """Forwards `run_many` to a tool registry and adds up the wall time spent in it (summed over
+    threads: under the continuous schedule calls overlap each other and decoding)."""
 
     def __init__(self, tools: Any):
-        self.tools, self.seconds = tools, 0.0
+        self.tools, self.seconds, self._lock = tools, 0.0, threading.Lock()
 
     def run_many(self, calls):
         start = time.perf_counter()
         try:
             return self.tools.run_many(calls)
         finally:
-            self.seconds += time.perf_counter() - start
+            with self._lock:
+                self.seconds += time.perf_counter() - start
 
     def take_seconds(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
+        with self._lock:
+            seconds, self.seconds = self.seconds, 0.0
         return seconds
 
 

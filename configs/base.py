@@ -91,6 +91,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.max_response_len = 6192
     c.rollout.max_tool_calls = 6
     c.rollout.tool_timeout_s = 120.0
+    c.rollout.tool_latency_ms = 0.0  # benchmarks: started search server and sandbox answer after >= this (0 = off)
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
 

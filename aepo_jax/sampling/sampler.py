@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import secrets
+import time
 from collections.abc import Sequence
 
 import jax
@@ -144,6 +145,7 @@ class Sampler:
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._calls = 0
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
+        self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
         self.layout = None if mesh is None else DecodeSharding(mesh)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
@@ -154,6 +156,14 @@ class Sampler:
     def counters(self) -> dict[str, int]:
         """Real tokens run through the model so far, by kind (prefill, append, decode)."""
         return dict(self._counters)
+
+    @property
+    def device_seconds(self) -> dict[str, float]:
+        """Wall seconds spent inside the sampler's jitted programs so far, by kind (prefill,
+        append, decode, reshape = grow / fork / concat), each call timed until its results are
+        ready. Their sum over a rollout's wall time is the device-busy fraction
+        (`benchmarks/rollout_bench.py`); the first call of a shape includes its compilation."""
+        return dict(self._device_seconds)
 
     @staticmethod
     def compiled_programs() -> int:
@@ -198,7 +208,7 @@ class Sampler:
         self._check_capacity(block)
         arrays = self._empty_arrays(batch, bucket_length(block, MIN_CACHE_SLOTS))
         state = DecodeState(arrays, len(prompts))
-        state = self._run_block(state, prompts, block)
+        state = self._run_block(state, prompts, block, "prefill")
         self._counters["prefill_tokens"] += sum(len(p) for p in prompts)
         return state
 
@@ -211,7 +221,7 @@ class Sampler:
             return state
         block = bucket_length(longest, MIN_BLOCK)
         state = self._ensure_room(state, block)
-        state = self._run_block(state, token_lists, block)
+        state = self._run_block(state, token_lists, block, "append")
         self._counters["append_tokens"] += sum(len(t) for t in token_lists)
         return state
 
@@ -245,12 +255,11 @@ class Sampler:
         if jnp.issubdtype(key.dtype, jnp.uint32):
             key = jax.random.wrap_key_data(key)
         row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
-        with self._mesh_context():
-            arrays, out = _decode_program(
-                self._graphdef, self._params_state, state.arrays, row_keys, place_rows(self.layout, jnp.asarray(budgets)),
-                self._stop_table, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
-                num_top_logprobs=int(top_logprobs), layout=self.layout,
-            )
+        arrays, out = self._call(
+            "decode", _decode_program, self._graphdef, self._params_state, state.arrays, row_keys,
+            place_rows(self.layout, jnp.asarray(budgets)), self._stop_table, max_steps=steps, sampling=sampling,
+            pad_id=self.pad_id, num_top_logprobs=int(top_logprobs), layout=self.layout,
+        )
         out = jax.device_get(out)
         n, width = state.num_rows, max(longest, 0)
         result = SampleOutput(
@@ -293,15 +302,15 @@ class Sampler:
         for s in states:
             arrays = s.arrays
             if s.cache_length < length:
-                arrays = _grow_program(arrays, length, self.layout)
+                arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
             if s.cursor < cursor:
-                arrays = _shift_program(arrays, jnp.int32(cursor), self.layout)
+                arrays = self._call("reshape", _shift_program, arrays, jnp.int32(cursor), self.layout)
             aligned.append(arrays)
             rows.extend(range(offset, offset + s.num_rows))
             offset += s.batch_size
         stacked = aligned[0]
         for arrays in aligned[1:]:
-            stacked = _concat_program(stacked, arrays, self.layout)
+            stacked = self._call("reshape", _concat_program, stacked, arrays, self.layout)
         return DecodeState(self._gather(stacked, rows), len(rows))
 
     # ----------------------------------------------------------------- internals
@@ -312,21 +321,30 @@ class Sampler:
     def _mesh_context(self):
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
+    def _call(self, kind: str, program, *args, **kwargs):
+        """Runs a jitted program under the mesh and waits for its results; the wall time goes to
+        `device_seconds[kind]`."""
+        start = time.perf_counter()
+        with self._mesh_context():
+            out = jax.block_until_ready(program(*args, **kwargs))
+        self._device_seconds[kind] += time.perf_counter() - start
+        return out
+
     def _empty_arrays(self, batch: int, length: int) -> DecodeArrays:
         """Zero decode arrays, created under jit directly on their shards (never whole on one device)."""
         c = self.config
         make = empty_program(self.layout, c.n_layers, batch, length, c.n_kv_heads, c.head_dim, c.vocab_size,
                              jnp.dtype(self._cache_dtype).name)
-        return make()
+        return self._call("prefill", make)
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
         batch = bucket_batch(len(rows), self._data_size)
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
-        with self._mesh_context():
-            return _take_program(arrays, index, self.layout)
+        return self._call("reshape", _take_program, arrays, index, self.layout)
 
-    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int) -> DecodeState:
+    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int,
+                   kind: str) -> DecodeState:
         tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
         valid = np.zeros((state.batch_size, block), bool)
         for row, ids in enumerate(token_lists):
@@ -334,11 +352,8 @@ class Sampler:
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        with self._mesh_context():
-            arrays = _block_program(
-                self._graphdef, self._params_state, state.arrays, place_rows(self.layout, tokens),
-                place_rows(self.layout, valid), self.layout,
-            )
+        arrays = self._call(kind, _block_program, self._graphdef, self._params_state, state.arrays,
+                            place_rows(self.layout, tokens), place_rows(self.layout, valid), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:
@@ -347,9 +362,8 @@ class Sampler:
         self._check_capacity(end)
         if end <= state.cache_length:
             return state
-        with self._mesh_context():
-            arrays = _grow_program(state.arrays, min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len),
-                                   self.layout)
+        arrays = self._call("reshape", _grow_program, state.arrays,
+                            min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _check_capacity(self, slots: int) -> None:
