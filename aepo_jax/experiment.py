@@ -54,11 +54,12 @@ def start_runtime(cfg: ml_collections.ConfigDict) -> None:
 
 
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
-    """The agent loop's limits (spec §4) and entropy window (spec §1) from `cfg.rollout`."""
+    """The agent loop's limits (spec §4), entropy window (spec §1) and schedule from `cfg.rollout`."""
     r = cfg.rollout
     return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
                       max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
-                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure)
+                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
+                      schedule=str(r.get("schedule", "rounds")), chunk_tokens=int(r.get("chunk_tokens", 64)))
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,
