@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,11 +54,12 @@ def start_runtime(cfg: ml_collections.ConfigDict) -> None:
 
 
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
-    """The agent loop's limits (spec §4) and entropy window (spec §1) from `cfg.rollout`."""
+    """The agent loop's limits (spec §4), entropy window (spec §1) and schedule from `cfg.rollout`."""
     r = cfg.rollout
     return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
                       max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
-                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure)
+                      entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
+                      schedule=str(r.get("schedule", "rounds")), chunk_tokens=int(r.get("chunk_tokens", 64)))
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,
@@ -116,7 +118,9 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
 
 def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
-    else none) and the python sandbox, with the config's timeout, result size and search top-k."""
+    else none) and the python sandbox, with the config's timeout, result size and search top-k.
+    `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
+    than that (benchmarks of tool latency; an external `data.search_url` keeps its own)."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         PythonSandbox,
@@ -127,15 +131,16 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
 
     closers: list[Callable[[], None]] = []
     tools: dict[str, Any] = {}
+    latency_ms = float(cfg.rollout.get("tool_latency_ms", 0))
     search_url = cfg.data.get("search_url") or ""
     if not search_url and corpus_path:
-        server = start_search_server(str(corpus_path))
+        server = start_search_server(str(corpus_path), latency_ms=latency_ms)
         closers.append(server.stop)
         search_url = server.url
     if search_url:
         tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
                                      max_result_chars=int(cfg.rollout.max_result_chars))
-    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)
     registry = ToolRegistry(tools)
@@ -298,14 +303,15 @@ def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> 
             cfg.model.vocab_size = int(env.tokenizer.vocab_size)
 
 
-def model_from(cfg: ml_collections.ConfigDict, env: Environment) -> tuple[Any, Any]:
-    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder."""
+def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:
+    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder
+    (created on its shards of `mesh` when given)."""
     from aepo_jax.training.build import init_model
 
     if env.pretrained is not None:
         return env.pretrained
     fit_model_to_tokenizer(cfg, env)
-    return init_model(cfg)
+    return init_model(cfg, mesh=mesh)
 
 
 def parameter_count(params: Any) -> int:
@@ -348,48 +354,66 @@ def pipeline_from(cfg: ml_collections.ConfigDict, examples: Sequence[dict], proc
 
 
 class _TimedTools:
-    """Forwards `run_many` to a tool registry and adds up the wall time spent in it."""
+    """Forwards `run_many` to a tool registry and adds up the wall time spent in it (summed over
+    threads: under the continuous schedule calls overlap each other and decoding)."""
 
     def __init__(self, tools: Any):
-        self.tools, self.seconds = tools, 0.0
+        self.tools, self.seconds, self._lock = tools, 0.0, threading.Lock()
 
     def run_many(self, calls):
         start = time.perf_counter()
         try:
             return self.tools.run_many(calls)
         finally:
-            self.seconds += time.perf_counter() - start
+            with self._lock:
+                self.seconds += time.perf_counter() - start
 
     def take_seconds(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
+        with self._lock:
+            seconds, self.seconds = self.seconds, 0.0
         return seconds
 
 
-def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, mesh: Any = None):
-    """`rollout_fn(prompts, k, params, key, rng) -> (groups, stats)`, the RL trainer's rollout seam."""
+class AgentRollout:
+    """The RL trainer's rollout seam: `(prompts, k, params, key, rng) -> (groups, stats)`.
+
+    Holds the sampler (on the run's mesh), the agent loop and the strategy, so
+    a caller can inspect what the rollouts run on.
+    """
+
+    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: _TimedTools):
+        self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
+
+    def __call__(self, prompts, k, current_params, key, rng):
+        self.sampler.set_params(current_params)
+        groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
+        stats = stats.as_dict()
+        stats["tool_seconds"] = self._tools.take_seconds()  # wall time spent waiting on tools
+        return groups, stats
+
+
+def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
+                    mesh: Any = None) -> AgentRollout:
+    """The RL trainer's rollout function; its sampler's KV cache lives on `mesh` (the trainer's)."""
     sampler = sampler_from(cfg, graphdef, params, env.tokenizer, mesh)
     timed_tools = _TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
-    strategy = rollout_config_from(cfg)
-
-    def rollout_fn(prompts, k, current_params, key, rng):
-        sampler.set_params(current_params)
-        groups, stats = rollout(prompts, k, loop=loop, config=strategy, rng=rng, key=key)
-        stats = stats.as_dict()
-        stats["tool_seconds"] = timed_tools.take_seconds()  # wall time spent waiting on tools
-        return groups, stats
-
-    return rollout_fn
+    return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools)
 
 
 def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
                     params: Any = None, process_index: int = 0, process_count: int = 1):
-    """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`)."""
+    """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`).
+
+    One mesh (`cfg.mesh`) serves the train step and the rollout sampler, whose
+    KV cache is created on it, split over the batch axes and KV heads."""
+    from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 
+    mesh = make_mesh_from(cfg)
     if graphdef is None:
-        graphdef, params = model_from(cfg, env)
-    return RLTrainer(cfg, workdir, rollout_fn=rollout_fn_from(cfg, env, graphdef, params),
+        graphdef, params = model_from(cfg, env, mesh)
+    return RLTrainer(cfg, workdir, rollout_fn=rollout_fn_from(cfg, env, graphdef, params, mesh), mesh=mesh,
                      pipeline=pipeline_from(cfg, env.examples, process_index, process_count),
                      encode_prompt=env.encode_prompt, reward_fn=env.reward_fn, graphdef=graphdef, params=params,
                      pad_id=int(env.tokenizer.pad_id), process_index=process_index)

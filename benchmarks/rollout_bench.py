@@ -1,11 +1,16 @@
-"""Tokens/s of a full AEPO rollout and forward tokens computed vs tokens in the trajectories.
+"""Trajectories/s, device-busy fraction and forward tokens per trajectory token of a full AEPO rollout,
+per agent-loop schedule (`rounds` vs `continuous`), with real tools that can be made slow.
 
 Tiny model (random weights, so tool calls are forced through `ToolForcingGenerator`),
-real tools (search server on loopback, python sandbox), k=8, 16 prompts. Runs the
-same rollout with branches forked from the KV cache and with every branch
-re-prefilled from scratch and prints a table (JSON with `--json OUT`).
+real tools (search server on loopback, python sandbox), k=8, 16 prompts.
+`--tool-latency-ms N` makes the search server and the sandbox answer no sooner than N ms
+after a call (their own latency options, not a mock). Device-busy fraction: wall seconds
+inside the sampler's jitted programs (each call timed until its results are ready,
+`Sampler.device_seconds`) over the rollout's wall time; the forcing generator's scoring
+forward (a benchmark artefact) is reported beside it. Prints a table; `--json OUT` writes
+`{"schedules": {"rounds": {...}, "continuous": {...}}, "rows": [...]}`.
 
-    python -m benchmarks.rollout_bench [--json OUT.json]
+    python -m benchmarks.rollout_bench --tool-latency-ms 200 [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from aepo_jax.agent.forcing import ToolForcingGenerator
-from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig, agent_stop_sequences
 from aepo_jax.agent.prompts import PromptConfig, render_prompts
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models import Decoder, get_preset
@@ -38,26 +43,8 @@ from aepo_jax.tools import (
 )
 from benchmarks.bench_json import add_json_flag, write_json
 
-
-class TimedGenerator:
-    """Passes every call through to `inner`, adding up wall seconds per method (results fetched to host)."""
-
-    def __init__(self, inner):
-        self.inner, self.seconds = inner, {}
-
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if name not in ("prefill", "generate", "append", "fork", "concat"):
-            return attr
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = attr(*args, **kwargs)
-            jax.block_until_ready(jax.tree.leaves(getattr(out[0] if isinstance(out, tuple) else out, "inner", out)))
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            return out
-
-        return timed
+SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction", "device_busy_fraction_with_scoring",
+                "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches")
 
 
 TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
@@ -69,9 +56,16 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per mode (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per schedule (after one warm-up)")
+    parser.add_argument("--tool-latency-ms", type=float, default=0.0,
+                        help="the search server and the sandbox answer no sooner than this after a call")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES), help="agent-loop schedules to compare")
+    parser.add_argument("--branch-by", default="fork", help="fork (KV-cache copy) and/or prefill, comma-separated")
+    parser.add_argument("--chunk-tokens", type=int, default=64, help="the continuous schedule's decode chunk")
     add_json_flag(parser)
     args = parser.parse_args()
+    schedules = [x for x in args.schedules.split(",") if x]
+    branch_modes = [x for x in args.branch_by.split(",") if x]
 
     corpus = {t.lower(): f"{t}\n{t} is a town of {1000 + 37 * i} people founded in {1800 + 7 * i}."
               for i, t in enumerate(TOWNS)}
@@ -84,48 +78,79 @@ def main() -> None:
                       stop_sequences=agent_stop_sequences(tok), max_cache_len=8192, seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = TimedGenerator(ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=16))
+    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=16)
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
         path.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in corpus.items()))
         limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_bytes=256 << 20)
-        with start_search_server(str(path)) as server, PythonSandbox(limits, pool_size=4) as sandbox:
+        latency = args.tool_latency_ms
+        with (start_search_server(str(path), latency_ms=latency) as server,
+              PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
             registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
                                      "python": PythonTool(sandbox)})
-            for branch_by in ("fork", "prefill"):
-                loop = AgentLoop(generator, tok, registry, LoopConfig(max_tool_calls=4, max_response_tokens=512,
-                                                                     max_context_len=1024, branch_by=branch_by))
-                for repeat in range(args.repeats + 1):
-                    generator.seconds, programs_before = {}, sampler.compiled_programs()
-                    start = time.perf_counter()
-                    groups, stats = rollout(prompts, args.k, loop=loop, config=RolloutConfig(strategy="aepo"),
-                                            rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
-                    seconds = time.perf_counter() - start
-                    if repeat == 0:
-                        continue  # warm-up: compiles
-                    generated = sum(sum(t.mask) for g in groups for t in g)
-                    rows.append({"branch_by": branch_by, "repeat": repeat, "seconds": seconds,
-                                 "trajectory_tokens": stats.trajectory_tokens,
-                                 "trajectory_tokens_per_s": stats.trajectory_tokens / seconds,
-                                 "generated_tokens_per_s": generated / seconds,
-                                 "forward_tokens": stats.forward_tokens,
-                                 "forward_to_trajectory_ratio": stats.forward_to_trajectory_ratio,
-                                 "branches": stats.num_branch, "stats": stats.as_dict(),
-                                 "generator_seconds": dict(generator.seconds),
-                                 "new_compiled_programs": sampler.compiled_programs() - programs_before})
+            for branch_by in branch_modes:
+                for schedule in schedules:
+                    loop = AgentLoop(generator, tok, registry, LoopConfig(
+                        max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by,
+                        schedule=schedule, chunk_tokens=args.chunk_tokens))
+                    for repeat in range(args.repeats + 1):
+                        rows.append(_timed_rollout(loop, sampler, generator, prompts, args.k, repeat)
+                                    | {"schedule": schedule, "branch_by": branch_by})
+                        if repeat == 0:
+                            rows.pop()  # warm-up: compiles
             registry.close()
-    print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, device={jax.devices()[0].platform}")
-    print(f"{'branch_by':>9} {'rep':>3} {'sec':>7} {'traj tok/s':>10} {'gen tok/s':>9} {'fwd tok':>8} "
-          f"{'traj tok':>8} {'fwd/traj':>8} {'branches':>8}")
+    summary = _summaries(rows, schedules, branch_modes[0])
+    print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
+          f"tool latency {latency:g} ms, device={jax.devices()[0].platform}")
+    print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} {'busy+sc':>7} "
+          f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8}")
     for r in rows:
-        print(f"{r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} {r['trajectory_tokens_per_s']:10.1f} "
-              f"{r['generated_tokens_per_s']:9.1f} {r['forward_tokens']:8d} {r['trajectory_tokens']:8d} "
-              f"{r['forward_to_trajectory_ratio']:8.3f} {r['branches']:8d}")
-        print("    generator seconds:", {k: round(v, 2) for k, v in r["generator_seconds"].items()},
+        print(f"{r['schedule']:>10} {r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} "
+              f"{r['trajectories_per_s']:7.2f} {r['device_busy_fraction']:5.2f} "
+              f"{r['device_busy_fraction_with_scoring']:7.2f} {r['forward_tokens_per_trajectory_token']:8.3f} "
+              f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d}")
+        print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"])
-    write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "rows": rows})
+    if {"rounds", "continuous"} <= set(summary):
+        ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
+        print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")
+    write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
+
+
+def _timed_rollout(loop, sampler, generator, prompts, k: int, repeat: int) -> dict:
+    """One AEPO rollout, timed: wall seconds, sampler program seconds, forced-token scoring seconds."""
+    device_before, score_before = sampler.device_seconds, generator.score_seconds
+    programs_before = sampler.compiled_programs()
+    start = time.perf_counter()
+    groups, stats = rollout(prompts, k, loop=loop, config=RolloutConfig(strategy="aepo"),
+                            rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
+    seconds = time.perf_counter() - start
+    device = {kind: v - device_before[kind] for kind, v in sampler.device_seconds.items()}
+    scoring = generator.score_seconds - score_before
+    trajectories = sum(len(g) for g in groups)
+    return {"repeat": repeat, "seconds": seconds, "trajectories": trajectories,
+            "trajectories_per_s": trajectories / seconds,
+            "device_seconds": device, "scoring_seconds": scoring,
+            "device_busy_fraction": sum(device.values()) / seconds,
+            "device_busy_fraction_with_scoring": (sum(device.values()) + scoring) / seconds,
+            "forward_tokens": stats.forward_tokens, "trajectory_tokens": stats.trajectory_tokens,
+            "forward_tokens_per_trajectory_token": stats.forward_to_trajectory_ratio,
+            "trajectory_tokens_per_s": stats.trajectory_tokens / seconds,
+            "ticks": int(stats.as_dict().get("rounds", 0)), "branches": stats.num_branch,
+            "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before}
+
+
+def _summaries(rows: list[dict], schedules: list[str], branch_by: str) -> dict:
+    """Per schedule, the mean over repeats of each summary figure (rows with `branch_by`)."""
+    out = {}
+    for schedule in schedules:
+        mine = [r for r in rows if r["schedule"] == schedule and r["branch_by"] == branch_by]
+        if mine:
+            out[schedule] = {key: float(np.mean([r[key] for r in mine])) for key in SUMMARY_KEYS}
+            out[schedule]["repeats"] = len(mine)
+    return out
 
 
 if __name__ == "__main__":

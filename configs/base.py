@@ -91,8 +91,13 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.max_response_len = 6192
     c.rollout.max_tool_calls = 6
     c.rollout.tool_timeout_s = 120.0
+    c.rollout.tool_latency_ms = 0.0  # benchmarks: started search server and sandbox answer after >= this (0 = off)
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
+    # Agent-loop schedule (docs/rollout_engine.md): "rounds" = lockstep rounds (decode every row to a stop,
+    # then run all tools); "continuous" = tool calls run while the other rows decode in chunks of chunk_tokens.
+    c.rollout.schedule = "rounds"
+    c.rollout.chunk_tokens = 64
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 

@@ -43,3 +43,35 @@ def test_each_rollout_piece_is_constructed_in_exactly_one_module():
 def test_the_search_finds_constructions():
     assert "aepo_jax/experiment.py" in constructing_modules("LoopConfig")
     assert "aepo_jax/evaluation/driver.py" in constructing_modules("EvalConfig")
+
+
+def test_the_trainers_mesh_reaches_the_rollout_sampler(tmp_path):
+    """`rl_trainer_from` builds one mesh: the train state and the rollout sampler's KV cache live on it."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from aepo_jax.experiment import rl_trainer_from
+    from aepo_jax.tokenizers import train_sentencepiece
+    from aepo_jax.training.build import init_model, model_config_from
+    from configs.aepo_tiny import get_config
+
+    if jax.device_count() < 8:
+        return  # the 8 fake CPU devices of tests/conftest.py are not there
+    cfg = get_config()
+    cfg.mesh.shape = {"data": 2, "fsdp": 2, "tensor": 2}
+    cfg.log.progress_bar = False
+    cfg.log.tensorboard = False
+    tokenizer = train_sentencepiece(["a town of people", "print(6 * 7)", "search the answer"] * 20, vocab_size=300)
+    cfg.model.vocab_size = tokenizer.vocab_size
+    graphdef, params = init_model(cfg, model_config_from(cfg).replace(n_layers=1))
+    env = SimpleNamespace(tokenizer=tokenizer, tools=None, examples=[{"question": "q", "answers": ["a"]}] * 4,
+                          encode_prompt=lambda ex: tokenizer.encode(ex["question"]), reward_fn=lambda ex, t: 0.0)
+    trainer = rl_trainer_from(cfg, env, str(tmp_path), graphdef, params)
+    try:
+        sampler = trainer.rollout_fn.sampler
+        assert sampler.mesh is trainer.run.mesh
+        # the cache layout itself is checked in tests/sampling/test_sampler_mesh.py
+        assert sampler.layout.mesh is trainer.run.mesh and sampler.layout.batch_devices == 4
+    finally:
+        trainer.close()

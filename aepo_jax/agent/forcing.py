@@ -13,6 +13,7 @@ For end-to-end tests and benchmarks only; training uses the `Sampler` itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,7 @@ class ToolForcingGenerator:
         self.free_tokens = free_tokens
         self.score_bucket = score_bucket
         self.forced_total = 0
+        self.score_seconds = 0.0  # wall seconds in the scoring forward of forced tokens (results fetched)
 
         def score(params, ids):  # ids int32[B, T] -> (logp, entropy) of ids[:, 1:] given the prefix, [B, T-1]
             logits = nnx.merge(graphdef, params)(ids).astype(jnp.float32) / temperature  # [B, T, V]
@@ -149,7 +151,9 @@ class ToolForcingGenerator:
         batch = np.zeros((8 * -(-len(scored) // 8), bucket), np.int32)  # rows padded to a multiple of 8
         for j, i in enumerate(scored):
             batch[j, : len(rows[i])] = rows[i]
+        start = time.perf_counter()
         logp, entropy = jax.device_get(self._score(self._params, jnp.asarray(batch)))  # [B, T-1]
+        self.score_seconds += time.perf_counter() - start
         result: list[tuple[list[float], list[float]]] = [([], []) for _ in rows]
         for j, i in enumerate(scored):
             positions = range(len(rows[i]) - 1 - tails[i], len(rows[i]) - 1)  # predicting the last tails[i] ids

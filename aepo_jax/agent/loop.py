@@ -1,5 +1,7 @@
 """The multi-turn agent loop: rounds of decode, tool calls, append, branch and top-up.
 
+Two schedules (`LoopConfig.schedule`, docs/rollout_engine.md). `"rounds"`, the
+lockstep baseline, runs the steps below once per round.
 One round (DESIGN.md "Agent loop", spec sections 2 and 4):
 1. decode every active row to a stop (a tool closing tag, EOS or its budget);
 2. rows that were waiting on a branch decision for a tool result now know the
@@ -16,12 +18,17 @@ One round (DESIGN.md "Agent loop", spec sections 2 and 4):
    (top-up); repeat until no row is active.
 Token-in, token-out: trajectories hold exactly the sampled ids and the
 tokenised tool results; nothing is re-tokenised.
+
+`"continuous"` (`aepo_jax.agent.continuous`) takes tools off the critical path:
+decode in chunks, park a row while its tool call runs, fold its result in at
+the first chunk boundary after it arrived.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +36,7 @@ import jax
 import numpy as np
 
 from aepo_jax.agent import tags
+from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
     ENTROPY_MEASURES,
     TOP_LOGPROBS,
@@ -50,6 +58,7 @@ from aepo_jax.agent.trajectory import (
 )
 
 BRANCH_BY = ("fork", "prefill")
+SCHEDULES = ("rounds", "continuous")
 
 
 class TextTokenizer(Protocol):
@@ -89,6 +98,9 @@ class LoopConfig:
     # Decode at most this many tokens per row per round (None: the whole remaining budget). Smaller
     # chunks need less cache room past the shared cursor, so fewer repacks; must be >= entropy_tokens.
     max_segment_tokens: int | None = None
+    # "rounds": lockstep rounds (decode all, then all tools); "continuous": tools run while other rows decode.
+    schedule: str = "rounds"
+    chunk_tokens: int = 64  # continuous: tokens a row decodes between two looks at the arrived tool results
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
@@ -102,6 +114,10 @@ class LoopConfig:
             raise ValueError(f"max_segment_tokens={self.max_segment_tokens} must be >= entropy_tokens={self.entropy_tokens}")
         if self.branch_by not in BRANCH_BY:
             raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
+        if self.chunk_tokens < self.entropy_tokens:
+            raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
 
 
 @dataclass
@@ -189,8 +205,8 @@ def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
     return values
 
 
-class _Run:
-    """State of one `AgentLoop.run` call."""
+class _Run(ContinuousSchedule):
+    """State of one `AgentLoop.run` call; the continuous schedule's methods come from `ContinuousSchedule`."""
 
     def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids) -> None:
         self.loop, self.gen, self.cfg = loop, loop.generator, loop.config
@@ -209,6 +225,11 @@ class _Run:
         self.repacks = 0
         self.paused: set[int] = set()  # rows whose last generate stopped early, mid-segment
         self.generated_this_round: list[int] = []  # tokens each row generated in the current round
+        # Continuous schedule: traj_id -> future (call, result text, ok) of a tool call not yet appended,
+        # and the rows waiting on them, parked outside the decode state as (state, trajectories) groups.
+        self.waiting: dict[int, Future] = {}
+        self.parked: list[tuple[Any, list[Trajectory]]] = []
+        self.pool: ThreadPoolExecutor | None = None
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
@@ -240,6 +261,16 @@ class _Run:
     def execute(self, inits: list[int]) -> LoopResult:
         self._new_globals([p for p, n in enumerate(inits) for _ in range(n)], "initial")
         self._top_up()
+        if self.cfg.schedule == "continuous":
+            with ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="agent-tool") as self.pool:
+                self._run_continuous()
+        else:
+            self._run_rounds()
+        counters = {name: int(v - self.counters_start.get(name, 0)) for name, v in self.gen.counters.items()}
+        counters["forward_tokens"] = forward_tokens(counters)
+        return LoopResult(self.groups, self.events, self.round, counters, self.repacks)
+
+    def _run_rounds(self) -> None:
         while self.rows or any(self._replay_left(t) for t in self.replays):
             self.round += 1
             outputs = self._decode() if self.rows else []
@@ -257,9 +288,6 @@ class _Run:
                 new_per_prompt[e.prompt_index] += 1
             if self.policy is not None:
                 self.policy.end_round(new_per_prompt)
-        counters = {name: int(v - self.counters_start.get(name, 0)) for name, v in self.gen.counters.items()}
-        counters["forward_tokens"] = forward_tokens(counters)
-        return LoopResult(self.groups, self.events, self.round, counters, self.repacks)
 
     def _limit(self, traj: Trajectory) -> int:
         return min(self.cfg.max_response_tokens - len(traj.response_ids), self.cfg.max_context_len - traj.total_length)
@@ -290,6 +318,8 @@ class _Run:
         limits = [self._limit(t) for t in self.rows]
         if self.cfg.max_segment_tokens is not None:
             limits = [min(n, self.cfg.max_segment_tokens) for n in limits]
+        if self.cfg.schedule == "continuous":  # one chunk
+            limits = [min(n, self.cfg.chunk_tokens) for n in limits]
         self._repack_if_needed(max(limits))
         room = self._cache_room()
         if room is not None:
@@ -427,6 +457,16 @@ class _Run:
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
+        calls, malformed = self._classify(outputs)
+        results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
+        done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
+        for (i, call), res in zip(calls, results, strict=True):
+            done[i] = (call, str(res.text), bool(res.ok))
+        self._append_results(done)
+
+    def _classify(self, outputs: list[tuple[list[int], str]]) -> tuple[list[tuple[int, ToolCall]], dict[int, str]]:
+        """Ends, pauses or finds the tool call of each row that decoded; returns (row, call) pairs and
+        the error text of rows that stopped at a closing tag without a complete call."""
         calls: list[tuple[int, ToolCall]] = []
         malformed: dict[int, str] = {}
         for i, (ids, stop) in enumerate(outputs):
@@ -453,10 +493,11 @@ class _Run:
                     malformed[i] = "error: the segment ended at a tool closing tag without a complete tool call"
                 else:
                     calls.append((i, call))
-        results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
-        done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
-        for (i, call), res in zip(calls, results, strict=True):
-            done[i] = (call, str(res.text), bool(res.ok))
+        return calls, malformed
+
+    def _append_results(self, done: dict[int, tuple[ToolCall | None, str, bool]]) -> None:
+        """Append each row's tool result (mask 0) in one `append`, or end the row when it does not fit;
+        under a policy, snapshot the appended rows for their branch decisions."""
         to_append: list[list[int]] = [[] for _ in self.rows]
         appended: list[int] = []
         for i in sorted(done):

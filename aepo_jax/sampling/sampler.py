@@ -14,17 +14,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import secrets
+import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
-from aepo_jax.models import KVCache
 from aepo_jax.parallel import shard_state
 from aepo_jax.sampling.buckets import bucket_batch, bucket_length
+from aepo_jax.sampling.cache_sharding import (
+    DecodeSharding,
+    constrain,
+    empty_program,
+    place_rows,
+)
 from aepo_jax.sampling.layout import concat_rows, grow_slots, shift_cursor, take_rows
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.programs import decode_loop, forward_block
@@ -48,26 +53,47 @@ def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cach
 
 
 # Programs are module-level so that every Sampler of the same model (same
-# graphdef) shares their compiled executables; the graphdef is a static argument.
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _block_program(graphdef, params, arrays, tokens, token_valid):
-    return forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid)
+# graphdef) shares their compiled executables; the graphdef and the layout on the
+# mesh (`DecodeSharding`, None without a mesh) are static arguments. Every program
+# pins the decode arrays it returns to that layout.
+@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
+def _block_program(graphdef, params, arrays, tokens, token_valid, layout):
+    arrays = forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid)
+    return constrain(layout, arrays)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs"),
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout"),
                    donate_argnums=(2,))
 def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, *, max_steps, sampling, pad_id,
-                    num_top_logprobs=0):
-    return decode_loop(
+                    num_top_logprobs=0, layout=None):
+    arrays, out = decode_loop(
         functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table,
         max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs,
     )
+    return constrain(layout, arrays), out
 
 
-_grow_program = jax.jit(grow_slots, static_argnums=(1,))
-_shift_program = jax.jit(shift_cursor)
-_take_program = jax.jit(take_rows)
-_concat_program = jax.jit(concat_rows)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _grow_program(arrays, new_length, layout):
+    return constrain(layout, grow_slots(arrays, new_length))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _shift_program(arrays, new_cursor, layout):
+    return constrain(layout, shift_cursor(arrays, new_cursor))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _take_program(arrays, rows, layout):
+    return constrain(layout, take_rows(arrays, rows))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _concat_program(first, second, layout):
+    return constrain(layout, concat_rows(first, second))
+
+
 _PROGRAMS = (_block_program, _decode_program, _grow_program, _shift_program, _take_program, _concat_program)
 
 
@@ -82,7 +108,9 @@ class Sampler:
       stop_sequences: token-id sequences that end a row right after their last token.
       params: default SamplingParams.
       max_cache_len: cache slots a row may never exceed (growth beyond raises).
-      mesh: optional mesh; the batch is sharded over its `data` axis and the
+      mesh: optional mesh (the run's, from the composition root). The decode
+        arrays' rows are sharded over its batch axes (`data`, `fsdp`) and the
+        KV cache's heads over `tensor` (`cache_sharding.DecodeSharding`); the
         parameters as `aepo_jax.parallel.shard_state` says (a no-op when the
         caller already sharded them).
       seed: base of the internal key stream used when generate gets no key.
@@ -117,7 +145,9 @@ class Sampler:
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._calls = 0
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
-        self._data_size = 1 if mesh is None else int(mesh.shape.get("data", 1))
+        self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
+        self.layout = None if mesh is None else DecodeSharding(mesh)
+        self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
 
     # ----------------------------------------------------------------- public API
@@ -126,6 +156,14 @@ class Sampler:
     def counters(self) -> dict[str, int]:
         """Real tokens run through the model so far, by kind (prefill, append, decode)."""
         return dict(self._counters)
+
+    @property
+    def device_seconds(self) -> dict[str, float]:
+        """Wall seconds spent inside the sampler's jitted programs so far, by kind (prefill,
+        append, decode, reshape = grow / fork / concat), each call timed until its results are
+        ready. Their sum over a rollout's wall time is the device-busy fraction
+        (`benchmarks/rollout_bench.py`); the first call of a shape includes its compilation."""
+        return dict(self._device_seconds)
 
     @staticmethod
     def compiled_programs() -> int:
@@ -170,7 +208,7 @@ class Sampler:
         self._check_capacity(block)
         arrays = self._empty_arrays(batch, bucket_length(block, MIN_CACHE_SLOTS))
         state = DecodeState(arrays, len(prompts))
-        state = self._run_block(state, prompts, block)
+        state = self._run_block(state, prompts, block, "prefill")
         self._counters["prefill_tokens"] += sum(len(p) for p in prompts)
         return state
 
@@ -183,7 +221,7 @@ class Sampler:
             return state
         block = bucket_length(longest, MIN_BLOCK)
         state = self._ensure_room(state, block)
-        state = self._run_block(state, token_lists, block)
+        state = self._run_block(state, token_lists, block, "append")
         self._counters["append_tokens"] += sum(len(t) for t in token_lists)
         return state
 
@@ -216,13 +254,12 @@ class Sampler:
         self._calls += 1
         if jnp.issubdtype(key.dtype, jnp.uint32):
             key = jax.random.wrap_key_data(key)
-        row_keys = jax.random.split(key, state.batch_size)
-        with self._mesh_context():
-            arrays, out = _decode_program(
-                self._graphdef, self._params_state, state.arrays, row_keys, self._place(jnp.asarray(budgets)),
-                self._stop_table, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
-                num_top_logprobs=int(top_logprobs),
-            )
+        row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
+        arrays, out = self._call(
+            "decode", _decode_program, self._graphdef, self._params_state, state.arrays, row_keys,
+            place_rows(self.layout, jnp.asarray(budgets)), self._stop_table, max_steps=steps, sampling=sampling,
+            pad_id=self.pad_id, num_top_logprobs=int(top_logprobs), layout=self.layout,
+        )
         out = jax.device_get(out)
         n, width = state.num_rows, max(longest, 0)
         result = SampleOutput(
@@ -265,15 +302,15 @@ class Sampler:
         for s in states:
             arrays = s.arrays
             if s.cache_length < length:
-                arrays = grow_slots(arrays, length)
+                arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
             if s.cursor < cursor:
-                arrays = _shift_program(arrays, jnp.int32(cursor))
+                arrays = self._call("reshape", _shift_program, arrays, jnp.int32(cursor), self.layout)
             aligned.append(arrays)
             rows.extend(range(offset, offset + s.num_rows))
             offset += s.batch_size
         stacked = aligned[0]
         for arrays in aligned[1:]:
-            stacked = _concat_program(stacked, arrays)
+            stacked = self._call("reshape", _concat_program, stacked, arrays, self.layout)
         return DecodeState(self._gather(stacked, rows), len(rows))
 
     # ----------------------------------------------------------------- internals
@@ -284,39 +321,30 @@ class Sampler:
     def _mesh_context(self):
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
-    def _place(self, tree):
-        """Shards every batch-leading leaf over the mesh's data axis (scalars replicated)."""
-        if self.mesh is None:
-            return tree
-        batch = NamedSharding(self.mesh, PartitionSpec("data"))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        # The KV cache is [L, B, S, KVH, Dh]: its batch axis is the second.
-        layered = NamedSharding(self.mesh, PartitionSpec(None, "data"))
-
-        def sharding_of(path, x):
-            in_cache = any(getattr(key, "name", None) in ("k", "v") for key in path)
-            return layered if in_cache else batch if x.ndim else replicated
-
-        return jax.device_put(tree, jax.tree_util.tree_map_with_path(sharding_of, tree))
+    def _call(self, kind: str, program, *args, **kwargs):
+        """Runs a jitted program under the mesh and waits for its results; the wall time goes to
+        `device_seconds[kind]`."""
+        start = time.perf_counter()
+        with self._mesh_context():
+            out = jax.block_until_ready(program(*args, **kwargs))
+        self._device_seconds[kind] += time.perf_counter() - start
+        return out
 
     def _empty_arrays(self, batch: int, length: int) -> DecodeArrays:
-        cache = KVCache.init(self.config, batch=batch, length=length, dtype=self._cache_dtype)
-        arrays = DecodeArrays(
-            cache=cache,
-            slot_valid=jnp.zeros((batch, length), bool),
-            next_position=jnp.zeros((batch,), jnp.int32),
-            last_logits=jnp.zeros((batch, self.config.vocab_size), jnp.float32),
-        )
-        return self._place(arrays)
+        """Zero decode arrays, created under jit directly on their shards (never whole on one device)."""
+        c = self.config
+        make = empty_program(self.layout, c.n_layers, batch, length, c.n_kv_heads, c.head_dim, c.vocab_size,
+                             jnp.dtype(self._cache_dtype).name)
+        return self._call("prefill", make)
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
         batch = bucket_batch(len(rows), self._data_size)
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
-        with self._mesh_context():
-            return self._place(_take_program(arrays, jnp.asarray(index)))
+        return self._call("reshape", _take_program, arrays, index, self.layout)
 
-    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int) -> DecodeState:
+    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int,
+                   kind: str) -> DecodeState:
         tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
         valid = np.zeros((state.batch_size, block), bool)
         for row, ids in enumerate(token_lists):
@@ -324,10 +352,8 @@ class Sampler:
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        with self._mesh_context():
-            arrays = _block_program(
-                self._graphdef, self._params_state, state.arrays, self._place(jnp.asarray(tokens)), self._place(jnp.asarray(valid))
-            )
+        arrays = self._call(kind, _block_program, self._graphdef, self._params_state, state.arrays,
+                            place_rows(self.layout, tokens), place_rows(self.layout, valid), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:
@@ -336,8 +362,8 @@ class Sampler:
         self._check_capacity(end)
         if end <= state.cache_length:
             return state
-        with self._mesh_context():
-            arrays = _grow_program(state.arrays, min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len))
+        arrays = self._call("reshape", _grow_program, state.arrays,
+                            min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _check_capacity(self, slots: int) -> None:

@@ -36,8 +36,11 @@ class SearchServerHandle:
 
 
 def start_search_server(corpus_path: str, port: int = 0, host: str = "127.0.0.1",
-                        index_cache: str | None = None, timeout: float = 120.0) -> SearchServerHandle:
+                        index_cache: str | None = None, timeout: float = 120.0,
+                        latency_ms: float = 0.0) -> SearchServerHandle:
     """Run `python -m aepo_jax.servers.search_server` and return once `/health` answers.
+
+    `latency_ms` > 0: the server answers every search no sooner than that after it arrived.
 
     Raises RuntimeError with the server's output if it exits or is not ready within `timeout`.
     """
@@ -47,6 +50,8 @@ def start_search_server(corpus_path: str, port: int = 0, host: str = "127.0.0.1"
                "--host", host, "--port", str(port)]
     if index_cache:
         command += ["--index-cache", index_cache]
+    if latency_ms:
+        command += ["--latency-ms", str(float(latency_ms))]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
     url_ready = threading.Event()

@@ -8,6 +8,8 @@
 
 Every bad request gets a 4xx JSON `{"error": "..."}`; a `ThreadingHTTPServer`
 serves requests in parallel. Run with `python -m launch.serve_search`.
+`--latency-ms N` makes every `/retrieve` answer no sooner than N ms after it
+arrived (a remote retrieval service's round trip, for benchmarks; default 0).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.parse
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -132,7 +135,9 @@ class _SearchHandler(BaseHTTPRequestHandler):
         return_scores = payload.get("return_scores", False)
         if not isinstance(return_scores, bool):
             raise RequestError(HTTPStatus.BAD_REQUEST, '"return_scores" must be a boolean')
+        started = time.monotonic()
         hits = self.server.index.search(queries, topk)
+        time.sleep(max(0.0, started + self.server.latency_seconds - time.monotonic()))
         if return_scores:
             return {"result": [[{"document": doc, "score": score} for doc, score in row] for row in hits]}
         return {"result": [[doc for doc, _ in row] for row in hits]}
@@ -142,17 +147,21 @@ class _SearchServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], index: Bm25Index, max_topk: int, max_queries: int,
-                 max_body_bytes: int, verbose: bool):
+                 max_body_bytes: int, verbose: bool, latency_seconds: float = 0.0):
         self.index = index
+        self.latency_seconds = latency_seconds
         self.max_topk, self.max_queries, self.max_body_bytes = max_topk, max_queries, max_body_bytes
         self.verbose = verbose
         super().__init__(address, _SearchHandler)
 
 
 def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, max_topk: int = 100,
-                max_queries: int = 256, max_body_bytes: int = 1 << 20, verbose: bool = False) -> ThreadingHTTPServer:
+                max_queries: int = 256, max_body_bytes: int = 1 << 20, verbose: bool = False,
+                latency_ms: float = 0.0) -> ThreadingHTTPServer:
     """A bound, not yet serving, search server; call `serve_forever()` on it."""
-    return _SearchServer((host, port), index, max_topk, max_queries, max_body_bytes, verbose)
+    if latency_ms < 0:
+        raise ValueError(f"latency_ms must be >= 0, got {latency_ms}")
+    return _SearchServer((host, port), index, max_topk, max_queries, max_body_bytes, verbose, latency_ms / 1000.0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -166,10 +175,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-queries", type=int, default=256)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
     parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="answer /retrieve no sooner than this after the request (benchmarks; default 0)")
     args = parser.parse_args(argv)
     index = Bm25Index(args.corpus, cache_dir=args.index_cache)
     server = make_server(index, args.host, args.port, args.max_topk, args.max_queries, args.max_body_bytes,
-                         args.verbose)
+                         args.verbose, args.latency_ms)
     host, port = server.server_address[:2]
     print(f"indexed {len(index)} documents" + (" (index from cache)" if index.loaded_from_cache else ""), flush=True)
     print(f"serving on http://{host}:{port}", flush=True)

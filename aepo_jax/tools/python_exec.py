@@ -147,14 +147,20 @@ class PythonSandbox:
       workdir_root: where per-call temporary directories are made when the file system is not isolated.
       isolate_filesystem: give each worker a private read-only root (where mount namespaces work);
         False runs code with the caller's view of the file system, and every result says so.
+      latency_seconds: every call returns no sooner than this after it started (a remote
+        sandbox service's round trip, for benchmarks; default 0). The worker is released first,
+        so concurrent calls wait in parallel.
     """
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), pool_size: int = 4, calls_per_worker: int = 64,
                  preload: tuple[str, ...] = (), cgroup_root: str | None = None, workdir_root: str | None = None,
-                 isolate_filesystem: bool = True):
+                 isolate_filesystem: bool = True, latency_seconds: float = 0.0):
         if pool_size < 0 or calls_per_worker < 1:
             raise ValueError(f"need pool_size >= 0 and calls_per_worker >= 1, got {pool_size}, {calls_per_worker}")
+        if latency_seconds < 0:
+            raise ValueError(f"latency_seconds must be >= 0, got {latency_seconds}")
         self.limits, self.pool_size, self.calls_per_worker = limits, pool_size, calls_per_worker
+        self.latency_seconds = float(latency_seconds)
         self.workdir_root = workdir_root
         self._config = {"cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
                         "file_bytes": limits.file_bytes, "max_processes": limits.max_processes,
@@ -262,6 +268,7 @@ class PythonSandbox:
         self._release(worker, healthy)
         if workdir:
             self._in_background(shutil.rmtree, workdir, True)
+        time.sleep(max(0.0, start + self.latency_seconds - time.monotonic()))
         return result
 
     def _execute(self, worker: Worker, code: str, workdir: str | None, start: float) -> tuple[SandboxResult, bool]:

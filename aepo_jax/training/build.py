@@ -139,12 +139,14 @@ def updates_per_step(cfg: ml_collections.ConfigDict) -> int:
 
 
 def build_run(cfg: ml_collections.ConfigDict, graphdef: nnx.GraphDef | None = None, params: Any = None,
-              updates_per_round: int = 1) -> RunParts:
+              updates_per_round: int = 1, mesh: jax.sharding.Mesh | None = None) -> RunParts:
     """Mesh, optimiser and the sharded initial `TrainState` for `cfg`.
 
     The lr schedule counts optimiser updates: `total_steps x updates_per_round`.
+    `mesh`: the run's mesh when the composition root already built it (shared with
+    the rollout sampler); default `make_mesh_from(cfg)`.
     """
-    mesh = make_mesh_from(cfg)
+    mesh = make_mesh_from(cfg) if mesh is None else mesh
     if graphdef is None:
         graphdef, params = init_model(cfg, mesh=mesh)
     tx, schedule = optimizer_from_config(cfg, int(cfg.train.total_steps) * updates_per_round)

@@ -100,6 +100,8 @@ class RLTrainer(CheckpointedTrainer):
       graphdef, params: the initial model (default: built from `config.model`).
       pad_id: token id used for padding rows.
       process_index: this host (only process 0 writes metrics).
+      mesh: the run's mesh, when the composition root built it for the rollout
+        sampler too (default: from `config.mesh`).
     """
 
     progress_name = "rl"
@@ -117,6 +119,7 @@ class RLTrainer(CheckpointedTrainer):
         params: Any = None,
         pad_id: int = 0,
         process_index: int = 0,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         self.config = config
         self.workdir = workdir
@@ -127,7 +130,8 @@ class RLTrainer(CheckpointedTrainer):
         self.pad_id = pad_id
         self.preset = preset_from(config)
         self.step_config = step_config_from(config, self.preset)
-        self.run: RunParts = build_run(config, graphdef, params, updates_per_round=updates_per_step(config))
+        self.run: RunParts = build_run(config, graphdef, params, updates_per_round=updates_per_step(config),
+                                       mesh=mesh)
         self.state = self.run.state
         self.pack = str(config.train.get("pack", DEFAULT_PACK))
         self._train_step = make_train_step_for_pack(

@@ -318,3 +318,66 @@ def _after_draws(seed: int, draws: int) -> dict:
     rng = np.random.default_rng(seed)
     rng.uniform(size=draws)
     return rng.bit_generator.state
+
+
+# ----- the continuous schedule: tool calls run while other rows decode ---------------------------
+
+
+class TimedTools:
+    """`search` takes `slow_seconds`, `python` answers at once; records (tag, content, start, end) per call."""
+
+    def __init__(self, slow_seconds):
+        self.slow_seconds, self.calls = slow_seconds, []
+
+    def run_many(self, calls):
+        import time
+
+        out = []
+        for c in calls:
+            start = time.monotonic()
+            if c.tag == "search":
+                time.sleep(self.slow_seconds)
+            self.calls.append((c.tag, c.content, start, time.monotonic()))
+            out.append(SimpleNamespace(text=f"{c.tag}:{c.content}", ok=True))
+        return out
+
+
+def slow_and_fast_script(ids, rng):
+    """Prompt "q0" makes one slow search then answers; "q1" makes three fast python calls then answers."""
+    n = ids.count(RESULT)
+    if TOK.decode(ids).startswith("q0"):
+        text = "<search>slow</search>" if n == 0 else "<answer>\\boxed{0}</answer>"
+    else:
+        text = f"<python>print({n})</python>" if n < 3 else "<answer>\\boxed{1}</answer>"
+    tokens = TOK.encode("<think>" + "x" * (5 + n) + "</think>" + text)
+    return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "continuous"])
+def test_continuous_schedule_runs_tools_while_other_rows_decode(schedule):
+    """Under "continuous" the fast row makes all its calls while the slow search runs; under "rounds" its
+    second call waits for the search. Both schedules give the same trajectories."""
+    tools = TimedTools(slow_seconds=0.5)
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=2000, max_context_len=4000, schedule=schedule)
+    loop = AgentLoop(ScriptedGenerator(slow_and_fast_script), TOK, tools, config)
+    result = loop.run([TOK.encode("q0"), TOK.encode("q1")], 1, 1, rng=np.random.default_rng(0),
+                      key=jax.random.key(0))
+    (slow,), (fast,) = result.groups
+    assert [(s.tag, s.content) for s in slow.tool_steps] == [("search", "slow")]
+    assert [s.content for s in fast.tool_steps] == ["print(0)", "print(1)", "print(2)"]
+    assert slow.stop_reason == fast.stop_reason == END_ANSWER
+    for traj in (slow, fast):
+        reference = list(traj.prompt_ids)
+        while len(reference) < traj.total_length:  # the script's own segments plus the formatted results
+            segment = slow_and_fast_script(reference, None).tokens
+            reference += segment
+            step = next((s for s in traj.tool_steps if s.result_start == len(reference) - len(traj.prompt_ids)), None)
+            if step is not None:
+                reference += traj.response_ids[step.result_start:step.result_end]
+        assert traj.prompt_ids + traj.response_ids == reference
+    search_end = next(end for tag, _, _, end in tools.calls if tag == "search")
+    last_python_start = max(start for tag, _, start, _ in tools.calls if tag == "python")
+    if schedule == "continuous":
+        assert last_python_start < search_end
+    else:
+        assert last_python_start > search_end

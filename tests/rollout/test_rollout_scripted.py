@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aepo_jax.agent.loop import AgentLoop, LoopConfig
+from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig
 from aepo_jax.agent.scripted import (
     ByteTokenizer,
     ScriptedGenerator,
@@ -116,11 +116,12 @@ def test_premonitor_budget_reads_root_and_tool_segments():
     tool_probability=st.floats(0.0, 1.0),
     entropy_scale=st.floats(0.0, 6.0),
     seed=st.integers(0, 2**16),
+    schedule=st.sampled_from(SCHEDULES),
 )
 def test_budget_invariants(strategy, num_prompts, k, width, tau, gamma, reuse, scope, tool_probability,
-                           entropy_scale, seed):
+                           entropy_scale, seed, schedule):
     script = tool_use_script(TOK, tool_probability, max_calls=4, entropy=lambda r: r.uniform(0, entropy_scale + 1e-9))
-    loop = make_loop(script, seed=seed)
+    loop = make_loop(script, seed=seed, schedule=schedule)
     config = RolloutConfig(strategy=strategy, branch_width=width, branch_threshold=tau, entropy_weight=gamma,
                            premonitor_reuse=reuse, penalty_scope=scope)
     groups, stats = rollout(prompts(num_prompts), k, loop=loop, config=config, rng=np.random.default_rng(seed),
@@ -141,17 +142,18 @@ def test_budget_invariants(strategy, num_prompts, k, width, tau, gamma, reuse, s
     assert stats.trajectories_per_prompt == k
 
 
-def test_topups_start_only_when_a_prompt_has_no_active_trajectory():
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_topups_start_only_when_a_prompt_has_no_active_trajectory(schedule):
     # tau > 1 + gamma * max dH: never branch, so a prompt with m < k must be topped up.
     script = tool_use_script(TOK, 0.8, max_calls=3)
-    loop = make_loop(script, seed=3)
+    loop = make_loop(script, seed=3, schedule=schedule)
     config = RolloutConfig(strategy="arpo", initial_rollouts=2, branch_threshold=100.0)
     _, stats = rollout(prompts(3), 6, loop=loop, config=config, rng=np.random.default_rng(3),
                       key=jax.random.key(3))
     assert stats.num_branch == 0 and stats.num_topups == 3 * 4
     # Replay with the loop directly to see the events.
-    main = make_loop(script, seed=3).run(prompts(3), 6, 2, rng=np.random.default_rng(3), key=jax.random.key(3),
-                                         policy=EntropyBranchPolicy(3, 0.2, 100.0, 2))
+    main = make_loop(script, seed=3, schedule=schedule).run(
+        prompts(3), 6, 2, rng=np.random.default_rng(3), key=jax.random.key(3), policy=EntropyBranchPolicy(3, 0.2, 100.0, 2))
     topups = [e for e in main.events if e.kind == "topup"]
     assert len(topups) == 12 and all(e.active_before == 0 for e in topups)
     # One new global per prompt per round at most.

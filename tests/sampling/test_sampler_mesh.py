@@ -1,7 +1,10 @@
 """The sampler on an 8-device fake CPU mesh gives what it gives on one device."""
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from aepo_jax.parallel import make_mesh, shard_state
 from aepo_jax.sampling import Sampler, SamplingParams
@@ -27,3 +30,48 @@ def test_eight_device_mesh_matches_single_device_greedy(tiny_model, greedy_sampl
     _, alone_after = single.generate(single.fork(ref, [2, 0, 1]), 6)
     assert on_mesh.tokens.tolist() == alone.tokens.tolist()
     assert on_mesh_after.tokens.tolist() == alone_after.tokens.tolist()
+
+
+DATA_FSDP_TENSOR = {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def _assert_cache_layout(arrays, mesh):
+    """k and v: rows over (data, fsdp), KV heads over tensor; every device holds exactly one shard."""
+    expected = P(None, ("data", "fsdp"), None, "tensor", None)
+    for buffer in (arrays.cache.k, arrays.cache.v):
+        sharding = NamedSharding(mesh, expected)
+        assert buffer.sharding.is_equivalent_to(sharding, buffer.ndim), buffer.sharding
+        layers, batch, slots, heads, dim = buffer.shape
+        assert {s.data.shape for s in buffer.addressable_shards} == {(layers, batch // 4, slots, heads // 2, dim)}
+        assert len(buffer.addressable_shards) == 8
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    assert arrays.slot_valid.sharding.is_equivalent_to(rows, 2)
+    assert arrays.next_position.sharding.is_equivalent_to(rows, 1)
+
+
+def test_cache_sharded_over_batch_axes_and_kv_heads_and_results_match_unsharded(tiny_model, greedy_sampler):
+    """On a (data 2, fsdp 2, tensor 2) mesh the empty cache comes out of its jitted creator already
+    split, prefill / generate / append / fork keep that layout, and tokens, log-probs and entropies
+    equal the unsharded sampler's."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    _, graphdef, state = tiny_model
+    mesh = make_mesh(DATA_FSDP_TENSOR)
+    sharded = Sampler(graphdef, state, params=SamplingParams(greedy=True), mesh=mesh)
+    _assert_cache_layout(sharded._empty_arrays(4, 128), mesh)
+    prompts = random_prompts(32, [4, 11, 7])
+    runs = []
+    for sampler in (sharded, greedy_sampler):
+        st = sampler.prefill(prompts)
+        st, first = sampler.generate(st, 10)
+        st = sampler.append(st, [[5, 6, 7], [], [9]])
+        st = sampler.fork(st, [2, 0, 1])
+        st, second = sampler.generate(st, 6)
+        runs.append((first, second))
+        if sampler is sharded:
+            assert st.batch_size == 4  # a multiple of data x fsdp
+            _assert_cache_layout(st.arrays, mesh)
+    for on_mesh, alone in zip(runs[0], runs[1], strict=True):
+        assert on_mesh.tokens.tolist() == alone.tokens.tolist()
+        np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)

@@ -158,3 +158,20 @@ def test_launch_entry_point_prints_the_url_for_port_zero(corpus_path):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_latency_option_delays_every_search_and_searches_wait_in_parallel(corpus_path):
+    """`latency_ms` (rollout_bench's tool latency): each /retrieve answers after >= 300 ms, and four
+    concurrent ones together take far less than four times that."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with start_search_server(corpus_path, latency_ms=300) as slow:
+        payload = {"queries": ["paris"], "topk": 1}
+        start = time.monotonic()
+        assert requests.post(slow.url + "/retrieve", json=payload, timeout=10).json()["result"][0][0]["id"] == "paris"
+        assert time.monotonic() - start >= 0.3
+        start = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: requests.post(slow.url + "/retrieve", json=payload, timeout=10), range(4)))
+        assert all(a.ok for a in answers) and time.monotonic() - start < 1.2

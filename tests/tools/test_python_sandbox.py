@@ -188,3 +188,16 @@ def test_closing_one_sandbox_leaves_another_in_the_same_process_working():
             assert second.run("print(2)").stdout == "2\n"
         result = first.run("print(3)")
         assert (result.status, result.stdout) == ("ok", "3\n"), result
+
+
+def test_latency_option_delays_each_call_without_holding_a_worker():
+    """`latency_seconds` (rollout_bench's tool latency): every call returns after >= it; calls in
+    parallel wait in parallel."""
+    with PythonSandbox(LIMITS, pool_size=2, latency_seconds=0.3) as box:
+        start = time.monotonic()
+        assert box.run("print(6 * 7)").stdout == "42\n"
+        assert time.monotonic() - start >= 0.3
+        start = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(box.run, ["print(1)"] * 4))
+        assert all(r.status == "ok" for r in results) and time.monotonic() - start < 1.2
