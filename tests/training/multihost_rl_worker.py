@@ -48,12 +48,15 @@ def main(workdir: str) -> None:
     )
 
     cfg = get_config()
+    # As small as the property allows: what is checked is that two processes agree, not the sizes.
     cfg.model.vocab_size = 64
-    cfg.data.prompts_per_step = 4  # global: 2 prompts per process
-    cfg.train.mini_batch_prompts = 2  # global: two mini-batches of one group per process
+    cfg.model.n_layers = 1
+    cfg.data.prompts_per_step = 2  # global: 1 prompt per process
+    cfg.rollout.k = 2
+    cfg.train.mini_batch_prompts = 2  # global: one mini-batch of one group per process
     cfg.train.max_seq_len = 16
     cfg.train.length_bucket = 16
-    cfg.rollout.max_response_len = 8
+    cfg.rollout.max_response_len = 4
     cfg.train.total_steps = 2
     cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 1}  # 4 x 2 over the 8 devices of both processes
     cfg.checkpoint.every = 2
@@ -66,7 +69,7 @@ def main(workdir: str) -> None:
     def rollout_fn(prompts, k, params, key, rng):
         # The sampler of this test runs on this process's devices: gather the global weights to it.
         local = jax.tree.map(jnp.asarray, multihost_utils.process_allgather(params, tiled=True))
-        return make_sampling_rollout(trainer_graphdef)(prompts, k, local, key, rng)
+        return make_sampling_rollout(trainer_graphdef, int(cfg.rollout.max_response_len))(prompts, k, local, key, rng)
 
     pipeline = PromptPipeline(digit_examples(16), int(cfg.data.prompts_per_step), seed=int(cfg.seed),
                               process_index=index, process_count=count)

@@ -19,8 +19,8 @@ def test_two_processes_train_two_rl_steps_to_identical_parameters(tmp_path):
     assert (first["process"], second["process"]) == (0, 1)
     assert first["devices"] == second["devices"] == 8 and first["local_devices"] == 4
     assert first["steps"] == second["steps"] == [1, 2] and first["rounds"] == 2
-    # 4 global prompts x k = 4: the gathered metric counts both processes' trajectories
-    assert first["trajectories"] == second["trajectories"] == [16.0, 16.0]
+    # 2 global prompts x k = 2: the gathered metric counts both processes' trajectories
+    assert first["trajectories"] == second["trajectories"] == [4.0, 4.0]
     assert first["loss"] == second["loss"]  # the update's metrics are the global step's
     assert first["initial"] == second["initial"]
     assert first["final"] == second["final"]  # each process's own shards hold the same parameters

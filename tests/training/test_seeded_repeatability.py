@@ -35,24 +35,27 @@ TINY_RUN = [
 
 
 def test_two_seeded_tiny_runs_write_identical_metrics(tmp_path):
-    runs = []
-    for hash_seed in ("1", "2"):  # both at once: the machine has two cores
+    # One after the other: the second run loads the first's programs from the persistent
+    # compilation cache (JAX_COMPILATION_CACHE_DIR, inherited from tests/conftest.py) instead of
+    # compiling them again at the same time. A cache hit is the same executable for the same
+    # program, and a program that depended on the hash seed would miss and compile anew.
+    workdirs = []
+    for hash_seed in ("1", "2"):
         workdir = tmp_path / f"run{hash_seed}"
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONHASHSEED=hash_seed)
-        runs.append((workdir, subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "launch.train", *TINY_RUN, "--workdir", str(workdir)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)))  # its own process group: a failed test takes its tools down too
-    try:
-        for _, process in runs:
-            output, _ = process.communicate(timeout=850)  # about 60 s on two idle cores; pytest.ini allows 900
+            start_new_session=True)  # its own process group: a failed test takes its tools down too
+        try:
+            output, _ = process.communicate(timeout=850)  # pytest.ini allows 900 for the whole test
             assert process.returncode == 0, output[-3000:]
-    finally:
-        for _, process in runs:
+        finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-    first, second = (read_metrics(str(workdir)) for workdir, _ in runs)
+        workdirs.append(workdir)
+    first, second = (read_metrics(str(workdir)) for workdir in workdirs)
     assert [r["step"] for r in first] == [1, 2]
     assert all(r["grad_norm"] > 0 for r in first)  # the update really moved the parameters
     assert WALL_CLOCK_METRICS & set(first[0])  # the excluded keys exist (names kept in sync)
