@@ -191,13 +191,20 @@ def test_closing_one_sandbox_leaves_another_in_the_same_process_working():
 
 
 def test_latency_option_delays_each_call_without_holding_a_worker():
-    """`latency_seconds` (rollout_bench's tool latency): every call returns after >= it; calls in
-    parallel wait in parallel."""
-    with PythonSandbox(LIMITS, pool_size=2, latency_seconds=0.3) as box:
+    """`latency_seconds` (rollout_bench's tool latency): every call returns after >= it; four calls on
+    two workers wait together, so the wait does not hold a worker."""
+    latency = 1.0  # long beside a call's own work, so the bound below holds on a loaded machine
+
+    def timed_run(box, code):
         start = time.monotonic()
-        assert box.run("print(6 * 7)").stdout == "42\n"
-        assert time.monotonic() - start >= 0.3
-        start = time.monotonic()
+        result = box.run(code)
+        return start, time.monotonic(), result
+
+    with PythonSandbox(LIMITS, pool_size=2, latency_seconds=latency) as box:
+        start, end, result = timed_run(box, "print(6 * 7)")
+        assert result.stdout == "42\n" and end - start >= latency
         with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(box.run, ["print(1)"] * 4))
-        assert all(r.status == "ok" for r in results) and time.monotonic() - start < 1.2
+            calls = list(pool.map(lambda code: timed_run(box, code), ["print(1)"] * 4))
+        assert all(r.status == "ok" and e - s >= latency for s, e, r in calls)
+        # Waits that held the two workers would take 2 latencies for four calls; together about one.
+        assert max(e for _, e, _ in calls) - min(s for s, _, _ in calls) < 2 * latency
