@@ -164,9 +164,9 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
 
     graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))
     tx = optax.adamw(1e-6, weight_decay=0.01)
-    flat_cfg = StepConfig(surrogate="aepo", micro_batch_size=micro_rows)
+    flat_cfg = StepConfig(micro_batch_size=micro_rows)
     runs = {"flat": prepare_step(make_rl_train_step(graphdef, tx, flat_cfg), params, tx, flat),
-            "tree": prepare_step(make_train_step_for_pack(graphdef, tx, StepConfig(surrogate="aepo"), "tree"), params, tx,
+            "tree": prepare_step(make_train_step_for_pack(graphdef, tx, StepConfig(), "tree"), params, tx,
                                  packed)}
     times = interleaved_min_times(runs, repeats)
     t_flat, t_tree = times["flat"], times["tree"]

@@ -91,7 +91,7 @@ def bench_config(name: str, batch: int, seq_len: int, steps: int, dtype: str) ->
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     tx, schedule = make_optimizer(1e-5, total_steps=1000)
     state = TrainState.create(params, tx, seed=0)
-    step = make_rl_train_step(graphdef, tx, StepConfig(surrogate="aepo", compute_dtype=dtype), schedule)
+    step = make_rl_train_step(graphdef, tx, StepConfig(compute_dtype=dtype), schedule)
     data = synthetic_batch(batch, seq_len, cfg.vocab_size)
     t = time.perf_counter()
     state, metrics = step(state, data)

@@ -85,16 +85,8 @@ def preset_from(cfg: ml_collections.ConfigDict) -> AlgorithmPreset:
 
 
 def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) -> StepConfig:
-    loss = preset.loss_config()
     return StepConfig(
-        surrogate=loss.surrogate,
-        clip_low=loss.clip_low,
-        clip_high=loss.clip_high,
-        dual_clip_c=loss.dual_clip_c,
-        loss_agg=loss.loss_agg,
-        kl_coef=loss.kl_coef,
-        kl_estimator=loss.kl_estimator,
-        entropy_coef=loss.entropy_coef,
+        loss=preset.loss_config(),
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,

@@ -310,7 +310,7 @@ class RLTrainer(CheckpointedTrainer):
             logp_old = seqs.padded(self.pad_id)["logp_old"]
             kl_values = np.asarray(kl_penalty(jnp.asarray(logp_old), jnp.asarray(logp_ref), self.preset.kl_estimator))
             metrics["kl_ref_rollout"] = float(np.sum(kl_values * mask) / tokens)
-            if self.step_config.kl_coef > 0:
+            if self.step_config.loss.kl_coef > 0:
                 seqs.set_per_token("logp_ref", logp_ref * mask)
         metrics.update(self._advantages(seqs, logp_ref))
         metrics["entropy_mean"] = float(np.sum(seqs.padded(self.pad_id)["entropy"] * mask) / tokens)

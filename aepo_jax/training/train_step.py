@@ -23,7 +23,7 @@ from flax import nnx
 from aepo_jax.models.attention_mask import causal_mask
 from aepo_jax.models.lm_head import TokenScores, next_token_scores
 from aepo_jax.objectives.aggregation import loss_denominator
-from aepo_jax.objectives.policy_loss import policy_loss
+from aepo_jax.objectives.policy_loss import LossConfig, policy_loss
 from aepo_jax.objectives.presets import loss_config as objective_loss_config
 from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
 from aepo_jax.training.train_state import TrainState
@@ -33,16 +33,15 @@ Batch = dict[str, jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Static settings of a train step (hashable; changes recompile)."""
+    """Static settings of a train step (hashable; changes recompile).
 
-    surrogate: str = "aepo"
-    clip_low: float | None = 0.2
-    clip_high: float | None = 0.2
-    dual_clip_c: float | None = 3.0
-    loss_agg: str = "token_mean"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
+    The policy-loss settings (surrogate, clip bounds, dual clip, aggregation,
+    KL and entropy terms) are a `LossConfig` whose defaults live only in
+    `aepo_jax.objectives.presets` (`AlgorithmPreset.loss_config()` in a run;
+    the bare AEPO surrogate's when not given). The rest is how the step runs.
+    """
+
+    loss: LossConfig = dataclasses.field(default_factory=lambda: objective_loss_config("aepo"))
     temperature: float = 1.0
     micro_batch_size: int | None = None  # None: the whole batch in one pass
     compute_dtype: str | None = None  # "bfloat16" casts params inside the step
@@ -166,9 +165,7 @@ def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig, logprobs: Callable | Non
     tree-packed scorer for packed ones; the loss on top is the same function.
     """
     logprobs = sequence_logprobs if logprobs is None else logprobs
-    loss_config = objective_loss_config(cfg.surrogate, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                        dual_clip_c=cfg.dual_clip_c, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
-                                        kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)
+    loss_config = cfg.loss
 
     def loss_fn(params: Any, mb: Batch, denominator: jax.Array):
         logp, entropy = logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype, cfg.logits_chunk_size)
@@ -202,7 +199,7 @@ def make_rl_train_step(
     every array with a leading `[M]` axis (`packing.build_train_batch`), and
     `cfg.micro_batch_size` is ignored.
     """
-    return _accumulating_step(rl_loss_fn(graphdef, cfg, logprobs), lambda mask: loss_denominator(mask, cfg.loss_agg),
+    return _accumulating_step(rl_loss_fn(graphdef, cfg, logprobs), lambda mask: loss_denominator(mask, cfg.loss.loss_agg),
                               tx, schedule, state_sharding, batch_sharding, cfg.micro_batch_size,
                               pre_split=logprobs is not None)
 

@@ -61,5 +61,5 @@ def packed_loss_and_grads(graphdef, cfg, params, batch):
         rl_loss_fn,
     )
 
-    denominator = flat_denominator(batch["mask"], lambda mask: loss_denominator(mask, cfg.loss_agg))
+    denominator = flat_denominator(batch["mask"], lambda mask: loss_denominator(mask, cfg.loss.loss_agg))
     return accumulate_gradients(rl_loss_fn(graphdef, cfg, packed_logprobs), params, batch, denominator)

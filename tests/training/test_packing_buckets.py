@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from aepo_jax.objectives import get_preset, loss_denominator
+from aepo_jax.objectives import get_preset, loss_config, loss_denominator
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing import (
     PackingTally,
@@ -102,9 +102,13 @@ def test_pad_to_buckets_pads_every_axis_with_inert_slots():
 
 
 def _cfg(objective, **overrides):
+    """The preset's surrogate, clips and aggregation (no KL or entropy term unless overridden); `overrides`
+    are loss fields or step fields (temperature)."""
     p = get_preset(objective)
-    return StepConfig(**({"surrogate": p.surrogate, "clip_low": p.clip_low, "clip_high": p.clip_high,
-                          "dual_clip_c": p.dual_clip_c, "loss_agg": p.loss_agg} | overrides))
+    step = {k: overrides.pop(k) for k in ("temperature", "micro_batch_size") if k in overrides}
+    loss = loss_config(p.surrogate, **({"clip_low": p.clip_low, "clip_high": p.clip_high, "dual_clip_c": p.dual_clip_c,
+                                        "loss_agg": p.loss_agg} | overrides))
+    return StepConfig(loss=loss, **step)
 
 
 CONFIGS = {
@@ -132,7 +136,7 @@ def test_bucket_padding_keeps_loss_and_gradients_exact(model):
     def flat_side(params, flat):
         out = {}
         for name, cfg in CONFIGS.items():
-            denominator = loss_denominator(flat["mask"], cfg.loss_agg)
+            denominator = loss_denominator(flat["mask"], cfg.loss.loss_agg)
             out[name] = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(params, flat, denominator)
         return out
 

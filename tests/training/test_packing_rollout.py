@@ -14,7 +14,7 @@ from aepo_jax.agent.loop import AgentLoop, LoopConfig, agent_stop_sequences
 from aepo_jax.agent.prompts import PromptConfig, render_prompts
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models import Decoder, get_preset
-from aepo_jax.objectives import loss_denominator
+from aepo_jax.objectives import loss_config, loss_denominator
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler
 from aepo_jax.tokenizers import train_sentencepiece
@@ -77,14 +77,14 @@ def test_rollout_trees_tree_packed_loss_and_gradients_equal_flat(rollout_sequenc
         response_tokens += len(s["tokens"]) - prompt
     # Branches share whole turns: fewer nodes than one prompt per group plus every response token.
     assert stats.unique_tokens < sum(first.values()) + response_tokens
-    cfgs = {"aepo": StepConfig(surrogate="aepo"), "gspo": StepConfig(surrogate="gspo", clip_low=None, clip_high=None,
-                                                                      loss_agg="seq_mean_token_mean")}
+    cfgs = {"aepo": StepConfig(loss=loss_config("aepo")),
+            "gspo": StepConfig(loss=loss_config("gspo", loss_agg="seq_mean_token_mean"))}
 
     @jax.jit
     def both(params, flat, packed):
         out = {}
         for name, cfg in cfgs.items():
-            denominator = loss_denominator(flat["mask"], cfg.loss_agg)
+            denominator = loss_denominator(flat["mask"], cfg.loss.loss_agg)
             (loss, _), grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(params, flat, denominator)
             out[name] = ((loss, grads), packed_loss_and_grads(graphdef, cfg, params, packed)[:2])
         return out

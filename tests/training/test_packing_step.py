@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from aepo_jax.objectives import get_preset, loss_denominator
+from aepo_jax.objectives import get_preset, loss_config, loss_denominator
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing import make_logprob_fn_for_pack, make_train_step_for_pack
 from aepo_jax.training.packing.packed_batch import build_packed_batch, unpack_flat
@@ -100,10 +100,13 @@ def _assert_trees_close(a, b, rtol=2e-5):
 
 
 def _cfg(objective, **overrides):
+    """The preset's surrogate, clips and aggregation (no KL or entropy term unless overridden); `overrides`
+    are loss fields or step fields (temperature)."""
     p = get_preset(objective)
-    fields = {"surrogate": p.surrogate, "clip_low": p.clip_low, "clip_high": p.clip_high, "dual_clip_c": p.dual_clip_c,
-                  "loss_agg": p.loss_agg}
-    return StepConfig(**(fields | overrides))
+    step = {k: overrides.pop(k) for k in ("temperature", "micro_batch_size") if k in overrides}
+    loss = loss_config(p.surrogate, **({"clip_low": p.clip_low, "clip_high": p.clip_high, "dual_clip_c": p.dual_clip_c,
+                                        "loss_agg": p.loss_agg} | overrides))
+    return StepConfig(loss=loss, **step)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +122,7 @@ def all_objectives(setup):
     def flat_side(params, flat):
         out = {"logprobs": sequence_logprobs(graphdef, params, flat)}
         for name, cfg in cfgs.items():
-            denominator = loss_denominator(flat["mask"], cfg.loss_agg)
+            denominator = loss_denominator(flat["mask"], cfg.loss.loss_agg)
             (loss, _), grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(params, flat, denominator)
             out[name] = (loss, grads)
         return out

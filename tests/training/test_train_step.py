@@ -60,9 +60,9 @@ def _assert_updates_close(new_a, new_b, old, rtol=1e-4):
 @pytest.mark.parametrize("surrogate, loss_agg", [("aepo", "token_mean"), ("gspo", "seq_mean_token_mean")])
 def test_micro_batch_accumulation_equals_full_batch(setup, surrogate, loss_agg):
     graphdef, params, batch, _, _ = setup
-    full_cfg = StepConfig(surrogate=surrogate, loss_agg=loss_agg, clip_low=None, clip_high=None)
+    full_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg))
     full, full_m = _run(make_rl_train_step(graphdef, SGD, full_cfg), params, SGD, batch)
-    micro_cfg = StepConfig(surrogate=surrogate, loss_agg=loss_agg, clip_low=None, clip_high=None, micro_batch_size=2)
+    micro_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg), micro_batch_size=2)
     micro, micro_m = _run(make_rl_train_step(graphdef, SGD, micro_cfg), params, SGD, batch)
     np.testing.assert_allclose(micro_m["loss"], full_m["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(micro_m["grad_norm"], full_m["grad_norm"], rtol=1e-5)
@@ -73,7 +73,7 @@ def test_micro_batch_accumulation_equals_full_batch(setup, surrogate, loss_agg):
 
 def test_step_loss_equals_policy_loss_of_an_independent_forward(setup):
     graphdef, params, batch, tx, schedule = setup
-    cfg = StepConfig(surrogate="aepo", temperature=0.7)
+    cfg = StepConfig(loss=loss_config("aepo"), temperature=0.7)
     _, metrics = _run(make_rl_train_step(graphdef, tx, cfg, schedule), params, tx, batch)
     logp, _ = jax.jit(sequence_logprobs, static_argnums=(0, 3))(graphdef, params, batch, 0.7)
     want, want_metrics = policy_loss(loss_config("aepo", clip_low=0.2, clip_high=0.2, dual_clip_c=3.0), logp=logp,
@@ -87,7 +87,7 @@ def test_step_loss_equals_policy_loss_of_an_independent_forward(setup):
 
 def test_sharded_step_on_8_devices_equals_one_device(setup):
     graphdef, params, batch, _, _ = setup
-    cfg = StepConfig(surrogate="aepo", micro_batch_size=2)
+    cfg = StepConfig(loss=loss_config("aepo"), micro_batch_size=2)
     single, single_m = _run(make_rl_train_step(graphdef, SGD, cfg), params, SGD, batch)
 
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
