@@ -106,13 +106,15 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
 
 
 def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, programs: list[str],
-              hbm_bytes: int, seq_len: int | None = None) -> list[dict[str, Any]]:
+              hbm_bytes: int, seq_len: int | None = None, attention: str | None = None) -> list[dict[str, Any]]:
     """Compiles every program of one config for one topology and returns its memory rows."""
     from aepo_jax.parallel import make_mesh
 
     cfg = load_config(cfg_name)
     if seq_len is not None:
         cfg.train.max_seq_len = seq_len
+    if attention is not None:
+        cfg.model.attention = attention
     devices = tpu_devices(topology) if platform == "tpu" else jax.devices()
     mesh = make_mesh(dict(cfg.mesh.shape), devices=devices)
     mesh_text = "x".join(f"{axis}{size}" for axis, size in mesh.shape.items())
@@ -135,6 +137,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
                 "n_layers": model_config_of(cfg, layers).n_layers, "seq_len": int(cfg.train.max_seq_len),
                 "rows": math.prod(mesh.shape[a] for a in ("data", "fsdp")),
                 "remat": cfg.model.get("remat", "none"), "logits_chunk_size": cfg.model.get("logits_chunk_size"),
+                "attention": model_config_of(cfg, layers).attention,
                 "argument_bytes": argument, "output_bytes": output, "temp_bytes": temp,
                 "per_device_bytes": argument + output + temp, "hbm_bytes": hbm_bytes,
                 "compile_seconds": round(seconds, 1),
@@ -147,6 +150,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
 def print_row(row: dict[str, Any]) -> None:
     fits = "fits" if row["per_device_bytes"] <= 0.9 * row["hbm_bytes"] else "DOES NOT FIT"
     print(f"{row['config']:>16} {row['topology']:>9} {row['mesh']:>22} {row['program']:>10} L{row['n_layers']:<3}"
+          f" {row['attention']:>6}"
           f" arg {row['argument_bytes'] / GIB:7.2f} GiB  temp {row['temp_bytes'] / GIB:7.2f} GiB"
           f"  total {row['per_device_bytes'] / GIB:7.2f} / {row['hbm_bytes'] / GIB:.0f} GiB ({fits})"
           f"  compile {row['compile_seconds']:6.1f} s ({row['compile_cpu_seconds']:.0f} s CPU)", flush=True)
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--layers", type=int, default=None, help="override n_layers (quick or extrapolated plans)")
     parser.add_argument("--seq-len", type=int, default=None, help="override train.max_seq_len")
     parser.add_argument("--platform", choices=("tpu", "cpu"), default="tpu")
+    parser.add_argument("--attention", choices=("dense", "splash", "cudnn"), default=None,
+                        help="override model.attention (default: the config's; the paper configs use splash)")
     parser.add_argument("--hbm-gib", type=float, default=95.0, help="HBM per chip (v5p: 95)")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for spec in args.config or list(DEFAULT_PLANS):
         name, _, topology = spec.partition(":")
         rows += plan_rows(name, topology or "v5:2x4x4", args.platform, args.layers, programs, int(args.hbm_gib * GIB),
-                          args.seq_len)
+                          args.seq_len, args.attention)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -36,6 +36,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # recompute the rest (attention scores included) in the backward pass; score tokens 1024 positions at a time.
     c.model.remat = "dots_with_no_batch_dims_saveable"
     c.model.logits_chunk_size = 1024
+    # TPU v5p kernels (docs/attention.md): splash for flat rows, the tree kernel for tree-packed rows, the dense
+    # path for the sampler's cached blocks. GPUs: --config.model.attention=cudnn; CPU: dense.
+    c.model.attention = "splash"
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen3-14B/tokenizer.json"
 

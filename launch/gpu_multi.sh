@@ -11,10 +11,13 @@
 # the cluster itself (`srun launch/gpu_multi.sh CONFIG WORKDIR`).
 # WORKDIR must be on a filesystem shared by every host (checkpoints are
 # written collectively by orbax).
+# Attention backend: the paper configs default to model.attention=splash (TPU
+# kernels); on GPUs pass --config.model.attention=cudnn (bfloat16 compute) or
+# =dense (docs/attention.md, docs/scaling.md).
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
 CONFIG="$1"

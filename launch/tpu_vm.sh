@@ -17,6 +17,8 @@
 #   REPO_URL [git URL of this repository], BRANCH [main]
 # WORKDIR should be a gs:// bucket or a shared disk: checkpoints must be
 # visible to every host (orbax writes them collectively).
+# The paper configs run attention through the TPU kernels (model.attention=splash,
+# docs/attention.md); nothing to override here.
 set -euo pipefail
 
 TPU_NAME="${TPU_NAME:-aepo-jax}"
@@ -31,7 +33,7 @@ if [[ -n "${PROJECT:-}" ]]; then
 fi
 
 usage() {
-  sed -n '2,20p' "$0" >&2
+  sed -n '2,22p' "$0" >&2
   exit 2
 }
 

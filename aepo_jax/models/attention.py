@@ -22,6 +22,7 @@ from flax import nnx
 from aepo_jax.models.attention_flash import (
     cudnn_attention,
     on_platform,
+    shard_over_mesh,
     splash_attention,
 )
 from aepo_jax.models.attention_mask import AttentionMask
@@ -65,13 +66,9 @@ def masked_attention(
     """
     check_backend(implementation)
     length, n_keys = q.shape[1], k.shape[1]
-    if implementation == "splash" and isinstance(mask, AttentionMask) and mask.is_tree and n_keys == length:
-        if interpret:
-            return tree_attention(q, k, v, mask.subtree_end, interpret=True)
-        run = functools.partial(tree_attention, subtree_end=mask.subtree_end)
-        return on_platform("tpu", "splash (tree kernel)", run, q, k, v)
     if implementation == "splash" and isinstance(mask, AttentionMask) and n_keys == length:
-        return splash_attention(q, k, v, mask, interpret=interpret)
+        # Per device under the context mesh: Mosaic kernels are not partitioned by the compiler.
+        return shard_over_mesh(functools.partial(_flash_attention, interpret=interpret), q, k, v, mask)
     if implementation == "splash" and not isinstance(mask, AttentionMask):
         raise ValueError("the splash backend needs an AttentionMask (models/attention_mask.py), not a dense "
                          "bool[B, T, S] mask: a dense mask has no structure a TPU kernel can use")
@@ -81,6 +78,16 @@ def masked_attention(
     if implementation == "cudnn":
         return cudnn_attention(q, k, v, dense)
     return _dense_attention(q, k, v, dense)  # "dense", and splash's cached blocks
+
+
+def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *, interpret: bool) -> jax.Array:
+    """splash's kernels on self-attention rows: the tree kernel for tree masks, the splash kernel otherwise."""
+    if mask.is_tree:
+        if interpret:
+            return tree_attention(q, k, v, mask.subtree_end, interpret=True)
+        run = functools.partial(tree_attention, subtree_end=mask.subtree_end)
+        return on_platform("tpu", "splash (tree kernel)", run, q, k, v)
+    return splash_attention(q, k, v, mask, interpret=interpret)
 
 
 def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:

@@ -60,6 +60,45 @@ def on_platform(platform: str, backend: str, kernel: Callable[..., jax.Array], q
     return jax.lax.platform_dependent(q, k, v, default=_raise_unsupported(backend, platform), **{platform: kernel})
 
 
+def _dividing_axes(mesh, axes: str | tuple[str, ...] | None, size: int) -> tuple[str, ...]:
+    """The mesh axes among `axes` (in order, size > 1) whose product divides `size`, taken greedily."""
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    chosen: list[str] = []
+    for axis in axes:
+        n = mesh.shape.get(axis, 1)
+        if n > 1 and size % (math.prod(mesh.shape[a] for a in chosen) * n) == 0:
+            chosen.append(axis)
+    return tuple(chosen)
+
+
+def shard_over_mesh(kernel: Callable[..., jax.Array], q: jax.Array, k: jax.Array, v: jax.Array,
+                    mask: AttentionMask) -> jax.Array:
+    """`kernel(q, k, v, mask)` run per device under the context mesh (`jax.set_mesh`), or directly without one.
+
+    Mosaic (Pallas TPU) kernels cannot be partitioned by the compiler, so on a
+    mesh the call goes through `jax.shard_map`: rows split over the logical
+    "batch" axes and heads over the "kv_heads" axis (`parallel.LOGICAL_AXIS_RULES`),
+    each only where it divides the local shape (else that dimension is replicated).
+    Heads split in contiguous blocks keep every query head with its key-value head
+    (query head h uses kv head h // G). `q [B, T, H, Dh]`, `k, v [B, T, KVH, Dh]`.
+    """
+    from jax.sharding import PartitionSpec
+
+    from aepo_jax.parallel.sharding import LOGICAL_AXIS_RULES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel(q, k, v, mask)
+    rows = _dividing_axes(mesh, LOGICAL_AXIS_RULES["batch"], q.shape[0]) or None
+    heads = _dividing_axes(mesh, LOGICAL_AXIS_RULES["kv_heads"], k.shape[2]) or None
+    per_head = PartitionSpec(rows, None, heads, None)
+    per_row = PartitionSpec(rows, None)
+    mask_spec = mask.replace(key_valid=per_row, query_offset=PartitionSpec(),
+                             subtree_end=None if mask.subtree_end is None else per_row)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(per_head, per_head, per_head, mask_spec),
+                         out_specs=per_head, check_vma=False)(q, k, v, mask)
+
+
 def splash_segment_ids(mask: AttentionMask) -> tuple[jax.Array, jax.Array]:
     """int32[B, T] query and int32[B, S] key segment ids that, with a causal mask, give `mask`.
 

@@ -149,12 +149,38 @@ def apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformation
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def under_mesh(jitted: Callable, *shardings: Any) -> Callable:
+    """`jitted`, traced, lowered and called under the mesh of its `NamedSharding`s (`jax.set_mesh`).
+
+    The splash backend's Pallas kernels cannot be partitioned by the compiler and run
+    per device through `shard_map` over the context mesh (`attention_flash.shard_over_mesh`);
+    this gives the program that mesh. Unchanged when no sharding names a mesh.
+    """
+    named = [leaf for leaf in jax.tree.leaves(shardings) if isinstance(leaf, jax.sharding.NamedSharding)]
+    if not named:
+        return jitted
+    mesh = named[0].mesh
+
+    def call(*args, **kwargs):
+        with jax.set_mesh(mesh):
+            return jitted(*args, **kwargs)
+
+    def lower(*args, **kwargs):
+        with jax.set_mesh(mesh):
+            return jitted.lower(*args, **kwargs)
+
+    call.lower = lower
+    call.jitted = jitted
+    return call
+
+
 def jit_step(step: Callable, state_sharding: Any | None, batch_sharding: Any | None) -> Callable:
-    """`jax.jit` a `(state, batch) -> (state, metrics)` step, donating the state, with optional shardings."""
+    """`jax.jit` a `(state, batch) -> (state, metrics)` step, donating the state, with optional shardings
+    (then traced under their mesh, `under_mesh`)."""
     if state_sharding is None and batch_sharding is None:
         return jax.jit(step, donate_argnums=0)
-    return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
-                   out_shardings=(state_sharding, None), donate_argnums=0)
+    return under_mesh(jax.jit(step, in_shardings=(state_sharding, batch_sharding),
+                              out_shardings=(state_sharding, None), donate_argnums=0), state_sharding, batch_sharding)
 
 
 def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig, logprobs: Callable | None = None) -> LossFn:
@@ -283,7 +309,7 @@ def make_logprob_fn(
 
     if batch_sharding is None:
         return jax.jit(fn)
-    return jax.jit(fn, in_shardings=(None, batch_sharding))
+    return under_mesh(jax.jit(fn, in_shardings=(None, batch_sharding)), batch_sharding)
 
 
 def merge_micro_batches(x: jax.Array) -> jax.Array:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
+from aepo_jax.models import get_preset
 from aepo_jax.parallel import MESH_AXES, make_mesh, state_shardings
 from aepo_jax.training.build import (
     abstract_model,
@@ -81,8 +82,13 @@ def test_big_config_builds_abstract_model_and_sharded_state(name):
     assert (cfg.rollout.k, cfg.data.prompts_per_step) in ((12, 64), (16, 128))
     assert preset_from(cfg).surrogate == "aepo"
     assert set(cfg.mesh.shape) == {"data", "fsdp", "tensor"}
+    # TPU kernels by default (the configs target v5p; GPUs override with --config.model.attention=cudnn),
+    # with kv heads that divide over the tensor axis (splash runs per device, heads split over tensor).
+    assert cfg.model.attention == "splash"
+    assert get_preset(cfg.model.preset).n_kv_heads % cfg.mesh.shape["tensor"] == 0
 
     model_config = model_config_from(cfg)
+    assert model_config.attention == "splash"
     _graphdef, params = abstract_model(model_config)  # ShapeDtypeStructs only
     leaves = jax.tree.leaves(params)
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
