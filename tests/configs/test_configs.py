@@ -47,7 +47,7 @@ def test_tiny_config_parses_into_a_consistent_preset(path):
     assert cfg.name == f"{family}_tiny" and cfg.algorithm == family
     preset = preset_from(cfg)
     step = step_config_from(cfg, preset)
-    assert step.surrogate == preset.surrogate
+    assert step.loss == preset.loss_config()
     assert cfg.model.preset == "tiny"
     assert cfg.data.prompts_per_step * cfg.rollout.k <= 64  # CPU-sized
     assert cfg.rollout.initial_rollouts <= cfg.rollout.k

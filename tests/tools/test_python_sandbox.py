@@ -74,7 +74,7 @@ def _cgroup_process_counts(sandbox):
             try:
                 with open(os.path.join(sandbox.cgroup_root, name, "pids.current")) as f:
                     counts.append(int(f.read()))
-            except FileNotFoundError:  # removed while we looked
+            except OSError:  # removed while we looked (ENOENT, or ENODEV while the kernel tears it down)
                 pass
     return counts
 

@@ -183,7 +183,12 @@ def test_only_the_planned_paths_are_visible(sandbox):
     assert set(home_listing) <= leading(home)
     assert set(repo_listing) <= leading(REPO)
     assert lines[3] == "False False"  # the checkout's files and this test are not there
-    assert lines[4] == WORKDIR  # the caller's temp dir is the call's own working directory
+    if any(p.startswith(tmp.rstrip("/") + "/") for p in planned):
+        # The interpreter lives under the temp dir (a checkout in /tmp): the temp dir then holds that read-only
+        # bind and cannot also stand for the call's working directory (a known limitation, docs/tools.md).
+        assert lines[4] == tmp
+    else:
+        assert lines[4] == WORKDIR  # the caller's temp dir is the call's own working directory
 
 
 def test_root_plan_binds_the_interpreter_and_nothing_of_the_checkout_home_or_temp_dir():
