@@ -32,7 +32,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.seed = 0
     # True: no result may depend on wall-clock time. Seeded runs already repeat (sampler keys,
     # data order, XLA CPU programs and tool results are fixed by the seed; see
-    # tests/training/test_seeded_repeatability.py); what remains are wall-clock limits that a
+    # tests/launch/test_train_cli.py); what remains are wall-clock limits that a
     # loaded machine can hit in one run and not the next. With True the python tool is bounded
     # by CPU time (rollout.tool_timeout_s of it) and its wall-clock limit becomes a far backstop
     # (aepo_jax.experiment.sandbox_limits).

@@ -28,14 +28,16 @@ import os
 
 from hypothesis import settings
 
+from tests.child_process import TEST_COMPILE_FLAGS
+
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
-# LLVM's backend optimisation off for the suite's own process: the tests' programs are tiny and compiled
-# once, so optimising their machine code costs more than it saves (about a third of the CPU time of the
-# trainer tests). XLA's HLO passes still run; results agree with optimised code within float32 rounding.
+# Fast compilation for the suite's own process (tests/child_process.py says which flags and why): the
+# tests' programs are tiny and compiled once, so optimising their machine code costs more than it saves.
+# Processes that tests start get the same flags from tests/child_process.py.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+    os.environ["XLA_FLAGS"] += " " + TEST_COMPILE_FLAGS
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",

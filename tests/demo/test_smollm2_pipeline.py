@@ -23,6 +23,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from tests.child_process import child_env
+
 pytestmark = pytest.mark.skipif(not os.environ.get("AEPO_RUN_SLOW"),
                                 reason="loads and trains the 135M-parameter SmolLM2 (minutes of CPU); "
                                        "set AEPO_RUN_SLOW=1 to run")
@@ -67,7 +69,7 @@ def test_smollm2_gets_agent_tags_grown_embedding_and_one_sft_step(tmp_path):
         assert jax.device_count() == 1
         _pipeline_checks(str(tmp_path))
         return
-    env = dict(os.environ, **{_CHILD: "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    env = child_env(**{_CHILD: "1"})
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
          f"{os.path.abspath(__file__)}::test_smollm2_gets_agent_tags_grown_embedding_and_one_sft_step"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from aepo_jax.experiment import environment_from
 from aepo_jax.training.build import build_run, init_model, model_config_from
 from aepo_jax.training.checkpoint import Checkpointer
 from configs.aepo_tiny import get_config
+from tests.child_process import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["--config.data.num_examples=16", "--config.rollout.max_response_len=24", "--config.seed=7"]
@@ -82,7 +82,7 @@ def test_bad_checkpoint_paths_and_mismatched_models_are_clear_errors(trained_run
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "launch.evaluate", "--config", "configs/aepo_tiny.py", *args],
                           check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -10,13 +10,14 @@ must fit it. The process must exit cleanly (no tracebacks at exit).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.child_process import child_env
+
 REPO = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+ENV = child_env()
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:

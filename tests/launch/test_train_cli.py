@@ -1,25 +1,66 @@
 """`python -m launch.train` end to end on the embedded task: the real sampler,
 agent loop, tools (search server, python sandbox) and AEPO rollout for two
-steps; metrics, checkpoint, saved config; clear errors for bad invocations."""
+steps; metrics, checkpoint, saved config; seeded runs that repeat; clear
+errors for bad invocations.
+
+The two-step run is seeded and `deterministic`, and a second run of the same
+command (another process, another PYTHONHASHSEED) must write the same
+metrics.jsonl except the wall-clock metrics (issue 17). The second run loads
+the first's programs from the persistent compilation cache (tests/conftest.py,
+inherited through tests/child_process.py): a cache hit is the same executable
+for the same program, and a program that depended on the hash seed would miss
+and compile anew.
+"""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from aepo_jax.training.metrics_log import (
+    WALL_CLOCK_METRICS,
+    read_metrics,
+    without_wall_clock,
+)
+from tests.child_process import child_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--config.data.prompts_per_step=2", "--config.rollout.k=2", "--config.rollout.initial_rollouts=1",
          "--config.rollout.max_response_len=16", "--config.rollout.max_tool_calls=1",
          "--config.train.mini_batch_prompts=2", "--config.train.micro_batch_size=2",
          "--config.log.progress_bar=false", "--config.log.tensorboard=false"]
+# The seeded two-step run. The objective gets a small entropy bonus so that every step really
+# updates the parameters (a random tiny policy earns equal rewards in a group, hence zero
+# advantages), and step 2 rolls out with the updated model; log_kl: the reference model's KL
+# is logged too.
+SEEDED_RUN = ["--config", "configs/aepo_tiny.py", "--config.deterministic=True", "--config.total_steps=2",
+              "--config.data.num_examples=16", "--config.train.max_seq_len=512",
+              "--config.objective.entropy_coef=0.01", "--config.objective.log_kl=true",
+              "--config.checkpoint.async_save=False", *SMALL]
 
 
 def _launch(*args, timeout=900):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one CPU device, as a user would run it
-    return subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _seeded_run(workdir, hash_seed: str) -> str:
+    """The seeded run in `workdir` under PYTHONHASHSEED=`hash_seed`; its console output."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "launch.train", *SEEDED_RUN, "--workdir", str(workdir)],
+        cwd=REPO, env=child_env(PYTHONHASHSEED=hash_seed), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)  # its own process group: a failed run takes its tools down too
+    try:
+        output, _ = process.communicate(timeout=850)  # pytest.ini allows 900 for the whole test
+        assert process.returncode == 0, output[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return output
 
 
 def test_unknown_override_key_is_refused_by_name(tmp_path):
@@ -43,10 +84,7 @@ def test_missing_config_file_is_one_clear_line(tmp_path, module):
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("run")
-    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(workdir), "--config.total_steps=2",
-                  "--config.objective.log_kl=true", *SMALL)  # log_kl: the reference model's KL is logged too
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return workdir, out
+    return workdir, _seeded_run(workdir, hash_seed="1")
 
 
 def test_two_aepo_steps_write_metrics_checkpoint_and_config(two_step_run):
@@ -61,12 +99,12 @@ def test_two_aepo_steps_write_metrics_checkpoint_and_config(two_step_run):
     assert "2" in os.listdir(workdir / "checkpoints")
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["total_steps"] == 2 and saved["algorithm"] == "aepo" and saved["rollout"]["k"] == 2
-    assert "resolved config:" in out.stdout
+    assert "resolved config:" in out
 
 
 def test_existing_run_needs_resume_flag(two_step_run):
     workdir, _ = two_step_run
-    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(workdir), "--config.total_steps=2", *SMALL)
+    out = _launch(*SEEDED_RUN, "--workdir", str(workdir))
     assert out.returncode != 0
     assert "pass --resume" in out.stderr
 
@@ -79,7 +117,7 @@ def test_every_key_the_plots_and_console_ask_for_is_emitted(two_step_run):
     emitted = set().union(*records)
     wanted = {key for _, keys in PLOT_PANELS for key in keys} | set(CONSOLE_KEYS)
     assert wanted <= emitted, sorted(wanted - emitted)
-    assert "kl_ref_rollout" in out.stdout  # the console line shows the KL it was asked for
+    assert "kl_ref_rollout" in out  # the console line shows the KL it was asked for
 
 
 def test_plot_metrics_draws_the_run(two_step_run):
@@ -88,3 +126,16 @@ def test_plot_metrics_draws_the_run(two_step_run):
                          text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert (workdir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_second_seeded_run_writes_identical_metrics(two_step_run, tmp_path):
+    first_dir, _ = two_step_run
+    _seeded_run(tmp_path / "again", hash_seed="2")
+    first, second = read_metrics(str(first_dir)), read_metrics(str(tmp_path / "again"))
+    assert [r["step"] for r in first] == [1, 2]
+    assert all(r["grad_norm"] > 0 for r in first)  # the update really moved the parameters
+    assert WALL_CLOCK_METRICS & set(first[0])  # the excluded keys exist (names kept in sync)
+    for a, b in zip(first, second, strict=True):
+        differing = {k: (a.get(k), b.get(k)) for k in without_wall_clock(a).keys() | without_wall_clock(b).keys()
+                     if a.get(k) != b.get(k)}
+        assert not differing, json.dumps(differing, indent=1)

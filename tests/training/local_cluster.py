@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+from tests.child_process import child_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -17,9 +19,8 @@ def start_processes(args: list[str], processes: int, devices_each: int) -> list[
         port = s.getsockname()[1]
     procs = []
     for pid in range(processes):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}",
-                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                   JAX_PROCESS_ID=str(pid))
+        env = child_env(devices_each, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+                        JAX_PROCESS_ID=str(pid))
         procs.append(subprocess.Popen([sys.executable, *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs

@@ -16,6 +16,7 @@ from flax import nnx
 from aepo_jax.training.checkpoint import Checkpointer
 from aepo_jax.training.optimizer import make_optimizer
 from aepo_jax.training.train_state import TrainState
+from tests.child_process import child_env
 
 
 class _TwoLayer(nnx.Module):
@@ -99,7 +100,7 @@ def _tmp_dirs_of_step2(directory: str) -> list[str]:
 
 def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
     directory = str(tmp_path / "ckpt")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = child_env()
     proc = subprocess.Popen(
         [sys.executable, "-c", _SAVER, directory], stdout=subprocess.PIPE, text=True, env=env,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

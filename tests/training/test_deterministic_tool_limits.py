@@ -1,0 +1,32 @@
+"""`deterministic=True` (issue 17): the python tool is bounded by CPU time, not wall clock.
+
+The two seeded runs of `python -m launch.train` that must write identical
+metrics are in tests/launch/test_train_cli.py (the second one reuses the CLI
+test's run).
+"""
+
+from __future__ import annotations
+
+
+def test_deterministic_bounds_the_python_tool_by_cpu_time_not_wall_clock():
+    """A call that sleeps past `tool_timeout_s` but uses almost no CPU: the default
+    wall-clock limit stops it (on a slow enough machine any call could be stopped
+    so), `deterministic=True` lets it finish; a CPU-bound loop is stopped either way."""
+    from aepo_jax.experiment import DETERMINISTIC_WALL_FACTOR, sandbox_limits
+    from aepo_jax.tools import PythonSandbox
+    from configs.base import get_base_config
+
+    cfg = get_base_config()
+    cfg.rollout.tool_timeout_s = 1.0
+    assert sandbox_limits(cfg).wall_seconds == 1.0
+    sleeper, spinner = "import time\ntime.sleep(1.5)\nprint('done')", "while True:\n    pass"
+    with PythonSandbox(sandbox_limits(cfg), pool_size=1) as sandbox:
+        assert sandbox.run(sleeper).status == "timeout"
+    cfg.deterministic = True
+    limits = sandbox_limits(cfg)
+    assert (limits.cpu_seconds, limits.wall_seconds) == (1, DETERMINISTIC_WALL_FACTOR * 1.0)
+    with PythonSandbox(limits, pool_size=1) as sandbox:
+        slept = sandbox.run(sleeper)
+        assert (slept.status, slept.stdout) == ("ok", "done\n")
+        spun = sandbox.run(spinner)
+        assert spun.status == "timeout" and "CPU-time limit" in spun.traceback
