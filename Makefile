@@ -25,8 +25,9 @@ install-test: $(VENV)/.installed-test
 
 # Two workers (pytest-xdist), each test file whole on one worker (module fixtures stay shared):
 # about 2x faster on 2 cores, since most of a test's time is single-threaded XLA compilation.
+# The 25 slowest tests are listed at the end, so CI logs show where the time goes.
 test: $(VENV)/.installed-test
-	AEPO_RUN_SLOW=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	AEPO_RUN_SLOW=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 demo: $(VENV)/.installed
 	$(PY) -m launch.demo
