@@ -93,6 +93,10 @@ def main() -> None:
         print(f"{name:62s} {row['compile_cpu_s']:13.2f} {row['compile_wall_s']:14.2f} {row['step_ms']:8.2f} "
               f"{row['loss']:11.6f}")
     write_json(args.json, {"steps": args.steps, "settings": rows})
+    reference = rows["xla default"]["loss"]
+    differing = {name: row["loss"] for name, row in rows.items() if abs(row["loss"] - reference) > 1e-5 * abs(reference)}
+    if differing:
+        raise SystemExit(f"losses differ from XLA's default build ({reference}) beyond float32 rounding: {differing}")
 
 
 if __name__ == "__main__":
