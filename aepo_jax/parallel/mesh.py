@@ -38,9 +38,14 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
             f"mesh shape {dict(shape)} uses {fixed} devices but {len(devices)} are available; "
             "use -1 on one axis to take the rest, or pass devices="
         )
-    return jax.make_mesh(
-        tuple(sizes[axis] for axis in MESH_AXES),
-        MESH_AXES,
-        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
-        devices=devices,
-    )
+    axis_shapes = tuple(sizes[axis] for axis in MESH_AXES)
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    try:
+        return jax.make_mesh(axis_shapes, MESH_AXES, axis_types=axis_types, devices=devices)
+    except NotImplementedError:
+        # A TPU slice whose physical axes the logical ones cannot be assembled from without
+        # splitting one (e.g. fsdp 8 on a 4x4x4 v5p slice): split it rather than refuse the mesh.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(axis_shapes, devices, allow_split_physical_axes=True)
+        return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)

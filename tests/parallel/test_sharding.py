@@ -23,6 +23,19 @@ def test_make_mesh_fills_the_free_axis_and_uses_auto_axes():
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 
+def test_make_mesh_splits_physical_axes_when_the_slice_cannot_be_assembled_otherwise(monkeypatch):
+    # jax.make_mesh refuses e.g. fsdp 8 on a 4x4x4 TPU slice (no product of whole physical axes is 8);
+    # fake CPU devices have no physical topology, so stand its refusal in and check the fallback's mesh.
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("Failed to find assignment for logical_axis_index 1 of size 8")
+
+    monkeypatch.setattr(jax, "make_mesh", refuse)
+    mesh = make_mesh({"data": -1, "fsdp": 2, "tensor": 2})
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
 @pytest.mark.parametrize(
     ("shape", "message"),
     [
