@@ -142,8 +142,9 @@ class Attention(nnx.Module):
         positions: jax.Array,  # int32[B, T]
         mask: jax.Array | AttentionMask,  # bool[B, T, S] or its structured form
         inv_freq: jax.Array,  # float32[Dh/2]
-        cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same)
+        cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same) or stacked [L, ...]
         cache_index: jax.Array | None = None,  # int32 scalar
+        cache_layer: jax.Array | None = None,  # int32 scalar: this layer's slice of a stacked cache
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         q = self._project(x, self.q_proj, self.q_bias)  # [B, T, H, Dh]
         k = self._project(x, self.k_proj, self.k_bias)  # [B, T, KVH, Dh]
@@ -152,12 +153,22 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, positions, inv_freq)
         k = apply_rotary(k, positions, inv_freq)
-        if cache_kv is not None:
+        if cache_kv is not None and cache_layer is None:
             cache_k, cache_v = cache_kv
             start = (0, cache_index, 0, 0)
             cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)  # [B, S, KVH, Dh]
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
+            cache_kv = (cache_k, cache_v)
+        elif cache_kv is not None:
+            # Stacked cache: write only the T new slots of this layer in place, then read the layer back,
+            # so the program never holds a second copy of a layer's (or the whole) cache.
+            cache_k, cache_v = cache_kv
+            start = (cache_layer, 0, cache_index, 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)  # [L, B, S, KVH, Dh]
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
+            k = jax.lax.dynamic_index_in_dim(cache_k, cache_layer, keepdims=False).astype(self.dtype)
+            v = jax.lax.dynamic_index_in_dim(cache_v, cache_layer, keepdims=False).astype(self.dtype)
             cache_kv = (cache_k, cache_v)
         out = masked_attention(q, k, v, mask, implementation=self.implementation,
                                interpret=self.interpret)  # [B, T, H, Dh]

@@ -47,8 +47,9 @@ class DecoderBlock(nnx.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.rms_eps, config.param_dtype, rngs=rngs)
         self.mlp = SwiGLU(config.d_model, config.mlp_dim, config.dtype, config.param_dtype, rngs=rngs)
 
-    def __call__(self, x, positions, mask, inv_freq, cache_kv=None, cache_index=None):
-        attended, cache_kv = self.attention(self.attention_norm(x), positions, mask, inv_freq, cache_kv, cache_index)
+    def __call__(self, x, positions, mask, inv_freq, cache_kv=None, cache_index=None, cache_layer=None):
+        attended, cache_kv = self.attention(self.attention_norm(x), positions, mask, inv_freq, cache_kv, cache_index,
+                                            cache_layer)
         h = x + attended
         return h + self.mlp(self.mlp_norm(h)), cache_kv
 
@@ -155,8 +156,9 @@ class Decoder(nnx.Module):
         """Runs the stacked blocks in order under `lax.scan` (rematerialised as `config.remat` says).
 
         Without a cache the carry is the residual stream `[B, T, D]`; with one,
-        it also holds the stacked `[L, B, S, KVH, Dh]` keys and values, and layer
-        i reads and rewrites slice i in place (no second copy of the cache).
+        it also holds the stacked `[L, B, S, KVH, Dh]` keys and values: layer i
+        writes its new slots into slice i in place and reads slice i back (no
+        copy of a layer's slice is written back, so no second copy of the cache).
         """
         graphdef, layer_params = nnx.split(self.layers)
         layer_ids = jnp.arange(self.config.n_layers, dtype=jnp.int32)
@@ -168,11 +170,7 @@ class Decoder(nnx.Module):
                 out, _ = block(carry, positions, mask, inv_freq)
                 return out, None
             h, cache_k, cache_v = carry
-            layer_kv = (jax.lax.dynamic_index_in_dim(cache_k, i, keepdims=False),
-                        jax.lax.dynamic_index_in_dim(cache_v, i, keepdims=False))  # [B, S, KVH, Dh] each
-            h, (layer_k, layer_v) = block(h, positions, mask, inv_freq, layer_kv, offset)
-            cache_k = jax.lax.dynamic_update_index_in_dim(cache_k, layer_k, i, 0)
-            cache_v = jax.lax.dynamic_update_index_in_dim(cache_v, layer_v, i, 0)
+            h, (cache_k, cache_v) = block(h, positions, mask, inv_freq, (cache_k, cache_v), offset, cache_layer=i)
             return (h, cache_k, cache_v), None
 
         body = remat_block(body, self.config.remat)
