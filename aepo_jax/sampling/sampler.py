@@ -39,6 +39,10 @@ from aepo_jax.sampling.stopping import STOP_REASON_NAMES, build_stop_table
 MIN_CACHE_SLOTS = 128  # smallest cache bucket
 MIN_BLOCK = 8  # smallest prompt / append block bucket
 MIN_NEW_TOKENS = 16  # smallest output-length bucket
+# Longest block one forward writes: a longer prefill, repack or append runs as successive
+# chunks of this many tokens, so the dense attention scores of a cached block
+# ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
+MAX_BLOCK_TOKENS = 512
 
 
 def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache):
@@ -97,6 +101,12 @@ def _concat_program(first, second, layout):
 _PROGRAMS = (_block_program, _decode_program, _grow_program, _shift_program, _take_program, _concat_program)
 
 
+def sampler_programs() -> dict[str, object]:
+    """The jitted block forward (prefill / append / repack chunks) and decode loop, for
+    ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
+    return {"block": _block_program, "decode": _decode_program}
+
+
 class Sampler:
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
 
@@ -117,6 +127,8 @@ class Sampler:
         Default: drawn from the OS, so two Samplers (and two calls) never
         share samples unless a key is passed explicitly.
       cache_dtype: dtype of the KV cache (default: the model's compute dtype).
+      max_block_tokens: longest block one forward writes (a power of two); longer
+        prefills, repacks and appends run as successive chunks (same result).
     """
 
     def __init__(
@@ -132,7 +144,11 @@ class Sampler:
         mesh: jax.sharding.Mesh | None = None,
         seed: int | None = None,
         cache_dtype: jnp.dtype | None = None,
+        max_block_tokens: int = MAX_BLOCK_TOKENS,
     ):
+        if max_block_tokens < MIN_BLOCK or max_block_tokens & (max_block_tokens - 1):
+            raise ValueError(f"max_block_tokens must be a power of two >= {MIN_BLOCK}, got {max_block_tokens}")
+        self.max_block_tokens = int(max_block_tokens)
         self._graphdef = graphdef
         self.mesh = mesh
         self._params_state = self._shard_params(state)
@@ -352,8 +368,14 @@ class Sampler:
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        arrays = self._call(kind, _block_program, self._graphdef, self._params_state, state.arrays,
-                            place_rows(self.layout, tokens), place_rows(self.layout, valid), self.layout)
+        arrays = state.arrays
+        # Blocks are powers of two, so chunks tile them; chunks before a row's first token write
+        # invalid slots, exactly as the padding of one whole block would.
+        chunk = min(block, self.max_block_tokens)
+        for start in range(0, block, chunk):
+            arrays = self._call(kind, _block_program, self._graphdef, self._params_state, arrays,
+                                place_rows(self.layout, tokens[:, start:start + chunk]),
+                                place_rows(self.layout, valid[:, start:start + chunk]), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:

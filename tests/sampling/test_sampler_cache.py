@@ -100,3 +100,31 @@ def test_concat_of_states_with_different_cursors_continues_each_row_exactly(gree
     assert together.row_tokens(0) == alone_a.row_tokens(0)
     assert together.row_tokens(1) == alone_b.row_tokens(0)
     assert together.row_tokens(2) == alone_b.row_tokens(1)
+
+
+def test_blocks_longer_than_max_block_tokens_run_in_chunks_with_the_same_result(tiny_model, full_logits):
+    from aepo_jax.sampling import Sampler
+
+    _, graphdef, state = tiny_model
+    chunked = Sampler(graphdef, state, params=GREEDY, max_block_tokens=8)
+    prompts = random_prompts(7, [27, 5, 17])  # block 32 = four chunks; the 5-token row starts in the last one
+    st = chunked.prefill(prompts)
+    for row, ids in enumerate(prompts):
+        assert_logits_close(np.asarray(st.last_logits[row]), full_logits(ids)[-1])
+    extra = random_prompts(8, [12, 0, 3])  # append block 16 = two chunks; row 1 receives nothing
+    st = chunked.append(st, extra)
+    sequences = [p + e for p, e in zip(prompts, extra, strict=True)]
+    st, out = chunked.generate(st, 6)
+    for row, ids in enumerate(sequences):
+        ids = ids + out.row_tokens(row)
+        assert_logits_close(np.asarray(st.last_logits[row]), full_logits(ids)[-1])
+        assert st.next_position[row] == len(ids)
+
+
+@pytest.mark.parametrize("bad", [4, 12])
+def test_max_block_tokens_must_be_a_power_of_two_of_at_least_the_smallest_block(tiny_model, bad):
+    from aepo_jax.sampling import Sampler
+
+    _, graphdef, state = tiny_model
+    with pytest.raises(ValueError, match="max_block_tokens"):
+        Sampler(graphdef, state, max_block_tokens=bad)
