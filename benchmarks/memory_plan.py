@@ -26,18 +26,28 @@ import dataclasses
 import importlib
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # configs/ lives at the repository root
 
 GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
-DEFAULT_PLANS = ("aepo_qwen3_14b:v5:2x4x4", "aepo_qwen2_5_7b:v5:2x4x4")
+PROGRAMS = ("train_step", "score", "sampler_prefill", "sampler_decode")
+SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode")
+# (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the 14B sampler
+# (whose KV cache alone is ~80 GiB per device on 32 chips) on the 64-chip slice as well.
+DEFAULT_PLANS = (
+    ("aepo_qwen3_14b", "v5:2x4x4", PROGRAMS),
+    ("aepo_qwen3_14b", "v5:4x4x4", SAMPLER_PROGRAMS),
+    ("aepo_qwen2_5_7b", "v5:2x4x4", PROGRAMS),
+)
 
 
 def tpu_devices(topology: str) -> list[Any]:
@@ -102,7 +112,66 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
     train = make_rl_train_step(graphdef, tx, step_config, schedule, state_sharding, batch_sharding)
     score_batch = {k: v for k, v in batch.items() if k in ("input_ids", "positions", "valid")}
     score = make_logprob_fn(graphdef, step_config, {k: batch_sharding[k] for k in score_batch})
-    return {"train_step": (train, (state, batch)), "score": (score, (state.params, score_batch))}
+    meta = {"rows": rows, "seq_len": int(cfg.train.max_seq_len)}
+    return {"train_step": (train, (state, batch), {}, meta), "score": (score, (state.params, score_batch), {}, meta)}
+
+
+def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
+    """{"sampler_prefill": ..., "sampler_decode": ...} at the config's rollout batch and lengths.
+
+    Rows: all trajectories of a step in one decode state (`data.prompts_per_step` x
+    `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
+    agent loop's sampler may grow to (`agent.loop.cache_slots`). sampler_prefill is
+    the block forward every prefill, repack and append runs, one chunk of
+    `MAX_BLOCK_TOKENS` (or the whole prompt block, if shorter) into that full
+    cache; sampler_decode is the decode loop for a whole response budget.
+    """
+
+    from aepo_jax.agent.loop import cache_slots
+    from aepo_jax.experiment import loop_config_from, sampling_params_from
+    from aepo_jax.parallel import state_shardings
+    from aepo_jax.sampling.buckets import bucket_batch, bucket_length
+    from aepo_jax.sampling.cache_sharding import DecodeSharding, _empty_arrays
+    from aepo_jax.sampling.sampler import (
+        MAX_BLOCK_TOKENS,
+        MIN_BLOCK,
+        MIN_NEW_TOKENS,
+        sampler_programs,
+    )
+    from aepo_jax.sampling.stopping import build_stop_table
+    from aepo_jax.training.build import abstract_model
+
+    model_config = model_config_of(cfg, layers)
+    graphdef, params = abstract_model(model_config)
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                          state_shardings(params, mesh))
+    layout = DecodeSharding(mesh)
+    loop = loop_config_from(cfg)
+    rows = bucket_batch(int(cfg.data.prompts_per_step) * int(cfg.rollout.k), layout.batch_devices)
+    slots = cache_slots(loop)
+    cache_dtype = jnp.dtype(model_config.dtype).name
+    shapes = jax.eval_shape(lambda: _empty_arrays(model_config.n_layers, rows, slots, model_config.n_kv_heads,
+                                                  model_config.head_dim, model_config.vocab_size, cache_dtype))
+    arrays = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layout.of(shapes))
+
+    def rows_of(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.rows(len(shape)))
+
+    block = min(bucket_length(int(cfg.rollout.max_prompt_len), MIN_BLOCK), MAX_BLOCK_TOKENS)
+    programs = sampler_programs()
+    prefill_args = (graphdef, params, arrays, rows_of((rows, block), jnp.int32), rows_of((rows, block), jnp.bool_),
+                    layout)
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
+    keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=layout.rows(1))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    stop_table = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                              build_stop_table([[1, 2, 3]], [0]))  # one 3-token stop sequence and EOS
+    steps = bucket_length(int(cfg.rollout.max_response_len), MIN_NEW_TOKENS)
+    decode_kwargs = {"max_steps": steps, "sampling": sampling_params_from(cfg), "pad_id": 0, "layout": layout}
+    decode_args = (graphdef, params, arrays, keys, rows_of((rows,), jnp.int32), stop_table)
+    meta = {"rows": rows, "cache_slots": slots}
+    return {"sampler_prefill": (programs["block"], prefill_args, {}, {**meta, "seq_len": block}),
+            "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps})}
 
 
 def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, programs: list[str],
@@ -119,37 +188,74 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     mesh = make_mesh(dict(cfg.mesh.shape), devices=devices)
     mesh_text = "x".join(f"{axis}{size}" for axis, size in mesh.shape.items())
     rows = []
-    built = build_programs(cfg, mesh, layers)  # outside set_mesh: nnx.eval_shape would apply logical names to it
+    # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
+    built = {}
+    if {"train_step", "score"} & set(programs):
+        built.update(build_programs(cfg, mesh, layers))
+    if {"sampler_prefill", "sampler_decode"} & set(programs):
+        built.update(build_sampler_programs(cfg, mesh, layers))
     with jax.set_mesh(mesh):
         for program in programs:
-            fn, args = built[program]
+            fn, args, kwargs, meta = built[program]
             start, start_cpu = time.perf_counter(), time.process_time()
-            compiled = fn.lower(*args).compile()
+            error = None
+            try:
+                compiled = fn.lower(*args, **kwargs).compile()
+            except jax.errors.JaxRuntimeError as exc:
+                # The TPU compiler refuses a program that cannot fit; keep its figure as a row.
+                temp_needed = refused_temp_bytes(str(exc))
+                if temp_needed is None:
+                    raise
+                error = str(exc).splitlines()[0]
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
-            memory = compiled.memory_analysis()
-            argument = int(memory.argument_size_in_bytes)
-            temp = int(memory.temp_size_in_bytes)
-            # Outputs alias donated arguments (the train state); count only what does not.
-            output = max(0, int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes))
+            if error is None:
+                memory = compiled.memory_analysis()
+                argument = int(memory.argument_size_in_bytes)
+                temp = int(memory.temp_size_in_bytes)
+                # Outputs alias donated arguments (the train state, the KV cache); count only what does not.
+                output = max(0, int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes))
+            else:
+                argument, temp, output = shard_bytes(args), temp_needed, 0
             rows.append({
                 "config": cfg_name, "topology": topology if platform == "tpu" else f"cpu:{len(devices)}",
                 "mesh": mesh_text, "program": program,
-                "n_layers": model_config_of(cfg, layers).n_layers, "seq_len": int(cfg.train.max_seq_len),
-                "rows": math.prod(mesh.shape[a] for a in ("data", "fsdp")),
+                "n_layers": model_config_of(cfg, layers).n_layers, **meta,
                 "remat": cfg.model.get("remat", "none"), "logits_chunk_size": cfg.model.get("logits_chunk_size"),
                 "attention": model_config_of(cfg, layers).attention,
                 "argument_bytes": argument, "output_bytes": output, "temp_bytes": temp,
                 "per_device_bytes": argument + output + temp, "hbm_bytes": hbm_bytes,
                 "compile_seconds": round(seconds, 1),
                 "compile_cpu_seconds": round(cpu_seconds, 1),  # all threads; wall time depends on the machine's load
+                "error": error,  # the compiler's refusal (temp_bytes is then the figure it names)
             })
             print_row(rows[-1])
     return rows
 
 
+def refused_temp_bytes(message: str) -> int | None:
+    """The temporaries a TPU out-of-memory refusal names ("... HLO temporaries (127.36G) ..."), else None."""
+    found = re.search(r"HLO temporaries \(([0-9.]+)([KMGT])\)", message)
+    if found is None:
+        return None
+    return int(float(found.group(1)) * 1024 ** "KMGT".index(found.group(2)) * 1024)
+
+
+def shard_bytes(args: Any) -> int:
+    """Bytes one device holds of the abstract arguments (its shard of each), from their shardings."""
+    total = 0
+    for leaf in jax.tree.leaves(args):
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+            itemsize = 8 if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) else leaf.dtype.itemsize
+            total += math.prod(shape) * itemsize
+    return total
+
+
 def print_row(row: dict[str, Any]) -> None:
-    fits = "fits" if row["per_device_bytes"] <= 0.9 * row["hbm_bytes"] else "DOES NOT FIT"
-    print(f"{row['config']:>16} {row['topology']:>9} {row['mesh']:>22} {row['program']:>10} L{row['n_layers']:<3}"
+    fits = "fits" if row["per_device_bytes"] <= 0.9 * row["hbm_bytes"] and not row["error"] else "DOES NOT FIT"
+    if row["error"]:
+        fits += ", refused by the compiler"
+    print(f"{row['config']:>16} {row['topology']:>9} {row['mesh']:>22} {row['program']:>15} L{row['n_layers']:<3} B{row['rows']:<4} T{row['seq_len']:<5}"
           f" {row['attention']:>6}"
           f" arg {row['argument_bytes'] / GIB:7.2f} GiB  temp {row['temp_bytes'] / GIB:7.2f} GiB"
           f"  total {row['per_device_bytes'] / GIB:7.2f} / {row['hbm_bytes'] / GIB:.0f} GiB ({fits})"
@@ -160,7 +266,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", default=None,
                         help="CONFIG[:TOPOLOGY] (configs/CONFIG.py; default topology v5:2x4x4); repeatable")
-    parser.add_argument("--programs", default="train_step,score")
+    parser.add_argument("--programs", default=None,
+                        help=f"comma-separated, of {','.join(PROGRAMS)} (default: all; without --config, the "
+                             "default plans' own lists)")
     parser.add_argument("--layers", type=int, default=None, help="override n_layers (quick or extrapolated plans)")
     parser.add_argument("--seq-len", type=int, default=None, help="override train.max_seq_len")
     parser.add_argument("--platform", choices=("tpu", "cpu"), default="tpu")
@@ -169,15 +277,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--hbm-gib", type=float, default=95.0, help="HBM per chip (v5p: 95)")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
-    programs = [p for p in args.programs.split(",") if p]
-    unknown = sorted(set(programs) - {"train_step", "score"})
+    programs = None if args.programs is None else [p for p in args.programs.split(",") if p]
+    unknown = sorted(set(programs or ()) - set(PROGRAMS))
     if unknown:
-        parser.error(f"unknown programs {unknown}; known: train_step, score")
+        parser.error(f"unknown programs {unknown}; known: {', '.join(PROGRAMS)}")
+    if args.config:
+        plans = [(*spec.partition(":")[::2], PROGRAMS) for spec in args.config]
+    else:
+        plans = list(DEFAULT_PLANS)
     rows = []
-    for spec in args.config or list(DEFAULT_PLANS):
-        name, _, topology = spec.partition(":")
-        rows += plan_rows(name, topology or "v5:2x4x4", args.platform, args.layers, programs, int(args.hbm_gib * GIB),
-                          args.seq_len, args.attention)
+    for name, topology, plan_programs in plans:
+        rows += plan_rows(name, topology or "v5:2x4x4", args.platform, args.layers, programs or list(plan_programs),
+                          int(args.hbm_gib * GIB), args.seq_len, args.attention)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

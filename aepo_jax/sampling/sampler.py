@@ -42,7 +42,7 @@ MIN_NEW_TOKENS = 16  # smallest output-length bucket
 # Longest block one forward writes: a longer prefill, repack or append runs as successive
 # chunks of this many tokens, so the dense attention scores of a cached block
 # ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
-MAX_BLOCK_TOKENS = 512
+MAX_BLOCK_TOKENS = 256
 
 
 def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache):

@@ -27,14 +27,38 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     rows = memory_plan.main(["--platform", "cpu", "--config", "aepo_tiny", "--layers", "1", "--seq-len", "32",
                              "--json", str(out)])
     assert json.loads(out.read_text()) == rows
-    assert [row["program"] for row in rows] == ["train_step", "score"]
+    assert [row["program"] for row in rows] == ["train_step", "score", "sampler_prefill", "sampler_decode"]
     for row in rows:
-        assert row["topology"] == "cpu:8" and row["mesh"] == "data8xfsdp1xtensor1"
-        assert row["n_layers"] == 1 and row["seq_len"] == 32 and row["rows"] == 8
-        assert row["argument_bytes"] > 0 and row["temp_bytes"] > 0
+        assert row["topology"] == "cpu:8" and row["mesh"] == "data8xfsdp1xtensor1" and row["n_layers"] == 1
+        assert row["argument_bytes"] > 0
         assert row["per_device_bytes"] >= row["argument_bytes"] + row["temp_bytes"]
+    train, score, prefill, decode = rows
+    for row in (train, score):
+        assert row["seq_len"] == 32 and row["rows"] == 8 and row["temp_bytes"] > 0
     # The train step's arguments hold the optimiser state too: more than the scorer's parameters.
-    assert rows[0]["argument_bytes"] > rows[1]["argument_bytes"]
+    assert train["argument_bytes"] > score["argument_bytes"]
+    # The sampler rows: the config's whole rollout batch (4 prompts x k 4 = 16 rows) and the loop's largest
+    # cache (2 x next_pow2(prompt 448 + response 64) = 1024 slots); the KV cache is an argument of both.
+    # The prefill block is the prompt's bucket (512) cut to MAX_BLOCK_TOKENS (256); decode runs the 64-token budget.
+    from configs.aepo_tiny import get_config
+
+    cfg = get_config()
+    assert (cfg.data.prompts_per_step, cfg.rollout.k, cfg.rollout.max_prompt_len, cfg.rollout.max_response_len) == (
+        4, 4, 448, 64)
+    for row in (prefill, decode):
+        assert row["rows"] == 16 and row["cache_slots"] == 1024
+        # K and V of this device's 16 / 8 rows: the cache is split over the data axis.
+        assert row["argument_bytes"] > 2 * (16 // 8) * 1024 * cfg_kv_bytes_per_slot(cfg)
+    assert prefill["seq_len"] == 256 and decode["seq_len"] == 64
+    assert decode["output_bytes"] < decode["argument_bytes"]  # the cache is donated: it aliases its output
+
+
+def cfg_kv_bytes_per_slot(cfg) -> int:
+    """Bytes of one slot of one cache row of the tiny config's model at 1 layer, K or V."""
+    from aepo_jax.training.build import model_config_from
+
+    m = model_config_from(cfg)
+    return m.n_kv_heads * m.head_dim * 4  # float32 cache
 
 
 def test_unknown_program_is_refused(memory_plan):
