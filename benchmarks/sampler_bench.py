@@ -1,22 +1,40 @@
-"""Sampler speed: tokens/s of prefill + while_loop decode, and decode step vs the one-token forward floor.
+"""Sampler speed: tokens/s of prefill + while_loop decode, against a physical floor and (optionally) tunix.
 
     python -m benchmarks.sampler_bench --layers 2 --d-model 128 --heads 4 --kv-heads 2 \
-        --vocab 1024 --batch 8 --prompt-len 64 --new-tokens 64 --mode sample [--json OUT.json]
+        --vocab 1024 --batch 8 --prompt-len 16 --new-tokens 64 --mode sample [--json OUT.json]
+    python -m benchmarks.sampler_bench ... --peer tunix --peer-python <venv with google-tunix>/bin/python
 
-Random-initialised model; EOS is banned (no EOS ids, no stop sequences) so
-every row generates exactly --new-tokens. The floor is one jitted model
-forward of a single token per row against a cache of the same length, called
-back to back from Python: a decode step cannot do less work than that.
+Random-initialised Qwen3-shaped model (q/k norm, tied embeddings, MLP 4 x d_model);
+EOS is banned (no EOS ids, no stop sequences) so every row generates exactly
+--new-tokens.
+
+Floors of one decode step, both measured in this run:
+  * `one_token_floor`: one jitted model forward of a single token per row
+    against a cache of the same length, called back to back from Python.
+  * `physical_floor`: max(bytes a step must read / measured copy bandwidth,
+    step FLOPs / measured matmul peak). The bytes are the parameters plus the
+    live KV slots (prompt + tokens so far, averaged over the decode); the copy
+    bandwidth is measured on a buffer of that size (so it is the cache level the
+    working set lives in), the matmul peak on 512^3 float32 matmuls.
+
+`--peer tunix` runs `../shared/bench/tunix_sampler_bench.py` (tunix's vanilla
+sampler on a random Qwen3 of the same shapes) in `--peer-python`'s venv,
+interleaved with this sampler's runs in the same process tree and minute;
+google-tunix is never a project dependency.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
+import sys
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +44,8 @@ from flax import nnx
 from aepo_jax.models import Decoder, KVCache, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
+
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tunix_sampler_bench.py"
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=["sample", "greedy"], default="sample")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--peer", choices=["none", "tunix"], default="none",
+                        help="also time a peer sampler on the same shapes in this run")
+    parser.add_argument("--peer-python", default=None, help="python of a scratch venv with google-tunix")
+    parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --peer: alternate ours and the peer's timed runs this many times")
     add_json_flag(parser)
     return parser.parse_args()
 
@@ -53,7 +79,7 @@ def build_model(args: argparse.Namespace) -> Decoder:
     config = get_preset("tiny").replace(
         vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
         n_kv_heads=args.kv_heads, head_dim=args.d_model // args.heads,
-        mlp_dim=args.mlp_dim or 4 * args.d_model, dtype=args.dtype, param_dtype=args.dtype,
+        mlp_dim=args.mlp_dim or 4 * args.d_model, dtype=args.dtype, param_dtype=args.dtype, qk_norm=True,
         max_seq_len=max(1024, args.prompt_len + args.new_tokens),
     )
     return Decoder(config, rngs=nnx.Rngs(0))
@@ -148,6 +174,65 @@ def matmul_gflops() -> float:
     return 2 * 512**3 / seconds / 1e9
 
 
+def copy_bandwidth(n_bytes: int, repeats: int = 64) -> float:
+    """Bytes/s of a jitted in-loop copy (x -> x * c, read + write) of a float32 buffer of `n_bytes`.
+
+    The loop runs on device, so the figure is the memory level a working set of
+    that size lives in, without per-call dispatch.
+    """
+    x = jnp.ones((max(n_bytes // 4, 1024),), jnp.float32)
+    scale = jax.jit(lambda x: jax.lax.fori_loop(0, repeats, lambda _, y: y * jnp.float32(1.0000001), x))
+    jax.block_until_ready(scale(x))
+    seconds = statistics.median(_timed(lambda: jax.block_until_ready(scale(x))) for _ in range(7))
+    return 2 * x.size * 4 * repeats / seconds
+
+
+def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int, matmul_flops: float) -> dict:
+    """max(bytes read per decode step / copy bandwidth, step FLOPs / matmul peak), averaged over the decode.
+
+    Bytes: every parameter once plus the K and V of the live slots (prompt and
+    tokens generated so far). FLOPs: 2 per weight-matrix entry per row (the
+    embedding counted once, as the tied LM head) plus the attention scores and
+    weighted sum over the live slots.
+    """
+    c = model.config
+    variables = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    param_bytes = sum(x[...].size * x[...].dtype.itemsize for x in variables)
+
+    def is_matrix(variable: nnx.Variable) -> bool:  # per layer: the scanned layers add a leading "layers" axis
+        axes = variable.get_metadata().get("out_sharding") or (None,) * variable[...].ndim
+        return sum(1 for a in axes if a != "layers") >= 2
+
+    matrix_entries = sum(x[...].size for x in variables if is_matrix(x))
+    live = prompt_len + (new_tokens - 1) / 2  # mean slots attended over the decode
+    itemsize = jnp.dtype(c.dtype).itemsize
+    kv_bytes = 2 * c.n_layers * batch * live * c.n_kv_heads * c.head_dim * itemsize
+    flops = 2 * batch * matrix_entries + 4 * batch * c.n_layers * c.n_heads * c.head_dim * live
+    bandwidth = copy_bandwidth(int(param_bytes + kv_bytes))
+    memory_s, compute_s = (param_bytes + kv_bytes) / bandwidth, flops / matmul_flops
+    return {"physical_floor_ms": 1e3 * max(memory_s, compute_s), "floor_memory_ms": 1e3 * memory_s,
+            "floor_compute_ms": 1e3 * compute_s, "bytes_per_step": int(param_bytes + kv_bytes),
+            "flops_per_step": int(flops), "copy_gb_per_s": bandwidth / 1e9}
+
+
+def run_peer(args: argparse.Namespace) -> dict:
+    """One run of the peer's driver on this benchmark's shapes (its own compile, warm-up and timing)."""
+    if not args.peer_python:
+        raise SystemExit("--peer tunix needs --peer-python (a scratch venv with google-tunix installed)")
+    if not Path(args.peer_script).is_file():
+        raise SystemExit(f"--peer-script {args.peer_script} does not exist")
+    command = [args.peer_python, args.peer_script, "--batch", str(args.batch), "--new-tokens", str(args.new_tokens),
+               "--prompt-len", str(args.prompt_len),  # tunix pads prompts to its --max-prompt-length (default 32)
+               "--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
+               "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--dtype", args.dtype,
+               "--mode", args.mode, "--iters", str(args.iters)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the peer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -156,6 +241,8 @@ def _timed(fn) -> float:
 
 def main() -> None:
     args = parse_args()
+    if args.peer == "tunix" and args.mlp_dim not in (0, 4 * args.d_model):
+        raise SystemExit("--peer tunix builds its MLP at 4 x d_model; leave --mlp-dim at 0")
     model = build_model(args)
     graphdef, params = nnx.split(model)
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
@@ -163,9 +250,23 @@ def main() -> None:
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     load_before = os.getloadavg()[0]
     gflops_before = matmul_gflops()
-    result = time_sampler(sampler, model, prompts, args)
+    ours, peers = [], []
+    for _ in range(args.rounds if args.peer != "none" else 1):  # alternate, so drifting load hits both sides
+        ours.append(time_sampler(sampler, model, prompts, args))
+        if args.peer != "none":
+            peers.append(run_peer(args))
+    gflops = min(gflops_before, matmul_gflops())
+    result = dict(ours[-1])
+    result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
+    result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
+    if peers:
+        ours_tps = [r["tokens_per_s_mean"] for r in ours]
+        peer_tps = [r["tokens_per_s"] for r in peers]
+        result["peer"] = {"name": args.peer, "runs": peers, "tokens_per_s": peer_tps, "ours_tokens_per_s": ours_tps,
+                          "speedup_of_means": statistics.mean(ours_tps) / statistics.mean(peer_tps),
+                          "speedup_per_round": [o / q for o, q in zip(ours_tps, peer_tps, strict=True)]}
     result.update(
-        matmul_gflops=min(gflops_before, matmul_gflops()),
+        matmul_gflops=gflops,
         load_average_1min=max(load_before, os.getloadavg()[0]),
         cpu_count=os.cpu_count(),
         config={k: v for k, v in vars(args).items() if k != "json"},
@@ -182,10 +283,22 @@ def main() -> None:
         ("prefill ms mean / best", f"{r['prefill_ms_mean']:.2f} / {r['prefill_ms_best']:.2f}"),
         ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
         ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
-        ("step / floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
+        ("step / one-token floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
+        ("physical floor ms (memory / compute)",
+         f"{r['physical_floor_ms']:.4f} ({r['floor_memory_ms']:.4f} / {r['floor_compute_ms']:.4f})"),
+        ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
+        ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
         ("matmul GFLOP/s (median, lower = busier CPU)", f"{r['matmul_gflops']:.0f}"),
         (f"load average 1 min (max of start/end, {r['cpu_count']} CPUs)", f"{r['load_average_1min']:.1f}"),
     ]
+    if peers:
+        peer = r["peer"]
+        rows += [
+            ("ours tokens/s per round", " ".join(f"{x:.0f}" for x in peer["ours_tokens_per_s"])),
+            (f"{args.peer} tokens/s per round", " ".join(f"{x:.0f}" for x in peer["tokens_per_s"])),
+            (f"ours / {args.peer} (ratio of means; per round)",
+             f"{peer['speedup_of_means']:.2f}x; " + " ".join(f"{x:.2f}" for x in peer["speedup_per_round"])),
+        ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
           f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, {jax.default_backend()})")
