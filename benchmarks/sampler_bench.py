@@ -29,9 +29,8 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
