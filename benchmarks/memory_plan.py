@@ -41,12 +41,13 @@ GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
 PROGRAMS = ("train_step", "score", "sampler_prefill", "sampler_decode")
 SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode")
-# (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the 14B sampler
-# (whose KV cache alone is ~80 GiB per device on 32 chips) on the 64-chip slice as well.
+# (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
+# (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
 DEFAULT_PLANS = (
     ("aepo_qwen3_14b", "v5:2x4x4", PROGRAMS),
     ("aepo_qwen3_14b", "v5:4x4x4", SAMPLER_PROGRAMS),
     ("aepo_qwen2_5_7b", "v5:2x4x4", PROGRAMS),
+    ("aepo_qwen2_5_7b", "v5:4x4x4", SAMPLER_PROGRAMS),
 )
 
 

@@ -12,7 +12,7 @@
 #   launch/tpu_vm.sh delete                      # delete the slice
 #
 # Settings come from the environment (defaults in brackets):
-#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-64],
+#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-128: 64 chips, what the paper configs' rollouts need; docs/scaling.md],
 #   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
 #   REPO_URL [git URL of this repository], BRANCH [main]
 # WORKDIR should be a gs:// bucket or a shared disk: checkpoints must be
@@ -23,7 +23,7 @@ set -euo pipefail
 
 TPU_NAME="${TPU_NAME:-aepo-jax}"
 ZONE="${ZONE:-us-east5-a}"
-ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v5p-64}"
+ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v5p-128}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-v2-alpha-tpuv5}"
 REPO_URL="${REPO_URL:-https://github.com/your-org/aepo-jax.git}"
 BRANCH="${BRANCH:-main}"
