@@ -29,8 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
@@ -38,13 +37,25 @@ import numpy as np
 from aepo_jax.agent import tags
 from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
-    ENTROPY_MEASURES,
     TOP_LOGPROBS,
     reported_logprobs,
     segment_entropy,
     top10_sum_entropy,
 )
 from aepo_jax.agent.generator import Generator, forward_tokens
+from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's public types live there)
+    BRANCH_BY,
+    SCHEDULES,
+    BranchPolicy,
+    LoopConfig,
+    LoopResult,
+    RolloutEvent,
+    TextTokenizer,
+    ToolRunner,
+    agent_stop_sequences,
+    cache_slots,
+    next_power_of_two,
+)
 from aepo_jax.agent.protocol import ToolCall, format_tool_result, parse_last_tool_call
 from aepo_jax.agent.trajectory import (
     END_ANSWER,
@@ -56,88 +67,6 @@ from aepo_jax.agent.trajectory import (
     ToolStep,
     Trajectory,
 )
-
-BRANCH_BY = ("fork", "prefill")
-SCHEDULES = ("rounds", "continuous")
-
-
-class TextTokenizer(Protocol):
-    vocab_size: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class ToolRunner(Protocol):
-    def run_many(self, calls: Sequence[ToolCall]) -> list[Any]: ...  # objects with .text and .ok
-
-
-class BranchPolicy(Protocol):
-    """What a tree strategy tells the loop (implemented in `aepo_jax.rollout`)."""
-
-    def branch_count(self, traj: Trajectory, entropy_now: float, rng: np.random.Generator) -> int:
-        """New trajectories to fork at `traj`'s latest tool result (0: no branch)."""
-        ...
-
-    def end_round(self, new_trajectories: Sequence[int]) -> None:
-        """Told, per prompt, how many trajectories the round just created."""
-        ...
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """Limits of spec section 4 and the entropy window of section 1."""
-
-    max_tool_calls: int = 6
-    max_response_tokens: int = 4096
-    max_context_len: int = 8192
-    entropy_tokens: int = 20
-    entropy_measure: str = "exact_mean"
-    branch_by: str = "fork"  # "prefill" re-prefills each branch (benchmark baseline only)
-    # Decode at most this many tokens per row per round (None: the whole remaining budget). Smaller
-    # chunks need less cache room past the shared cursor, so fewer repacks; must be >= entropy_tokens.
-    max_segment_tokens: int | None = None
-    # "rounds": lockstep rounds (decode all, then all tools); "continuous": tools run while other rows decode.
-    schedule: str = "rounds"
-    chunk_tokens: int = 64  # continuous: tokens a row decodes between two looks at the arrived tool results
-
-    def __post_init__(self) -> None:
-        for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_tool_calls < 0:
-            raise ValueError(f"LoopConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
-        if self.entropy_measure not in ENTROPY_MEASURES:
-            raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
-        if self.max_segment_tokens is not None and self.max_segment_tokens < self.entropy_tokens:
-            raise ValueError(f"max_segment_tokens={self.max_segment_tokens} must be >= entropy_tokens={self.entropy_tokens}")
-        if self.branch_by not in BRANCH_BY:
-            raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
-        if self.chunk_tokens < self.entropy_tokens:
-            raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
-
-
-@dataclass
-class RolloutEvent:
-    """A trajectory coming into existence: for the budget invariants and statistics."""
-
-    round: int
-    prompt_index: int
-    traj_id: int
-    kind: str  # "initial", "branch" or "topup"
-    active_before: int  # active trajectories of that prompt when it was created
-
-
-@dataclass
-class LoopResult:
-    groups: list[list[Trajectory]]
-    events: list[RolloutEvent] = field(default_factory=list)
-    rounds: int = 0
-    counters: dict[str, int] = field(default_factory=dict)  # forward tokens computed during this run
-    repacks: int = 0  # times the active rows were re-prefilled to make cache room
 
 
 class AgentLoop:
@@ -518,7 +447,7 @@ class _Run(ContinuousSchedule):
             to_append[i] = result_ids
             appended.append(i)
         if appended:
-            self._repack_if_needed(_next_power_of_two(max(len(to_append[i]) for i in appended)))
+            self._repack_if_needed(next_power_of_two(max(len(to_append[i]) for i in appended)))
             self.state = self.gen.append(self.state, to_append)
             if self.policy is not None:
                 snapshot = self.gen.fork(self.state, appended) if self.cfg.branch_by == "fork" else None
@@ -545,37 +474,6 @@ class _Run(ContinuousSchedule):
         self._new_globals(short, "topup")
 
 
-def cache_slots(loop: LoopConfig, prompts: Sequence[Sequence[int]] = ()) -> int:
-    """KV-cache slots for the sampler: twice the power-of-two bucket of the longest context.
-
-    Rows are left-padded to a power-of-two block and share one write cursor; a
-    repack re-prefills prompt + response into a block of up to
-    `_next_power_of_two(max_context_len)` slots. Twice that leaves room for at
-    least `max_context_len` more tokens after any repack, so a segment always
-    has room to decode (with exactly one bucket the cursor can sit at the end
-    of the cache and no row can make progress). The loop itself keeps every
-    trajectory within `max_context_len`; the cache grows by buckets, so unused
-    slots cost nothing.
-    """
-    longest = max(loop.max_context_len, max((len(p) for p in prompts), default=0))
-    return 2 * _next_power_of_two(longest)
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def _ends_with_answer(text: str) -> bool:
     """True when the last tag of the segment closes an answer (a stop at `</answer>`)."""
     return text.rstrip().endswith(tags.ANSWER_CLOSE)
-
-
-
-def agent_stop_sequences(tokenizer: TextTokenizer, include_answer: bool = True) -> list[list[int]]:
-    """Token ids of every tool closing tag (and `</answer>`): the sampler's stop sequences (spec section 4)."""
-    closes = list(tags.TOOL_CLOSE_TAGS) + ([tags.ANSWER_CLOSE] if include_answer else [])
-    sequences = [list(tokenizer.encode(text)) for text in closes]
-    empty = [text for text, ids in zip(closes, sequences, strict=True) if not ids]
-    if empty:
-        raise ValueError(f"the tokenizer encodes {empty} to no ids")
-    return sequences
