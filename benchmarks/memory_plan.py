@@ -125,7 +125,8 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     agent loop's sampler may grow to (`agent.loop.cache_slots`). sampler_prefill is
     the block forward every prefill, repack and append runs, one chunk of
     `MAX_BLOCK_TOKENS` (or the whole prompt block, if shorter) into that full
-    cache; sampler_decode is the decode loop for a whole response budget.
+    cache; sampler_decode is one decode window (`DECODE_WINDOW` steps) whose attention
+    reads the whole cache (the last window of the longest rows: the largest span).
     """
 
     from aepo_jax.agent.loop import cache_slots
@@ -133,10 +134,11 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     from aepo_jax.parallel import state_shardings
     from aepo_jax.sampling.buckets import bucket_batch, bucket_length
     from aepo_jax.sampling.cache_sharding import DecodeSharding, _empty_arrays
+    from aepo_jax.sampling.programs import start_progress
     from aepo_jax.sampling.sampler import (
+        DECODE_WINDOW,
         MAX_BLOCK_TOKENS,
         MIN_BLOCK,
-        MIN_NEW_TOKENS,
         sampler_programs,
     )
     from aepo_jax.sampling.stopping import build_stop_table
@@ -161,15 +163,20 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     block = min(bucket_length(int(cfg.rollout.max_prompt_len), MIN_BLOCK), MAX_BLOCK_TOKENS)
     programs = sampler_programs()
     prefill_args = (graphdef, params, arrays, rows_of((rows, block), jnp.int32), rows_of((rows, block), jnp.bool_),
-                    layout)
+                    layout, slots)
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
     keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=layout.rows(1))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     stop_table = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                               build_stop_table([[1, 2, 3]], [0]))  # one 3-token stop sequence and EOS
-    steps = bucket_length(int(cfg.rollout.max_response_len), MIN_NEW_TOKENS)
-    decode_kwargs = {"max_steps": steps, "sampling": sampling_params_from(cfg), "pad_id": 0, "layout": layout}
-    decode_args = (graphdef, params, arrays, keys, rows_of((rows,), jnp.int32), stop_table)
+    steps = DECODE_WINDOW
+    budget = rows_of((rows,), jnp.int32)
+    progress = jax.eval_shape(start_progress, budget, stop_table)
+    progress = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout.rows(x.ndim) if x.ndim
+                                                           else replicated), progress)
+    decode_kwargs = {"max_steps": steps, "sampling": sampling_params_from(cfg), "pad_id": 0, "layout": layout,
+                     "span": slots}
+    decode_args = (graphdef, params, arrays, keys, budget, stop_table, progress)
     meta = {"rows": rows, "cache_slots": slots}
     return {"sampler_prefill": (programs["block"], prefill_args, {}, {**meta, "seq_len": block}),
             "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps})}

@@ -145,6 +145,7 @@ class Attention(nnx.Module):
         cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same) or stacked [L, ...]
         cache_index: jax.Array | None = None,  # int32 scalar
         cache_layer: jax.Array | None = None,  # int32 scalar: this layer's slice of a stacked cache
+        cache_slots: jax.Array | None = None,  # int32[B, T]: each new token's own slot (ragged rows)
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         q = self._project(x, self.q_proj, self.q_bias)  # [B, T, H, Dh]
         k = self._project(x, self.k_proj, self.k_bias)  # [B, T, KVH, Dh]
@@ -153,7 +154,9 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, positions, inv_freq)
         k = apply_rotary(k, positions, inv_freq)
-        if cache_kv is not None and cache_layer is None:
+        if cache_kv is not None and cache_slots is not None:
+            cache_kv, k, v = self._scatter_into_cache(cache_kv, k, v, cache_slots, cache_layer, _key_count(mask))
+        elif cache_kv is not None and cache_layer is None:
             cache_k, cache_v = cache_kv
             start = (0, cache_index, 0, 0)
             cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)  # [B, S, KVH, Dh]
@@ -173,3 +176,26 @@ class Attention(nnx.Module):
         out = masked_attention(q, k, v, mask, implementation=self.implementation,
                                interpret=self.interpret)  # [B, T, H, Dh]
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype)), cache_kv
+
+    def _scatter_into_cache(self, cache_kv, k, v, slots, layer, span):
+        """Ragged rows: token t of row b goes to slot `slots[b, t]` (slots >= S are dropped: padding);
+        returns the cache and the keys / values of its first `span` slots, all attention reads."""
+        cache_k, cache_v = cache_kv
+        rows = jnp.broadcast_to(jnp.arange(slots.shape[0], dtype=jnp.int32)[:, None], slots.shape)  # [B, T]
+        if layer is None:  # one layer's [B, S, KVH, Dh]
+            cache_k = cache_k.at[rows, slots].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[rows, slots].set(v.astype(cache_v.dtype), mode="drop")
+            read_k, read_v = cache_k, cache_v
+        else:  # stacked [L, B, S, KVH, Dh]: write this layer's new slots in place, read the layer back
+            index = (jnp.broadcast_to(layer, slots.shape), rows, slots)
+            cache_k = cache_k.at[index].set(k.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[index].set(v.astype(cache_v.dtype), mode="drop")
+            read_k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)
+            read_v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
+        read_k, read_v = read_k[:, :span].astype(self.dtype), read_v[:, :span].astype(self.dtype)
+        return (cache_k, cache_v), read_k, read_v
+
+
+def _key_count(mask: jax.Array | AttentionMask) -> int:
+    """How many key slots `mask` covers (static)."""
+    return mask.key_valid.shape[1] if isinstance(mask, AttentionMask) else mask.shape[-1]

@@ -37,7 +37,8 @@ class AttentionMask:
 
     Attributes:
       key_valid: bool[B, S], True where the key slot holds a real token.
-      query_offset: int32 scalar, slot of query 0 (0 without a cache).
+      query_offset: int32 scalar or int32[B] (one per row: the sampler's rows have their own
+        write cursors), slot of query 0 (0 without a cache).
       subtree_end: int32[B, S] or None; key j is visible only to queries in
         `[j, subtree_end[j])` (tree-packed rows; padding slots have `j + 1`).
     """
@@ -54,11 +55,12 @@ class AttentionMask:
         """bool[B, T, S] with T = n_queries, True where query t may attend key s."""
         n_keys = self.key_valid.shape[1]
         slots = jnp.arange(n_keys, dtype=jnp.int32)  # [S]
-        query_slots = self.query_offset + jnp.arange(n_queries, dtype=jnp.int32)  # [T]
-        allowed = self.key_valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, T, S]
+        offset = jnp.reshape(jnp.asarray(self.query_offset, jnp.int32), (-1, 1))  # [1 or B, 1]
+        query_slots = (offset + jnp.arange(n_queries, dtype=jnp.int32))[:, :, None]  # [1 or B, T, 1]
+        allowed = self.key_valid[:, None, :] & (slots[None, None, :] <= query_slots)  # [B, T, S]
         if self.subtree_end is not None:
-            allowed = allowed & (query_slots[None, :, None] < self.subtree_end[:, None, :])
-        return allowed | (slots[None, None, :] == query_slots[None, :, None])
+            allowed = allowed & (query_slots < self.subtree_end[:, None, :])
+        return allowed | (slots[None, None, :] == query_slots)
 
 
 def causal_mask(valid: jax.Array) -> AttentionMask:
@@ -70,9 +72,12 @@ def causal_mask(valid: jax.Array) -> AttentionMask:
 
 
 def cached_mask(slot_valid: jax.Array, first_slot: jax.Array | int) -> AttentionMask:
-    """Queries written at slots `first_slot + t` of a cache whose valid slots are `slot_valid` (bool[B, S]).
+    """Queries at slots `first_slot + t` of a cache whose valid slots are `slot_valid` (bool[B, S]).
 
-    `slot_valid` must already include the new block's slots (as `forward_block` does).
+    `first_slot` is a scalar (every row's block starts at the same slot) or int32[B]
+    (ragged rows, each with its own cursor). `slot_valid` must already include the new
+    block's slots (as `forward_block` does); S may be fewer than the cache's slots when
+    attention reads only a leading span of them.
     """
     slot_valid = jnp.asarray(slot_valid).astype(bool)
     if slot_valid.ndim != 2:

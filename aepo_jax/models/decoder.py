@@ -47,9 +47,10 @@ class DecoderBlock(nnx.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.rms_eps, config.param_dtype, rngs=rngs)
         self.mlp = SwiGLU(config.d_model, config.mlp_dim, config.dtype, config.param_dtype, rngs=rngs)
 
-    def __call__(self, x, positions, mask, inv_freq, cache_kv=None, cache_index=None, cache_layer=None):
+    def __call__(self, x, positions, mask, inv_freq, cache_kv=None, cache_index=None, cache_layer=None,
+                 cache_slots=None):
         attended, cache_kv = self.attention(self.attention_norm(x), positions, mask, inv_freq, cache_kv, cache_index,
-                                            cache_layer)
+                                            cache_layer, cache_slots)
         h = x + attended
         return h + self.mlp(self.mlp_norm(h)), cache_kv
 
@@ -113,6 +114,7 @@ class Decoder(nnx.Module):
         *,
         last_logits_only: bool = False,
         return_hidden: bool = False,
+        cache_write_slots: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Logits `[B, T, V]` (and the updated cache when `kv_cache` is given).
 
@@ -123,6 +125,11 @@ class Decoder(nnx.Module):
         `return_hidden=True` returns the final-normed hidden states `[B, T, D]`
         (compute dtype) instead of logits, for `lm_head.head_token_scores`,
         which projects them to the vocabulary a chunk of positions at a time.
+
+        `cache_write_slots` (int32[B, T], ragged rows: the sampler's rows each have
+        their own cursor) gives every new token's slot instead of `[index, index + T)`;
+        slots >= S are not written (padding). The mask (required then) may cover only
+        the first S' <= S slots: attention reads just that span. `index` is left as is.
         """
         config = self.config
         batch, length = input_ids.shape
@@ -130,6 +137,16 @@ class Decoder(nnx.Module):
         if positions is None:
             positions = jnp.broadcast_to(offset + jnp.arange(length, dtype=jnp.int32), (batch, length))
         n_keys = length if kv_cache is None else kv_cache.length
+        if cache_write_slots is not None:
+            if kv_cache is None or attention_mask is None:
+                raise ValueError("cache_write_slots needs a kv_cache and an explicit attention_mask")
+            if cache_write_slots.shape != (batch, length):
+                raise ValueError(f"cache_write_slots must be int32[B, T] = {(batch, length)}, "
+                                 f"got shape {cache_write_slots.shape}")
+            n_keys = attention_mask.key_valid.shape[1] if isinstance(attention_mask, AttentionMask) \
+                else attention_mask.shape[-1]
+            if n_keys > kv_cache.length:
+                raise ValueError(f"the mask covers {n_keys} slots but the cache has {kv_cache.length}")
         if attention_mask is None:
             # Causal: query t (at slot offset + t) sees keys in slots <= offset + t.
             every_key = jnp.ones((batch, n_keys), bool)
@@ -140,7 +157,7 @@ class Decoder(nnx.Module):
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))
 
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(config.dtype)  # [B, T, D]
-        x, kv_cache = self._scan_layers(x, positions, attention_mask, inv_freq, kv_cache, offset)
+        x, kv_cache = self._scan_layers(x, positions, attention_mask, inv_freq, kv_cache, offset, cache_write_slots)
         if last_logits_only:
             x = x[:, -1:]  # [B, 1, D]
         x = self.final_norm(x)
@@ -150,9 +167,9 @@ class Decoder(nnx.Module):
             out = project_to_vocab(x, self.head(), config.dtype)  # [B, T, V] ([B, 1, V] with last_logits_only)
         if kv_cache is None:
             return out
-        return out, kv_cache.replace(index=offset + length)
+        return out, kv_cache if cache_write_slots is not None else kv_cache.replace(index=offset + length)
 
-    def _scan_layers(self, x, positions, mask, inv_freq, kv_cache: KVCache | None, offset):
+    def _scan_layers(self, x, positions, mask, inv_freq, kv_cache: KVCache | None, offset, write_slots=None):
         """Runs the stacked blocks in order under `lax.scan` (rematerialised as `config.remat` says).
 
         Without a cache the carry is the residual stream `[B, T, D]`; with one,
@@ -170,7 +187,8 @@ class Decoder(nnx.Module):
                 out, _ = block(carry, positions, mask, inv_freq)
                 return out, None
             h, cache_k, cache_v = carry
-            h, (cache_k, cache_v) = block(h, positions, mask, inv_freq, (cache_k, cache_v), offset, cache_layer=i)
+            h, (cache_k, cache_v) = block(h, positions, mask, inv_freq, (cache_k, cache_v), offset, cache_layer=i,
+                                          cache_slots=write_slots)
             return (h, cache_k, cache_v), None
 
         body = remat_block(body, self.config.remat)

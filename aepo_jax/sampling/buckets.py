@@ -21,3 +21,15 @@ def bucket_batch(rows: int, multiple: int = 1) -> int:
 def bucket_length(n: int, minimum: int) -> int:
     """Length bucket for n: a power of two, at least `minimum`."""
     return max(next_power_of_two(max(n, 1)), minimum)
+
+
+def attention_span(needed: int, n_slots: int, minimum: int) -> int:
+    """Leading cache slots a block or decode window reads: the smallest of minimum * 2^i and
+    1.5 * minimum * 2^i that holds `needed` slots, capped at the cache's `n_slots`.
+
+    Two buckets per octave keep the slots read at most 1.5x the live ones (one extra
+    compiled program per octave of cache length)."""
+    span = minimum
+    while span < needed:
+        span = span * 3 // 2 if span & (span - 1) == 0 else span * 4 // 3
+    return min(span, n_slots)

@@ -26,7 +26,7 @@ from aepo_jax.sampling.state import DecodeArrays
 # Logical axes of each decode array (names from `LOGICAL_AXIS_RULES`).
 KV_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")  # cache.k, cache.v: [L, B, S, KVH, Dh]
 SLOT_AXES = ("batch", "length")  # slot_valid: [B, S]
-ROW_AXES = ("batch",)  # next_position: [B]
+ROW_AXES = ("batch",)  # next_position, cursor: [B]
 LOGITS_AXES = ("batch", None)  # last_logits: [B, V]; sampling reads a row's whole vocabulary
 
 
@@ -51,6 +51,7 @@ class DecodeSharding:
             slot_valid=named_sharding(SLOT_AXES, arrays.slot_valid.shape, self.mesh),
             next_position=named_sharding(ROW_AXES, arrays.next_position.shape, self.mesh),
             last_logits=named_sharding(LOGITS_AXES, arrays.last_logits.shape, self.mesh),
+            cursor=named_sharding(ROW_AXES, arrays.cursor.shape, self.mesh),
         )
 
     def rows(self, ndim: int) -> NamedSharding:
@@ -81,6 +82,7 @@ def _empty_arrays(n_layers: int, batch: int, length: int, kv_heads: int, head_di
         slot_valid=jnp.zeros((batch, length), bool),
         next_position=jnp.zeros((batch,), jnp.int32),
         last_logits=jnp.zeros((batch, vocab), jnp.float32),
+        cursor=jnp.zeros((batch,), jnp.int32),
     )
 
 

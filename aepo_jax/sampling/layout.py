@@ -1,4 +1,4 @@
-"""Reshaping decode arrays: more cache slots, moving the cursor, picking rows.
+"""Reshaping decode arrays: more cache slots, picking rows, stacking states.
 
 These move whole rows or slots and never change what a row attends to:
 keys are stored already rotated, so a token's slot number does not matter,
@@ -18,7 +18,7 @@ def _map_kv(cache, fn):
 
 
 def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
-    """Appends invalid slots so the cache has `new_length` slots (cursor unchanged)."""
+    """Appends invalid slots so the cache has `new_length` slots (cursors unchanged)."""
     extra = new_length - arrays.slot_valid.shape[1]
     if extra < 0:
         raise ValueError(f"grow_slots cannot shrink the cache from {arrays.slot_valid.shape[1]} to {new_length}")
@@ -30,24 +30,8 @@ def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
     return arrays.replace(cache=_map_kv(arrays.cache, pad), slot_valid=slot_valid)
 
 
-def shift_cursor(arrays: DecodeArrays, new_cursor: jax.Array) -> DecodeArrays:
-    """Moves every row's slots right so the write cursor becomes `new_cursor` (>= the current one).
-
-    Slots at and after the cursor are invalid, so rolling by d = new - old brings
-    only invalid slots round to the front; they stay marked invalid. Used by
-    `concat` to align two states whose cursors differ.
-    """
-    shift = new_cursor - arrays.cache.index
-
-    def roll(x):  # [B, S, ...]
-        return jnp.roll(x, shift, axis=1)
-
-    cache = _map_kv(arrays.cache, roll).replace(index=jnp.asarray(new_cursor, jnp.int32))
-    return arrays.replace(cache=cache, slot_valid=roll(arrays.slot_valid))
-
-
 def take_rows(arrays: DecodeArrays, rows: jax.Array) -> DecodeArrays:
-    """New arrays whose row i is old row rows[i] (fork); the cursor is shared."""
+    """New arrays whose row i is old row rows[i] (fork), each with its own cursor."""
 
     def take(x):  # [B, ...] -> [len(rows), ...]
         return jnp.take(x, rows, axis=0)
@@ -57,11 +41,12 @@ def take_rows(arrays: DecodeArrays, rows: jax.Array) -> DecodeArrays:
         slot_valid=take(arrays.slot_valid),
         next_position=take(arrays.next_position),
         last_logits=take(arrays.last_logits),
+        cursor=take(arrays.cursor),
     )
 
 
 def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
-    """Stacks two arrays with the same cursor and slot count along the batch axis."""
+    """Stacks two arrays with the same slot count along the batch axis (rows keep their cursors)."""
 
     def cat(a, b):
         return jnp.concatenate([a, b], axis=0)
@@ -73,4 +58,5 @@ def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
         slot_valid=cat(first.slot_valid, second.slot_valid),
         next_position=cat(first.next_position, second.next_position),
         last_logits=cat(first.last_logits, second.last_logits),
+        cursor=cat(first.cursor, second.cursor),
     )

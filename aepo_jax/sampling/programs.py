@@ -1,11 +1,12 @@
 """The pure functions the Sampler jits: block forward (prefill/append), decode loop, cache reshaping.
 
-`forward(params, tokens, positions, mask, cache) -> (logits, cache)` is the
-model's cached forward (docs/interfaces.md): the T new tokens are written at
-slots [cache.index, cache.index + T) of every row and mask is their
-`AttentionMask` over the cache's S slots (`models.attention_mask.cached_mask`).
-Only the last position's logits are read, so `logits` may be [B, T, V] or
-just [B, 1, V] (the model's `last_logits_only`).
+`forward(params, tokens, positions, mask, cache, write_slots) -> (logits, cache)`
+is the model's cached forward for ragged rows (docs/interfaces.md): token t of
+row b is written at slot `write_slots[b, t]` (slots past the cache are padding,
+not written) and `mask` is the block's `AttentionMask` over the first `span`
+slots (`models.attention_mask.cached_mask`), all that attention reads. Only
+the last position's logits are read, so `logits` may be [B, T, V] or just
+[B, 1, V] (the model's `last_logits_only`).
 """
 
 from __future__ import annotations
@@ -33,48 +34,76 @@ Forward = Callable[..., tuple[jax.Array, object]]
 
 
 def forward_block(
-    forward: Forward, params: object, arrays: DecodeArrays, tokens: jax.Array, token_valid: jax.Array
+    forward: Forward, params: object, arrays: DecodeArrays, tokens: jax.Array, token_valid: jax.Array,
+    span: int | None = None,
 ) -> DecodeArrays:
-    """Writes a right-aligned block of tokens into every row's cache (prefill, append, one decode step).
+    """Writes a right-aligned block of tokens into each row's cache at the row's own cursor (prefill,
+    append, one decode step).
 
     Args:
-      forward: the model's cached forward.
+      forward: the model's cached forward (module docstring).
       params: model parameters (nnx state).
-      arrays: the decode arrays; the block goes to slots [index, index + T).
+      arrays: the decode arrays; row b's n_b real tokens go to slots [cursor[b], cursor[b] + n_b).
       tokens: int32[B, T] ids; rows with fewer real tokens are padded on the left.
       token_valid: bool[B, T] which block entries are real tokens.
+      span: static number of leading slots attention reads (default: all); every row's
+        cursor + n_b must be <= span, which the Sampler guarantees.
 
     Returns:
-      Updated arrays; a row's last_logits changes only if it received a token.
+      Updated arrays; a row's last_logits, position and cursor change only if it received a token.
     """
-    cache = arrays.cache
-    first_slot = cache.index
-    slot_valid = jax.lax.dynamic_update_slice(arrays.slot_valid, token_valid, (jnp.int32(0), first_slot))  # [B, S]
+    n_slots = arrays.slot_valid.shape[1]
+    span = n_slots if span is None else span
+    block = tokens.shape[1]
+    count = jnp.sum(token_valid, axis=1, dtype=jnp.int32)  # [B]
     offsets = jnp.cumsum(token_valid.astype(jnp.int32), axis=1) - 1  # [B, T]
+    # Padding entries get slot n_slots: out of range, so neither the cache nor slot_valid is written.
+    write_slots = jnp.where(token_valid, arrays.cursor[:, None] + offsets, n_slots)  # [B, T]
+    rows = jnp.broadcast_to(jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None], write_slots.shape)
+    slot_valid = arrays.slot_valid.at[rows, write_slots].set(True, mode="drop")  # [B, S]
     positions = arrays.next_position[:, None] + jnp.maximum(offsets, 0)  # [B, T]
-    # Query t (slot first_slot + t) sees the valid slots up to its own, and always its own slot,
-    # so a padding query (which no real query ever attends to) keeps a finite softmax.
-    mask = cached_mask(slot_valid, first_slot)
-    logits, cache = forward(params, tokens, positions, mask, cache)  # [B, T or 1, V]
-    received = jnp.any(token_valid, axis=1)  # [B]
+    # Real query t of row b sits at slot cursor[b] + t - (T - n_b) and sees the valid slots up to its own;
+    # a padding query (which no real query ever attends to) sees only earlier slots, so its softmax stays finite.
+    mask = cached_mask(slot_valid[:, :span], arrays.cursor - (block - count))
+    logits, cache = forward(params, tokens, positions, mask, arrays.cache, write_slots)  # [B, T or 1, V]
+    received = count > 0  # [B]
     last_logits = jnp.where(received[:, None], logits[:, -1].astype(jnp.float32), arrays.last_logits)  # [B, V]
-    next_position = arrays.next_position + jnp.sum(token_valid, axis=1, dtype=jnp.int32)  # [B]
-    return DecodeArrays(cache, slot_valid, next_position, last_logits)
+    return DecodeArrays(cache, slot_valid, arrays.next_position + count, last_logits, arrays.cursor + count)
+
+
+@flax.struct.dataclass
+class DecodeProgress:
+    """Per-row state of a generate call that carries from one decode window to the next."""
+
+    step: jax.Array  # int32[]: steps taken so far (the PRNG stream of step s is fold_in(row key, s))
+    window: jax.Array  # int32[B, L]: last tokens, for stop sequences
+    num_tokens: jax.Array  # int32[B]
+    stop_reason: jax.Array  # int32[B]
+    stop_sequence_index: jax.Array  # int32[B]
+
+
+def start_progress(budget: jax.Array, stop_table: StopTable) -> DecodeProgress:
+    """The progress of a generate call before its first step (rows with no budget already stopped)."""
+    batch = budget.shape[0]
+    return DecodeProgress(
+        step=jnp.zeros((), jnp.int32),
+        window=empty_window(batch, stop_table),
+        num_tokens=jnp.zeros((batch,), jnp.int32),
+        stop_reason=jnp.where(budget <= 0, STOP_LENGTH, NOT_STOPPED).astype(jnp.int32),
+        stop_sequence_index=jnp.full((batch,), -1, jnp.int32),
+    )
 
 
 @flax.struct.dataclass
 class DecodeOutputs:
-    """Per-row outputs of the decode loop, on device."""
+    """Per-row outputs of one decode window, on device (column j = step `progress.step + j`)."""
 
-    tokens: jax.Array  # int32[B, N]
-    logp: jax.Array  # float32[B, N]
-    logp_truncated: jax.Array  # float32[B, N]
-    entropy: jax.Array  # float32[B, N]
-    num_tokens: jax.Array  # int32[B]
-    stop_reason: jax.Array  # int32[B]
-    stop_sequence_index: jax.Array  # int32[B]
-    top_logprobs: jax.Array | None = None  # float32[B, N, k] when asked for (k > 0), else None
-    top_ids: jax.Array | None = None  # int32[B, N, k] their token ids
+    tokens: jax.Array  # int32[B, W]
+    logp: jax.Array  # float32[B, W]
+    logp_truncated: jax.Array  # float32[B, W]
+    entropy: jax.Array  # float32[B, W]
+    top_logprobs: jax.Array | None = None  # float32[B, W, k] when asked for (k > 0), else None
+    top_ids: jax.Array | None = None  # int32[B, W, k] their token ids
 
 
 def decode_loop(
@@ -84,73 +113,77 @@ def decode_loop(
     row_keys: jax.Array,
     budget: jax.Array,
     stop_table: StopTable,
+    progress: DecodeProgress,
     *,
     max_steps: int,
     sampling: SamplingParams,
     pad_id: int,
     num_top_logprobs: int = 0,
-) -> tuple[DecodeArrays, DecodeOutputs]:
-    """Generates up to `max_steps` tokens per row in one `lax.while_loop`.
+    span: int | None = None,
+) -> tuple[DecodeArrays, DecodeOutputs, DecodeProgress]:
+    """Generates up to `max_steps` more tokens per row (one window) in one `lax.while_loop`.
 
     Each iteration samples every active row's next token from its
     last_logits, records log-prob and entropy (spec section 1), checks EOS,
     stop sequences and the row's budget, then feeds the token through the
     model, so every returned token is in the cache when the loop exits.
-    Finished rows write an invalid slot in lockstep and keep their position
-    and last_logits. The loop exits when every row has stopped.
+    Stopped rows write nothing and keep their cursor, position and
+    last_logits. The loop exits when every row has stopped or the window is full;
+    `progress` carries what the next window needs.
 
     Args:
       row_keys: one PRNG key per row ([B] typed keys).
-      budget: int32[B] tokens allowed per row (0 for padding rows).
-      max_steps: static output length N >= max(budget).
+      budget: int32[B] tokens allowed per row in the whole generate call (0 for padding rows).
+      progress: where the call stands (`start_progress` for its first window).
+      max_steps: static window length W.
       num_top_logprobs: static k; when > 0 each token also gets the k largest
         log-probs of the distribution it was drawn from, and their ids
         (`top_logprobs`). 0 (default) adds nothing to the program.
+      span: static number of leading cache slots attention reads; it must hold every
+        row's cursor plus W.
     """
     batch = budget.shape[0]
-    window = empty_window(batch, stop_table)
-    reason = jnp.where(budget <= 0, STOP_LENGTH, NOT_STOPPED).astype(jnp.int32)  # [B]
     zeros_f = jnp.zeros((batch, max_steps), jnp.float32)
     outputs = DecodeOutputs(
         tokens=jnp.full((batch, max_steps), pad_id, jnp.int32),
         logp=zeros_f,
         logp_truncated=zeros_f,
         entropy=zeros_f,
-        num_tokens=jnp.zeros((batch,), jnp.int32),
-        stop_reason=reason,
-        stop_sequence_index=jnp.full((batch,), -1, jnp.int32),
     )
     k = num_top_logprobs
     if k > 0:
         outputs = outputs.replace(top_logprobs=jnp.zeros((batch, max_steps, k), jnp.float32),
                                   top_ids=jnp.zeros((batch, max_steps, k), jnp.int32))
+    first_step = progress.step
 
     def write_column(table: jax.Array, column: jax.Array, step: jax.Array) -> jax.Array:
         return jax.lax.dynamic_update_slice(table, column[:, None], (jnp.int32(0), step))
 
     def keep_going(carry):
-        step, _, _, out = carry
-        return (step < max_steps) & jnp.any(out.stop_reason == NOT_STOPPED)
+        step, _, prog, _ = carry
+        return (step < max_steps) & jnp.any(prog.stop_reason == NOT_STOPPED)
 
     def one_step(carry):
-        step, arrays, window, out = carry
-        active = out.stop_reason == NOT_STOPPED  # [B]
-        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+        step, arrays, prog, out = carry
+        active = prog.stop_reason == NOT_STOPPED  # [B]
+        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, first_step + step)
         tokens, logp, logp_trunc, entropy = draw_tokens(arrays.last_logits, step_keys, sampling)
         tokens = jnp.where(active, tokens, pad_id)  # [B]
-        num_tokens = out.num_tokens + active.astype(jnp.int32)
-        window = jnp.where(active[:, None], push_window(window, tokens), window)  # [B, L]
+        num_tokens = prog.num_tokens + active.astype(jnp.int32)
+        window = jnp.where(active[:, None], push_window(prog.window, tokens), prog.window)  # [B, L]
         new_reason, new_seq = stop_reason_after(tokens, window, num_tokens, budget, stop_table)
-        out = DecodeOutputs(
+        prog = DecodeProgress(
+            step=prog.step + 1,
+            window=window,
+            num_tokens=num_tokens,
+            stop_reason=jnp.where(active, new_reason, prog.stop_reason),
+            stop_sequence_index=jnp.where(active, new_seq, prog.stop_sequence_index),
+        )
+        out = out.replace(
             tokens=write_column(out.tokens, tokens, step),
             logp=write_column(out.logp, jnp.where(active, logp, 0.0), step),
             logp_truncated=write_column(out.logp_truncated, jnp.where(active, logp_trunc, 0.0), step),
             entropy=write_column(out.entropy, jnp.where(active, entropy, 0.0), step),
-            num_tokens=num_tokens,
-            stop_reason=jnp.where(active, new_reason, out.stop_reason),
-            stop_sequence_index=jnp.where(active, new_seq, out.stop_sequence_index),
-            top_logprobs=out.top_logprobs,
-            top_ids=out.top_ids,
         )
         if k > 0:
             zero = jnp.int32(0)
@@ -161,9 +194,9 @@ def decode_loop(
                 top_ids=jax.lax.dynamic_update_slice(
                     out.top_ids, jnp.where(active[:, None], ids, 0)[:, None], (zero, step, zero)),
             )
-        arrays = forward_block(forward, params, arrays, tokens[:, None], active[:, None])
-        return step + 1, arrays, window, out
+        arrays = forward_block(forward, params, arrays, tokens[:, None], active[:, None], span)
+        return step + 1, arrays, prog, out
 
-    _, arrays, _, outputs = jax.lax.while_loop(keep_going, one_step, (jnp.int32(0), arrays, window, outputs))
-    return arrays, outputs
-
+    _, arrays, progress, outputs = jax.lax.while_loop(
+        keep_going, one_step, (jnp.int32(0), arrays, progress, outputs))
+    return arrays, outputs, progress

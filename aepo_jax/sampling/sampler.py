@@ -23,69 +23,75 @@ import numpy as np
 from flax import nnx
 
 from aepo_jax.parallel import shard_state
-from aepo_jax.sampling.buckets import bucket_batch, bucket_length
+from aepo_jax.sampling.buckets import attention_span, bucket_batch, bucket_length
 from aepo_jax.sampling.cache_sharding import (
     DecodeSharding,
     constrain,
     empty_program,
     place_rows,
 )
-from aepo_jax.sampling.layout import concat_rows, grow_slots, shift_cursor, take_rows
+from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
 from aepo_jax.sampling.params import SamplingParams
-from aepo_jax.sampling.programs import decode_loop, forward_block
+from aepo_jax.sampling.programs import decode_loop, forward_block, start_progress
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
-from aepo_jax.sampling.stopping import STOP_REASON_NAMES, build_stop_table
+from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, build_stop_table
 
 MIN_CACHE_SLOTS = 128  # smallest cache bucket
 MIN_BLOCK = 8  # smallest prompt / append block bucket
 MIN_NEW_TOKENS = 16  # smallest output-length bucket
+# Decode runs in windows of at most this many steps; each window's attention reads only the leading
+# cache slots that hold every row's tokens by its end (`attention_span`, at least MIN_SPAN), not
+# the whole cache.
+DECODE_WINDOW = 32
+MIN_SPAN = 64
 # Longest block one forward writes: a longer prefill, repack or append runs as successive
 # chunks of this many tokens, so the dense attention scores of a cached block
 # ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
 MAX_BLOCK_TOKENS = 256
 
 
-def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache):
-    """The model's cached forward as a pure function of its parameter state.
+def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+    """The model's cached forward for ragged rows as a pure function of its parameter state.
 
     Returns logits [B, 1, V] of the block's last position only: blocks are
     right-aligned, so that is every receiving row's last real token, and the
     [B, T, V] projection of the other positions would be thrown away.
     """
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True)
+    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
+                 cache_write_slots=write_slots)
 
 
 # Programs are module-level so that every Sampler of the same model (same
 # graphdef) shares their compiled executables; the graphdef and the layout on the
 # mesh (`DecodeSharding`, None without a mesh) are static arguments. Every program
 # pins the decode arrays it returns to that layout.
-@functools.partial(jax.jit, static_argnums=(0, 5), donate_argnums=(2,))
-def _block_program(graphdef, params, arrays, tokens, token_valid, layout):
-    arrays = forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid)
+@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=(2,))
+def _block_program(graphdef, params, arrays, tokens, token_valid, layout, span=None):
+    arrays = forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid, span)
     return constrain(layout, arrays)
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout"),
+                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
                    donate_argnums=(2,))
-def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, *, max_steps, sampling, pad_id,
-                    num_top_logprobs=0, layout=None):
-    arrays, out = decode_loop(
-        functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table,
-        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs,
+def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
+                    pad_id, num_top_logprobs=0, layout=None, span=None):
+    arrays, out, progress = decode_loop(
+        functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table, progress,
+        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs, span=span,
     )
-    return constrain(layout, arrays), out
+    return constrain(layout, arrays), out, progress
+
+
+@jax.jit
+def _start_program(budget, stop_table):
+    return start_progress(budget, stop_table)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _grow_program(arrays, new_length, layout):
     return constrain(layout, grow_slots(arrays, new_length))
-
-
-@functools.partial(jax.jit, static_argnums=(2,))
-def _shift_program(arrays, new_cursor, layout):
-    return constrain(layout, shift_cursor(arrays, new_cursor))
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
@@ -98,7 +104,7 @@ def _concat_program(first, second, layout):
     return constrain(layout, concat_rows(first, second))
 
 
-_PROGRAMS = (_block_program, _decode_program, _grow_program, _shift_program, _take_program, _concat_program)
+_PROGRAMS = (_block_program, _decode_program, _grow_program, _take_program, _concat_program)
 
 
 def sampler_programs() -> dict[str, object]:
@@ -164,6 +170,7 @@ class Sampler:
         self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
         self.layout = None if mesh is None else DecodeSharding(mesh)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
+        self.last_decode_spans: list[int] = []  # cache slots each window of the last generate read
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
 
     # ----------------------------------------------------------------- public API
@@ -264,30 +271,47 @@ class Sampler:
         sampling = params if params is not None else self.params
         budgets = self._budgets(state, max_new_tokens)
         longest = int(budgets.max())
-        steps = bucket_length(max(longest, 1), MIN_NEW_TOKENS)
         state = self._ensure_room(state, longest)
         key = rng if rng is not None else jax.random.fold_in(jax.random.key(self._seed), self._calls)
         self._calls += 1
         if jnp.issubdtype(key.dtype, jnp.uint32):
             key = jax.random.wrap_key_data(key)
         row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
-        arrays, out = self._call(
-            "decode", _decode_program, self._graphdef, self._params_state, state.arrays, row_keys,
-            place_rows(self.layout, jnp.asarray(budgets)), self._stop_table, max_steps=steps, sampling=sampling,
-            pad_id=self.pad_id, num_top_logprobs=int(top_logprobs), layout=self.layout,
-        )
-        out = jax.device_get(out)
+        budget = place_rows(self.layout, jnp.asarray(budgets))
+        progress = self._call("decode", _start_program, budget, self._stop_table)
+        arrays, cursors, windows = state.arrays, state.cursors, []
+        self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
+        num_tokens = np.zeros((n,), np.int32)
+        while True:
+            # One window: its span holds every row's tokens up to the window's end.
+            steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
+            span = attention_span(int((cursors + num_tokens).max(initial=0)) + steps, state.cache_length, MIN_SPAN)
+            arrays, out, progress = self._call(
+                "decode", _decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
+                self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
+                num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
+            )
+            windows.append(out)
+            self.last_decode_spans.append(span)
+            done = jax.device_get((progress.num_tokens, progress.stop_reason))
+            num_tokens = np.asarray(done[0][:n])
+            if not (np.asarray(done[1][:n]) == NOT_STOPPED).any() or int(num_tokens.max(initial=0)) >= longest:
+                break
+        out = jax.device_get(windows)
+        stop_reason, stop_sequence_index = jax.device_get((progress.stop_reason, progress.stop_sequence_index))
+        joined = lambda name: None if getattr(out[0], name) is None else \
+            np.concatenate([getattr(w, name) for w in out], axis=1)[:n, :width]
         result = SampleOutput(
-            tokens=out.tokens[:n, :width],
-            logp=out.logp[:n, :width],
-            logp_truncated=out.logp_truncated[:n, :width],
-            entropy=out.entropy[:n, :width],
-            num_tokens=out.num_tokens[:n],
-            stop_reason=[STOP_REASON_NAMES[int(r)] for r in out.stop_reason[:n]],
-            stop_sequence_index=out.stop_sequence_index[:n],
-            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[:n, :width],
-            top_ids=None if out.top_ids is None else out.top_ids[:n, :width],
+            tokens=joined("tokens"),
+            logp=joined("logp"),
+            logp_truncated=joined("logp_truncated"),
+            entropy=joined("entropy"),
+            num_tokens=num_tokens,
+            stop_reason=[STOP_REASON_NAMES[int(r)] for r in stop_reason[:n]],
+            stop_sequence_index=stop_sequence_index[:n],
+            top_logprobs=joined("top_logprobs"),
+            top_ids=joined("top_ids"),
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
         return DecodeState(arrays, n), result
@@ -305,22 +329,17 @@ class Sampler:
     def concat(self, states: Sequence[DecodeState]) -> DecodeState:
         """Rows of all states in order, in one state.
 
-        States may differ in cursor and cache length: each is first given the
-        largest slot count, then its slots are shifted right so that all
-        cursors equal the largest one (the vacated front slots are invalid).
-        Keys are stored rotated, so shifting slots changes no logits.
+        States may differ in cache length: each is first given the largest slot
+        count (the new slots are invalid). Rows keep their own cursors, so no slot moves.
         """
         if not states:
             raise ValueError("concat needs at least one state")
         length = max(s.cache_length for s in states)
-        cursor = max(s.cursor for s in states)
         aligned, rows, offset = [], [], 0
         for s in states:
             arrays = s.arrays
             if s.cache_length < length:
                 arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
-            if s.cursor < cursor:
-                arrays = self._call("reshape", _shift_program, arrays, jnp.int32(cursor), self.layout)
             aligned.append(arrays)
             rows.extend(range(offset, offset + s.num_rows))
             offset += s.batch_size
@@ -368,14 +387,15 @@ class Sampler:
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        arrays = state.arrays
-        # Blocks are powers of two, so chunks tile them; chunks before a row's first token write
-        # invalid slots, exactly as the padding of one whole block would.
+        arrays, end = state.arrays, state.cursor
+        # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
         chunk = min(block, self.max_block_tokens)
         for start in range(0, block, chunk):
+            end += int(valid[:, start:start + chunk].sum(axis=1).max(initial=0))
+            span = attention_span(end, state.cache_length, MIN_SPAN)
             arrays = self._call(kind, _block_program, self._graphdef, self._params_state, arrays,
                                 place_rows(self.layout, tokens[:, start:start + chunk]),
-                                place_rows(self.layout, valid[:, start:start + chunk]), self.layout)
+                                place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
         return DecodeState(arrays, state.num_rows)
 
     def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:

@@ -13,21 +13,25 @@ import numpy as np
 class DecodeArrays:
     """The device half of a decode state: a pytree of arrays, donated to jitted calls.
 
-    All rows share one write cursor (`cache.index`, lockstep writes); which
-    slots hold real tokens differs per row (left padding, ragged appends,
-    rows that finished early), recorded in `slot_valid`.
+    Rows are ragged: each has its own write cursor, and a block writes only a
+    row's real tokens, at `cursor[b]` onwards, so a row that receives nothing
+    (a row waiting on a tool, a finished row, a padding row) uses no slots.
+    `slot_valid` marks the slots that hold real tokens.
 
     Attributes:
-      cache: the model's KVCache, k/v per layer [B, S, KVH, Dh], index int32[].
+      cache: the model's KVCache, k/v [L, B, S, KVH, Dh] (its scalar `index` is unused:
+        the cursors below replace it).
       slot_valid: bool[B, S], True where the slot holds a real token of the row.
       next_position: int32[B], rotary position of the row's next token.
       last_logits: float32[B, V], logits for the row's next token.
+      cursor: int32[B], the row's next free slot.
     """
 
     cache: object
     slot_valid: jax.Array
     next_position: jax.Array
     last_logits: jax.Array
+    cursor: jax.Array
 
 
 @flax.struct.dataclass
@@ -55,8 +59,13 @@ class DecodeState:
 
     @property
     def cursor(self) -> int:
-        """Next slot every row writes to (the cache index)."""
-        return int(self.arrays.cache.index)
+        """The largest next free slot over the real rows: the cache needs room past it."""
+        return int(np.max(np.asarray(self.arrays.cursor[: self.num_rows]), initial=0))
+
+    @property
+    def cursors(self) -> np.ndarray:
+        """int32[num_rows]: each real row's next free slot."""
+        return np.asarray(self.arrays.cursor[: self.num_rows])
 
     @property
     def last_logits(self) -> jax.Array:

@@ -39,7 +39,8 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     assert train["argument_bytes"] > score["argument_bytes"]
     # The sampler rows: the config's whole rollout batch (4 prompts x k 4 = 16 rows) and the loop's largest
     # cache (2 x next_pow2(prompt 448 + response 64) = 1024 slots); the KV cache is an argument of both.
-    # The prefill block is the prompt's bucket (512) cut to MAX_BLOCK_TOKENS (256); decode runs the 64-token budget.
+    # The prefill block is the prompt's bucket (512) cut to MAX_BLOCK_TOKENS (256); decode is one window of
+    # DECODE_WINDOW steps whose attention reads the whole cache (the largest span).
     from configs.aepo_tiny import get_config
 
     cfg = get_config()
@@ -49,7 +50,9 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
         assert row["rows"] == 16 and row["cache_slots"] == 1024
         # K and V of this device's 16 / 8 rows: the cache is split over the data axis.
         assert row["argument_bytes"] > 2 * (16 // 8) * 1024 * cfg_kv_bytes_per_slot(cfg)
-    assert prefill["seq_len"] == 256 and decode["seq_len"] == 64
+    from aepo_jax.sampling.sampler import DECODE_WINDOW
+
+    assert prefill["seq_len"] == 256 and decode["seq_len"] == DECODE_WINDOW
     assert decode["output_bytes"] < decode["argument_bytes"]  # the cache is donated: it aliases its output
 
 

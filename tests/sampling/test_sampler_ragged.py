@@ -1,0 +1,88 @@
+"""Ragged rows: every row writes only its own real tokens at its own cursor, and decode windows
+read only the leading span of the cache that holds the live rows."""
+
+import jax
+import numpy as np
+import pytest
+
+from aepo_jax.sampling import SamplingParams
+from aepo_jax.sampling.buckets import attention_span
+from aepo_jax.sampling.sampler import DECODE_WINDOW, MIN_SPAN
+from tests.sampling.conftest import random_prompts
+
+GREEDY = SamplingParams(greedy=True)
+
+
+def test_each_row_uses_exactly_as_many_slots_as_it_has_real_tokens(greedy_sampler):
+    sampler = greedy_sampler
+    prompts = random_prompts(20, [3, 17, 9])
+    st = sampler.prefill(prompts)
+    assert st.cursors.tolist() == [3, 17, 9]
+    st, out = sampler.generate(st, [5, 0, 2])  # row 1 gets no budget: it must not move
+    st = sampler.append(st, [[7, 8], [], [9, 10, 11, 12]])  # row 1 receives nothing again
+    expected = [3 + out.num_tokens[0] + 2, 17, 9 + out.num_tokens[2] + 4]
+    assert st.cursors.tolist() == expected
+    valid = np.asarray(st.arrays.slot_valid[:3])
+    for row, n in enumerate(expected):
+        assert valid[row, :n].all() and not valid[row, n:].any(), f"row {row}: slots are not packed from 0"
+    assert st.next_position.tolist() == expected
+
+
+def test_rows_with_different_cursors_continue_exactly_after_ragged_appends(greedy_sampler, full_logits):
+    sampler = greedy_sampler
+    prompts = random_prompts(21, [2, 25, 11, 6])
+    st, first = sampler.generate(sampler.prefill(prompts), [9, 1, 0, 4])
+    results = random_prompts(22, [0, 13, 5, 1])
+    st = sampler.append(st, results)
+    whole = [p + first.row_tokens(r) + results[r] for r, p in enumerate(prompts)]
+    st, out = sampler.generate(st, 7)
+    for row, ids in enumerate(whole):
+        ids = ids + out.row_tokens(row)
+        expected = full_logits(ids)[-1]
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), expected, rtol=1e-5,
+                                   atol=1e-5 * np.abs(expected).max())
+        assert st.cursors[row] == len(ids)
+
+
+def test_decode_over_a_large_cache_reads_a_span_and_matches_a_small_cache(greedy_sampler):
+    sampler = greedy_sampler
+    prompts = random_prompts(23, [4, 10])
+    _, small_out = sampler.generate(sampler.prefill(prompts), 40)
+    big = sampler.concat([sampler.prefill(prompts), sampler.fork(
+        sampler.generate(sampler.prefill(random_prompts(24, [5])), 300)[0], [0])])
+    assert big.cache_length >= 512  # the long row grew the cache; the two short rows sit at its front
+    _, big_out = sampler.generate(sampler.fork(big, [0, 1]), 40)
+    assert sampler.last_decode_spans == [MIN_SPAN, MIN_SPAN]  # windows of 32 steps from cursors 4 and 10
+    assert big_out.tokens.tolist() == small_out.tokens.tolist()
+    np.testing.assert_allclose(big_out.logp, small_out.logp, rtol=1e-5, atol=1e-6)
+
+
+def test_window_boundaries_do_not_change_sampled_tokens_or_stop_sequences(tiny_model):
+    from aepo_jax.sampling import Sampler
+
+    _, graphdef, state = tiny_model
+    sampled = SamplingParams(temperature=1.0)
+    sampler = Sampler(graphdef, state, params=sampled)
+    prompts = random_prompts(25, [3, 8, 5])
+    budget = 3 * DECODE_WINDOW + 5  # several windows
+    _, once = sampler.generate(sampler.prefill(prompts), budget, rng=jax.random.key(1))
+    # Fewer windows, same key: the PRNG stream runs on across window boundaries (no reseeding).
+    _, first = sampler.generate(sampler.prefill(prompts), DECODE_WINDOW + 5, rng=jax.random.key(1))
+    assert first.tokens.tolist() == once.tokens[:, :DECODE_WINDOW + 5].tolist()
+    assert once.num_tokens.tolist() == [budget] * 3
+    # A stop sequence made of tokens that straddle a window boundary is still found.
+    straddle = [int(t) for t in once.tokens[1, DECODE_WINDOW - 1 : DECODE_WINDOW + 1]]
+    stopper = Sampler(graphdef, state, params=sampled, stop_sequences=[straddle])
+    _, stopped = stopper.generate(stopper.prefill(prompts), budget, rng=jax.random.key(1))
+    first_hit = next(i for i in range(1, budget) if once.tokens[1, i - 1:i + 1].tolist() == straddle)
+    assert first_hit == DECODE_WINDOW, "the pair occurs earlier: the check would not cross a window boundary"
+    assert stopped.stop_reason[1] == "stop"
+    assert stopped.num_tokens[1] == first_hit + 1
+
+
+@pytest.mark.parametrize(("needed", "n_slots", "expected"), [
+    (1, 4096, MIN_SPAN), (MIN_SPAN, 4096, MIN_SPAN), (MIN_SPAN + 1, 4096, 96), (97, 4096, 128), (129, 4096, 192),
+    (193, 4096, 256), (300, 256, 256), (700, 4096, 768), (769, 4096, 1024),
+])
+def test_attention_span_buckets_hold_the_live_slots_with_at_most_half_again(needed, n_slots, expected):
+    assert attention_span(needed, n_slots, MIN_SPAN) == expected
