@@ -35,6 +35,10 @@ class ForcedState:
         return self.inner.cursor
 
     @property
+    def cursors(self) -> np.ndarray:
+        return self.inner.cursors
+
+    @property
     def num_rows(self) -> int:
         return len(self.ids)
 

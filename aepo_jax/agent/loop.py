@@ -221,22 +221,30 @@ class _Run(ContinuousSchedule):
     def _limit(self, traj: Trajectory) -> int:
         return min(self.cfg.max_response_tokens - len(traj.response_ids), self.cfg.max_context_len - traj.total_length)
 
-    def _cache_room(self) -> int | None:
-        """Slots left in the generator's lockstep cache, if it reports them (the real Sampler does)."""
+    def _cache_room(self) -> list[int] | None:
+        """Slots left in the generator's cache for each row, if it reports them: after each row's own
+        cursor for ragged rows (the real Sampler's `cursors`), after the shared cursor otherwise."""
         capacity = getattr(self.gen, "max_cache_len", None)
+        if capacity is None or self.state is None:
+            return None
+        cursors = getattr(self.state, "cursors", None)
+        if cursors is not None:
+            return [int(capacity) - int(c) for c in cursors]
         cursor = getattr(self.state, "cursor", None)
-        return None if capacity is None or cursor is None else int(capacity) - int(cursor)
+        return None if cursor is None else [int(capacity) - int(cursor)] * len(self.rows)
 
-    def _repack_if_needed(self, needed: int) -> None:
-        """Re-prefill the active rows when the shared cache cursor has no room for `needed` more slots.
+    def _repack_if_needed(self, needed: Sequence[int]) -> None:
+        """Re-prefill the active rows when some row has no cache room for its `needed[i]` more slots.
 
-        Rows share one write cursor, which only grows (concat aligns to the
-        largest); over many rounds it can outrun the cache even though every
-        row is within its own context limit. Re-prefilling the rows' exact ids
-        packs them again; its cost shows in the prefill counter.
+        Only a generator whose rows share one write cursor gets there: that cursor
+        only grows (concat aligns to the largest), so over many rounds it can
+        outrun the cache even though every row is within its own context limit.
+        Re-prefilling the rows' exact ids packs them again; its cost shows in the
+        prefill counter. Ragged rows (the Sampler's) never need more room than
+        their own length, so with `cache_slots` they never repack.
         """
         room = self._cache_room()
-        if room is None or room >= needed:
+        if room is None or all(r >= n for r, n in zip(room, needed, strict=True)):
             return
         self.state = self.gen.prefill([t.prompt_ids + t.response_ids for t in self.rows])
         self.repacks += 1
@@ -249,10 +257,10 @@ class _Run(ContinuousSchedule):
             limits = [min(n, self.cfg.max_segment_tokens) for n in limits]
         if self.cfg.schedule == "continuous":  # one chunk
             limits = [min(n, self.cfg.chunk_tokens) for n in limits]
-        self._repack_if_needed(max(limits))
+        self._repack_if_needed(limits)
         room = self._cache_room()
         if room is not None:
-            limits = [max(0, min(n, room)) for n in limits]
+            limits = [max(0, min(n, r)) for n, r in zip(limits, room, strict=True)]
         # The released measure reads vLLM-style top-10 log-probs; only it asks the sampler for them.
         top_k = {"top_logprobs": TOP_LOGPROBS} if self.cfg.entropy_measure == "top10_sum" else {}
         self.state, out = self.gen.generate(self.state, limits, sub, **top_k)
@@ -447,7 +455,10 @@ class _Run(ContinuousSchedule):
             to_append[i] = result_ids
             appended.append(i)
         if appended:
-            self._repack_if_needed(next_power_of_two(max(len(to_append[i]) for i in appended)))
+            # A shared cursor advances by the whole (power-of-two) block; ragged rows by their own tokens.
+            ragged = getattr(self.state, "cursors", None) is not None
+            block = next_power_of_two(max(len(to_append[i]) for i in appended))
+            self._repack_if_needed([len(t) if ragged else block for t in to_append])
             self.state = self.gen.append(self.state, to_append)
             if self.policy is not None:
                 snapshot = self.gen.fork(self.state, appended) if self.cfg.branch_by == "fork" else None

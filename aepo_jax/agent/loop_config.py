@@ -102,19 +102,16 @@ class LoopResult:
 
 
 def cache_slots(loop: LoopConfig, prompts: Sequence[Sequence[int]] = ()) -> int:
-    """KV-cache slots for the sampler: twice the power-of-two bucket of the longest context.
+    """KV-cache slots for the sampler: the power-of-two bucket of the longest context.
 
-    Rows are left-padded to a power-of-two block and share one write cursor; a
-    repack re-prefills prompt + response into a block of up to
-    `next_power_of_two(max_context_len)` slots. Twice that leaves room for at
-    least `max_context_len` more tokens after any repack, so a segment always
-    has room to decode (with exactly one bucket the cursor can sit at the end
-    of the cache and no row can make progress). The loop itself keeps every
-    trajectory within `max_context_len`; the cache grows by buckets, so unused
-    slots cost nothing.
+    The Sampler's rows are ragged: each row writes only its own tokens, from
+    slot 0 on, so a row never needs more slots than its own length, which the
+    loop keeps within `max_context_len`; the cache grows by buckets, so unused
+    slots cost nothing. (Before ragged rows, a shared write cursor needed twice
+    this.)
     """
     longest = max(loop.max_context_len, max((len(p) for p in prompts), default=0))
-    return 2 * next_power_of_two(longest)
+    return next_power_of_two(longest)
 
 
 def next_power_of_two(n: int) -> int:

@@ -48,11 +48,13 @@ def masked_attention(
     *,
     implementation: str = "dense",
     interpret: bool = False,
+    head_major_kv: bool = False,
 ) -> jax.Array:
     """softmax(q k^T / sqrt(Dh), masked) v with KV heads shared by groups of query heads.
 
     Args:
-      q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH).
+      q: [B, T, H, Dh] queries; k, v: [B, S, KVH, Dh] keys and values (H a multiple of KVH),
+        or [B, KVH, S, Dh] with `head_major_kv` (the KV cache's layout, read in place).
       mask: bool[B, T, S], True where query t may attend key s, or an `AttentionMask`.
       implementation: "dense", "splash" or "cudnn" (module doc). "splash" needs an
         `AttentionMask`: causal self-attention rows run the splash kernel,
@@ -65,7 +67,9 @@ def masked_attention(
       returns zeros (not NaN); `AttentionMask` rows always see their own slot.
     """
     check_backend(implementation)
-    length, n_keys = q.shape[1], k.shape[1]
+    length, n_keys = q.shape[1], k.shape[2 if head_major_kv else 1]
+    if head_major_kv and implementation != "dense" and n_keys == length:
+        k, v, head_major_kv = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), False  # the kernels' layout
     if implementation == "splash" and isinstance(mask, AttentionMask) and n_keys == length:
         # Per device under the context mesh: Mosaic kernels are not partitioned by the compiler.
         return shard_over_mesh(functools.partial(_flash_attention, interpret=interpret), q, k, v, mask)
@@ -76,8 +80,10 @@ def masked_attention(
     if dense.shape != (q.shape[0], length, n_keys):
         raise ValueError(f"mask must be bool[B, T, S] = {(q.shape[0], length, n_keys)}, got {dense.shape}")
     if implementation == "cudnn":
+        if head_major_kv:
+            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         return cudnn_attention(q, k, v, dense)
-    return _dense_attention(q, k, v, dense)  # "dense", and splash's cached blocks
+    return _dense_attention(q, k, v, dense, head_major_kv)  # "dense", and splash's cached blocks
 
 
 def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *, interpret: bool) -> jax.Array:
@@ -90,19 +96,21 @@ def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMa
     return splash_attention(q, k, v, mask, interpret=interpret)
 
 
-def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     head_major_kv: bool = False) -> jax.Array:
     """The XLA reference: float32 scores [B, KVH, G, T, S] materialised, masked, softmaxed."""
     batch, length, n_heads, head_dim = q.shape
-    n_kv_heads = k.shape[2]
+    n_kv_heads = k.shape[1 if head_major_kv else 2]
+    kv = "bksd" if head_major_kv else "bskd"
     q = q.reshape(batch, length, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, T, KVH, G, Dh]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)  # [B, KVH, G, T, S]
+    scores = jnp.einsum(f"btkgd,{kv}->bkgts", q, k, preferred_element_type=jnp.float32)  # [B, KVH, G, T, S]
     scores = scores.astype(jnp.float32) / math.sqrt(head_dim)
     allowed = mask[:, None, None, :, :]  # [B, 1, 1, T, S]
     # A finite floor (not -inf) keeps fully-masked rows NaN-free; they are zeroed below.
     scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = jnp.where(allowed, probs, 0.0).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, KVH, G, Dh]
+    out = jnp.einsum(f"bkgts,{kv}->btkgd", probs, v)  # [B, T, KVH, G, Dh]
     return out.reshape(batch, length, n_heads, head_dim)
 
 
@@ -142,7 +150,7 @@ class Attention(nnx.Module):
         positions: jax.Array,  # int32[B, T]
         mask: jax.Array | AttentionMask,  # bool[B, T, S] or its structured form
         inv_freq: jax.Array,  # float32[Dh/2]
-        cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, S, KVH, Dh], same) or stacked [L, ...]
+        cache_kv: tuple[jax.Array, jax.Array] | None = None,  # ([B, KVH, S, Dh], same) or stacked [L, ...]
         cache_index: jax.Array | None = None,  # int32 scalar
         cache_layer: jax.Array | None = None,  # int32 scalar: this layer's slice of a stacked cache
         cache_slots: jax.Array | None = None,  # int32[B, T]: each new token's own slot (ragged rows)
@@ -154,46 +162,52 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, positions, inv_freq)
         k = apply_rotary(k, positions, inv_freq)
-        if cache_kv is not None and cache_slots is not None:
-            cache_kv, k, v = self._scatter_into_cache(cache_kv, k, v, cache_slots, cache_layer, _key_count(mask))
-        elif cache_kv is not None and cache_layer is None:
-            cache_k, cache_v = cache_kv
-            start = (0, cache_index, 0, 0)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)  # [B, S, KVH, Dh]
-            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
-            k, v = cache_k.astype(self.dtype), cache_v.astype(self.dtype)
-            cache_kv = (cache_k, cache_v)
-        elif cache_kv is not None:
-            # Stacked cache: write only the T new slots of this layer in place, then read the layer back,
-            # so the program never holds a second copy of a layer's (or the whole) cache.
-            cache_k, cache_v = cache_kv
-            start = (cache_layer, 0, cache_index, 0, 0)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)  # [L, B, S, KVH, Dh]
-            cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
-            k = jax.lax.dynamic_index_in_dim(cache_k, cache_layer, keepdims=False).astype(self.dtype)
-            v = jax.lax.dynamic_index_in_dim(cache_v, cache_layer, keepdims=False).astype(self.dtype)
-            cache_kv = (cache_k, cache_v)
-        out = masked_attention(q, k, v, mask, implementation=self.implementation,
-                               interpret=self.interpret)  # [B, T, H, Dh]
+        if cache_kv is None:
+            out = masked_attention(q, k, v, mask, implementation=self.implementation,
+                                   interpret=self.interpret)  # [B, T, H, Dh]
+        else:
+            cache_kv, k, v = self._write_cache(cache_kv, k, v, cache_index, cache_layer, cache_slots,
+                                               _key_count(mask))
+            out = masked_attention(q, k, v, mask, implementation=self.implementation, interpret=self.interpret,
+                                   head_major_kv=True)  # [B, T, H, Dh]
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(self.dtype)), cache_kv
 
-    def _scatter_into_cache(self, cache_kv, k, v, slots, layer, span):
-        """Ragged rows: token t of row b goes to slot `slots[b, t]` (slots >= S are dropped: padding);
-        returns the cache and the keys / values of its first `span` slots, all attention reads."""
+    def _write_cache(self, cache_kv, k, v, index, layer, slots, span):
+        """Writes the block's keys and values into the (head-major) cache; returns the cache and the
+        `[B, KVH, span, Dh]` keys and values attention reads (its first `span` slots).
+
+        Without `slots`, the T new tokens go to slots `[index, index + T)` of every row; with
+        `slots` (int32[B, T], ragged rows) token t of row b goes to slot `slots[b, t]`, and slots
+        >= S are dropped (padding). `layer` picks a stacked `[L, ...]` cache's layer: only its new
+        slots are written, in place, and the layer is read back, so the program never holds a
+        second copy of a layer (or of the whole cache).
+        """
         cache_k, cache_v = cache_kv
-        rows = jnp.broadcast_to(jnp.arange(slots.shape[0], dtype=jnp.int32)[:, None], slots.shape)  # [B, T]
-        if layer is None:  # one layer's [B, S, KVH, Dh]
-            cache_k = cache_k.at[rows, slots].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[rows, slots].set(v.astype(cache_v.dtype), mode="drop")
-            read_k, read_v = cache_k, cache_v
-        else:  # stacked [L, B, S, KVH, Dh]: write this layer's new slots in place, read the layer back
-            index = (jnp.broadcast_to(layer, slots.shape), rows, slots)
-            cache_k = cache_k.at[index].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[index].set(v.astype(cache_v.dtype), mode="drop")
-            read_k = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)
-            read_v = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
-        read_k, read_v = read_k[:, :span].astype(self.dtype), read_v[:, :span].astype(self.dtype)
-        return (cache_k, cache_v), read_k, read_v
+        lead = () if layer is None else (layer,)
+        if slots is None:
+            start = lead + (0, 0, index, 0)
+
+            def write(cache, new):  # new [B, T, KVH, Dh] -> the cache's [B, KVH, T, Dh] block
+                block = jnp.swapaxes(new, 1, 2).astype(cache.dtype)
+                return jax.lax.dynamic_update_slice(cache, block[None] if lead else block, start)
+        else:
+            rows = jnp.broadcast_to(jnp.arange(slots.shape[0], dtype=jnp.int32)[:, None], slots.shape)  # [B, T]
+            # The head slice separates the row and slot indices, so the update's axes are [B, T, KVH, Dh]:
+            # the block's own layout.
+            where = tuple(jnp.broadcast_to(i, slots.shape) for i in lead) + (rows, slice(None), slots)
+
+            def write(cache, new):
+                return cache.at[where].set(new.astype(cache.dtype), mode="drop")
+
+        cache_k, cache_v = write(cache_k, k), write(cache_v, v)
+        def read(cache):  # [B, KVH, span, Dh]: only the slots attention reads, of this layer only
+            if not lead:
+                return cache[:, :, :span].astype(self.dtype)
+            batch, heads, _, head_dim = cache.shape[1:]
+            block = jax.lax.dynamic_slice(cache, (layer, 0, 0, 0, 0), (1, batch, heads, span, head_dim))
+            return block[0].astype(self.dtype)
+
+        return (cache_k, cache_v), read(cache_k), read(cache_v)
 
 
 def _key_count(mask: jax.Array | AttentionMask) -> int:

@@ -173,7 +173,7 @@ class Decoder(nnx.Module):
         """Runs the stacked blocks in order under `lax.scan` (rematerialised as `config.remat` says).
 
         Without a cache the carry is the residual stream `[B, T, D]`; with one,
-        it also holds the stacked `[L, B, S, KVH, Dh]` keys and values: layer i
+        it also holds the stacked `[L, B, KVH, S, Dh]` keys and values: layer i
         writes its new slots into slice i in place and reads slice i back (no
         copy of a layer's slice is written back, so no second copy of the cache).
         """

@@ -1,4 +1,10 @@
-"""Key/value cache for incremental decoding: `[L, B, S, KVH, Dh]` keys and values, stacked by layer, and a write index."""
+"""Key/value cache for incremental decoding: `[L, B, KVH, S, Dh]` keys and values, stacked by layer, and a write index.
+
+Heads come before slots (head-major) so that attention over a cached row reads
+each KV head's slots as one contiguous `[S, Dh]` matrix: a decode step's scores
+are `B x KVH` small matmuls straight on the cache, with no transposed copy of it
+(on CPU the copy cost more than the attention itself).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +30,8 @@ class KVCache:
     caller's attention mask, not by `index`.
     """
 
-    k: jax.Array  # [L, B, S, KVH, Dh]
-    v: jax.Array  # [L, B, S, KVH, Dh]
+    k: jax.Array  # [L, B, KVH, S, Dh]
+    v: jax.Array  # [L, B, KVH, S, Dh]
     index: jax.Array  # int32 scalar: next slot to write
 
     @classmethod
@@ -33,7 +39,12 @@ class KVCache:
         """An empty (zero) cache of `length` slots for `batch` rows."""
         if batch <= 0 or length <= 0:
             raise ValueError(f"KVCache needs positive batch and length, got batch={batch}, length={length}")
-        shape = (config.n_layers, batch, length, config.n_kv_heads, config.head_dim)
+        return cls.zeros(config.n_layers, batch, length, config.n_kv_heads, config.head_dim, dtype)
+
+    @classmethod
+    def zeros(cls, n_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype: Any) -> KVCache:
+        """Zero keys and values in the cache's layout (the one place that orders its axes)."""
+        shape = (n_layers, batch, kv_heads, length, head_dim)  # [L, B, KVH, S, Dh]
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), index=jnp.zeros((), jnp.int32))
 
     @property
@@ -46,10 +57,10 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     def map_layers(self, fn: Callable[[jax.Array], jax.Array]) -> KVCache:
-        """`fn` applied to every layer's `[B, S, KVH, Dh]` keys and values (index kept)."""
+        """`fn` applied to every layer's `[B, KVH, S, Dh]` keys and values (index kept)."""
         return self.replace(k=jax.vmap(fn)(self.k), v=jax.vmap(fn)(self.v))
 
     def take_rows(self, rows: jax.Array) -> KVCache:

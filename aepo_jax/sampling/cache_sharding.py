@@ -1,6 +1,6 @@
 """Where the sampler's decode arrays live on a mesh: rows over the batch axes, KV heads over `tensor`.
 
-The KV cache `[L, B, S, KVH, Dh]` is the sampler's largest buffer (about
+The KV cache `[L, B, KVH, S, Dh]` is the sampler's largest buffer (about
 2.5 TiB at the 14B config's rollout batch). Its rows are split over the batch
 mesh axes (`data` and `fsdp`, whichever the mesh has) and its KV heads over
 `tensor`, through the same logical-axis rules as the parameters
@@ -24,7 +24,7 @@ from aepo_jax.parallel import batch_sharding, named_sharding
 from aepo_jax.sampling.state import DecodeArrays
 
 # Logical axes of each decode array (names from `LOGICAL_AXIS_RULES`).
-KV_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")  # cache.k, cache.v: [L, B, S, KVH, Dh]
+KV_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")  # cache.k, cache.v: [L, B, KVH, S, Dh]
 SLOT_AXES = ("batch", "length")  # slot_valid: [B, S]
 ROW_AXES = ("batch",)  # next_position, cursor: [B]
 LOGITS_AXES = ("batch", None)  # last_logits: [B, V]; sampling reads a row's whole vocabulary
@@ -75,8 +75,7 @@ def place_rows(layout: DecodeSharding | None, x: np.ndarray | jax.Array) -> np.n
 
 def _empty_arrays(n_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, vocab: int,
                   dtype: str) -> DecodeArrays:
-    shape = (n_layers, batch, length, kv_heads, head_dim)  # [L, B, S, KVH, Dh]
-    cache = KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), index=jnp.zeros((), jnp.int32))
+    cache = KVCache.zeros(n_layers, batch, length, kv_heads, head_dim, dtype)
     return DecodeArrays(
         cache=cache,
         slot_valid=jnp.zeros((batch, length), bool),

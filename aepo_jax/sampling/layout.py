@@ -14,7 +14,7 @@ from aepo_jax.sampling.state import DecodeArrays
 
 
 def _map_kv(cache, fn):
-    return cache.map_layers(fn)  # fn sees one layer's [B, S, KVH, Dh]
+    return cache.map_layers(fn)  # fn sees one layer's [B, KVH, S, Dh]
 
 
 def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
@@ -23,8 +23,8 @@ def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
     if extra < 0:
         raise ValueError(f"grow_slots cannot shrink the cache from {arrays.slot_valid.shape[1]} to {new_length}")
 
-    def pad(x):  # [B, S, KVH, Dh] -> [B, S + extra, KVH, Dh]
-        return jnp.pad(x, ((0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 2))
+    def pad(x):  # [B, KVH, S, Dh] -> [B, KVH, S + extra, Dh]
+        return jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
 
     slot_valid = jnp.pad(arrays.slot_valid, ((0, 0), (0, extra)))  # [B, S + extra]
     return arrays.replace(cache=_map_kv(arrays.cache, pad), slot_valid=slot_valid)
@@ -51,7 +51,7 @@ def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
     def cat(a, b):
         return jnp.concatenate([a, b], axis=0)
 
-    layers_cat = jax.vmap(cat)  # over the leading layer axis of [L, B, S, KVH, Dh]
+    layers_cat = jax.vmap(cat)  # over the leading layer axis of [L, B, KVH, S, Dh]
     cache = first.cache.replace(k=layers_cat(first.cache.k, second.cache.k), v=layers_cat(first.cache.v, second.cache.v))
     return DecodeArrays(
         cache=cache,

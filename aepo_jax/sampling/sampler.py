@@ -243,7 +243,7 @@ class Sampler:
         if longest == 0:
             return state
         block = bucket_length(longest, MIN_BLOCK)
-        state = self._ensure_room(state, block)
+        state = self._ensure_room(state, [len(t) for t in token_lists])  # rows write only their real tokens
         state = self._run_block(state, token_lists, block, "append")
         self._counters["append_tokens"] += sum(len(t) for t in token_lists)
         return state
@@ -271,7 +271,7 @@ class Sampler:
         sampling = params if params is not None else self.params
         budgets = self._budgets(state, max_new_tokens)
         longest = int(budgets.max())
-        state = self._ensure_room(state, longest)
+        state = self._ensure_room(state, budgets[: state.num_rows])
         key = rng if rng is not None else jax.random.fold_in(jax.random.key(self._seed), self._calls)
         self._calls += 1
         if jnp.issubdtype(key.dtype, jnp.uint32):
@@ -398,9 +398,10 @@ class Sampler:
                                 place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
         return DecodeState(arrays, state.num_rows)
 
-    def _ensure_room(self, state: DecodeState, needed: int) -> DecodeState:
-        """Grows the cache (to the next bucket) when `needed` more slots do not fit."""
-        end = state.cursor + needed
+    def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
+        """Grows the cache (to the next bucket) when some row's `needed[i]` more slots do not fit
+        after its own cursor."""
+        end = int(np.max(state.cursors + np.asarray(needed, np.int64), initial=0))
         self._check_capacity(end)
         if end <= state.cache_length:
             return state

@@ -19,7 +19,7 @@ class DecodeArrays:
     `slot_valid` marks the slots that hold real tokens.
 
     Attributes:
-      cache: the model's KVCache, k/v [L, B, S, KVH, Dh] (its scalar `index` is unused:
+      cache: the model's KVCache, k/v [L, B, KVH, S, Dh] (its scalar `index` is unused:
         the cursors below replace it).
       slot_valid: bool[B, S], True where the slot holds a real token of the row.
       next_position: int32[B], rotary position of the row's next token.

@@ -38,7 +38,7 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     # The train step's arguments hold the optimiser state too: more than the scorer's parameters.
     assert train["argument_bytes"] > score["argument_bytes"]
     # The sampler rows: the config's whole rollout batch (4 prompts x k 4 = 16 rows) and the loop's largest
-    # cache (2 x next_pow2(prompt 448 + response 64) = 1024 slots); the KV cache is an argument of both.
+    # cache (next_pow2(prompt 448 + response 64) = 512 slots: ragged rows); the KV cache is an argument of both.
     # The prefill block is the prompt's bucket (512) cut to MAX_BLOCK_TOKENS (256); decode is one window of
     # DECODE_WINDOW steps whose attention reads the whole cache (the largest span).
     from configs.aepo_tiny import get_config
@@ -47,9 +47,9 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     assert (cfg.data.prompts_per_step, cfg.rollout.k, cfg.rollout.max_prompt_len, cfg.rollout.max_response_len) == (
         4, 4, 448, 64)
     for row in (prefill, decode):
-        assert row["rows"] == 16 and row["cache_slots"] == 1024
+        assert row["rows"] == 16 and row["cache_slots"] == 512
         # K and V of this device's 16 / 8 rows: the cache is split over the data axis.
-        assert row["argument_bytes"] > 2 * (16 // 8) * 1024 * cfg_kv_bytes_per_slot(cfg)
+        assert row["argument_bytes"] > 2 * (16 // 8) * 512 * cfg_kv_bytes_per_slot(cfg)
     from aepo_jax.sampling.sampler import DECODE_WINDOW
 
     assert prefill["seq_len"] == 256 and decode["seq_len"] == DECODE_WINDOW

@@ -106,7 +106,7 @@ def test_take_rows_copies_cache_rows():
     cache = KVCache.init(cfg, batch=2, length=4)
     cache = cache.replace(k=cache.k.at[:, 1].set(1.0), index=jnp.int32(3))  # row 1 of every layer
     forked = cache.take_rows(jnp.array([1, 1, 0]))
-    assert forked.k.shape == (cfg.n_layers, 3, 4, cfg.n_kv_heads, cfg.head_dim)
+    assert forked.k.shape == (cfg.n_layers, 3, cfg.n_kv_heads, 4, cfg.head_dim)  # [L, B, KVH, S, Dh]
     assert float(forked.k[1, 0].min()) == 1.0 and float(forked.k[1, 2].max()) == 0.0
     assert int(forked.index) == 3
 

@@ -102,7 +102,7 @@ def test_sharded_cached_decode_step_equals_single_device():
     expected, _ = jax.jit(prefill)(state, cache, ids)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     cache_sharding = jax.sharding.NamedSharding(
-        mesh, logical_to_spec(("layers", "batch", "length", "kv_heads", "head_dim")))  # [L, B, S, KVH, Dh]
+        mesh, logical_to_spec(("layers", "batch", "kv_heads", "length", "head_dim")))  # [L, B, KVH, S, Dh]
     sharded_cache = cache.replace(k=jax.device_put(cache.k, cache_sharding), v=jax.device_put(cache.v, cache_sharding))
     with jax.set_mesh(mesh):
         got, new_cache = jax.jit(prefill, donate_argnums=1)(shard_state(state, mesh), sharded_cache, ids)

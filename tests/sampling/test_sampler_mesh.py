@@ -37,12 +37,12 @@ DATA_FSDP_TENSOR = {"data": 2, "fsdp": 2, "tensor": 2}
 
 def _assert_cache_layout(arrays, mesh):
     """k and v: rows over (data, fsdp), KV heads over tensor; every device holds exactly one shard."""
-    expected = P(None, ("data", "fsdp"), None, "tensor", None)
+    expected = P(None, ("data", "fsdp"), "tensor", None, None)  # [L, B, KVH, S, Dh]
     for buffer in (arrays.cache.k, arrays.cache.v):
         sharding = NamedSharding(mesh, expected)
         assert buffer.sharding.is_equivalent_to(sharding, buffer.ndim), buffer.sharding
-        layers, batch, slots, heads, dim = buffer.shape
-        assert {s.data.shape for s in buffer.addressable_shards} == {(layers, batch // 4, slots, heads // 2, dim)}
+        layers, batch, heads, slots, dim = buffer.shape
+        assert {s.data.shape for s in buffer.addressable_shards} == {(layers, batch // 4, heads // 2, slots, dim)}
         assert len(buffer.addressable_shards) == 8
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     assert arrays.slot_valid.sharding.is_equivalent_to(rows, 2)
