@@ -6,8 +6,8 @@ real tools (search server on loopback, python sandbox), k=8, 16 prompts.
 `--tool-latency-ms N` makes the search server and the sandbox answer no sooner than N ms
 after a call (their own latency options, not a mock). Device-busy fraction: wall seconds
 inside the sampler's jitted programs (each call timed until its results are ready,
-`Sampler.device_seconds`) over the rollout's wall time; the forcing generator's scoring
-forward (a benchmark artefact) is reported beside it. Prints a table; `--json OUT` writes
+`Sampler.device_seconds`) over the rollout's wall time (forced tokens are scored inside
+the sampler's appends, `Sampler.score_append`). Prints a table; `--json OUT` writes
 `{"schedules": {"rounds": {...}, "continuous": {...}}, "rows": [...]}`.
 
     python -m benchmarks.rollout_bench --tool-latency-ms 200 [--json OUT.json]
@@ -43,7 +43,7 @@ from aepo_jax.tools import (
 )
 from benchmarks.bench_json import add_json_flag, write_json
 
-SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction", "device_busy_fraction_with_scoring",
+SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction",
                 "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches")
 
 
@@ -78,7 +78,7 @@ def main() -> None:
                       stop_sequences=agent_stop_sequences(tok), max_cache_len=8192, seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=16)
+    generator = ToolForcingGenerator(sampler, plan, free_tokens=16)
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +96,7 @@ def main() -> None:
                         max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by,
                         schedule=schedule, chunk_tokens=args.chunk_tokens))
                     for repeat in range(args.repeats + 1):
-                        rows.append(_timed_rollout(loop, sampler, generator, prompts, args.k, repeat)
+                        rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat)
                                     | {"schedule": schedule, "branch_by": branch_by})
                         if repeat == 0:
                             rows.pop()  # warm-up: compiles
@@ -104,12 +104,12 @@ def main() -> None:
     summary = _summaries(rows, schedules, branch_modes[0])
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
           f"tool latency {latency:g} ms, device={jax.devices()[0].platform}")
-    print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} {'busy+sc':>7} "
+    print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8}")
     for r in rows:
         print(f"{r['schedule']:>10} {r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} "
               f"{r['trajectories_per_s']:7.2f} {r['device_busy_fraction']:5.2f} "
-              f"{r['device_busy_fraction_with_scoring']:7.2f} {r['forward_tokens_per_trajectory_token']:8.3f} "
+              f"{r['forward_tokens_per_trajectory_token']:8.3f} "
               f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d}")
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"])
@@ -119,22 +119,20 @@ def main() -> None:
     write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
 
 
-def _timed_rollout(loop, sampler, generator, prompts, k: int, repeat: int) -> dict:
-    """One AEPO rollout, timed: wall seconds, sampler program seconds, forced-token scoring seconds."""
-    device_before, score_before = sampler.device_seconds, generator.score_seconds
+def _timed_rollout(loop, sampler, prompts, k: int, repeat: int) -> dict:
+    """One AEPO rollout, timed: wall seconds and sampler program seconds (forced tokens are scored inside them)."""
+    device_before = sampler.device_seconds
     programs_before = sampler.compiled_programs()
     start = time.perf_counter()
     groups, stats = rollout(prompts, k, loop=loop, config=RolloutConfig(strategy="aepo"),
                             rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
     seconds = time.perf_counter() - start
     device = {kind: v - device_before[kind] for kind, v in sampler.device_seconds.items()}
-    scoring = generator.score_seconds - score_before
     trajectories = sum(len(g) for g in groups)
     return {"repeat": repeat, "seconds": seconds, "trajectories": trajectories,
             "trajectories_per_s": trajectories / seconds,
-            "device_seconds": device, "scoring_seconds": scoring,
+            "device_seconds": device,
             "device_busy_fraction": sum(device.values()) / seconds,
-            "device_busy_fraction_with_scoring": (sum(device.values()) + scoring) / seconds,
             "forward_tokens": stats.forward_tokens, "trajectory_tokens": stats.trajectory_tokens,
             "forward_tokens_per_trajectory_token": stats.forward_to_trajectory_ratio,
             "trajectory_tokens_per_s": stats.trajectory_tokens / seconds,

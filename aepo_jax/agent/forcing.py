@@ -5,23 +5,19 @@ end-to-end run of the agent loop with the real sampler would exercise no tools
 and no branching. `ToolForcingGenerator` wraps a `Sampler`: each segment first
 samples up to `free_tokens` real tokens; if the row has not stopped by itself,
 the next planned call (`<search>...</search>`, `<python>...</python>`, finally
-`<answer>...</answer>`) is fed through the sampler's `append` and reported as
-generated, with its log-probs and entropies scored by a full forward of the
-same model, so every reported token's `logp` is what the trainer recomputes.
+`<answer>...</answer>`) is fed through the sampler's `score_append` and
+reported as generated, with the log-probs and entropies that forward gives it
+(teacher forcing), so every reported token's `logp` is what the trainer recomputes.
 For end-to-end tests and benchmarks only; training uses the `Sampler` itself.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 
 @dataclass
@@ -54,34 +50,26 @@ class ForcedOutput:
 
 
 class ToolForcingGenerator:
-    """Wraps `sampler` (a `aepo_jax.sampling.Sampler` of the model `graphdef, params`); see module docstring.
+    """Wraps `sampler` (an `aepo_jax.sampling.Sampler`); see the module docstring.
 
-    `score_bucket`: the scoring forward pads rows to a multiple of this length
-    (and the batch to a multiple of 8) so it compiles once or twice per run.
+    Forced tokens are fed with `Sampler.score_append`, which scores each of them
+    (log-prob and entropy at `temperature`) in the same forward that writes it
+    to the cache, so a forced segment costs what an append costs.
     """
 
-    def __init__(self, sampler: Any, graphdef: nnx.GraphDef, params: nnx.State, plan: Sequence[Sequence[int]],
-                 free_tokens: int = 8, temperature: float = 1.0, score_bucket: int = 512) -> None:
+    def __init__(self, sampler: Any, plan: Sequence[Sequence[int]], free_tokens: int = 8,
+                 temperature: float = 1.0) -> None:
         if not plan or any(len(p) == 0 for p in plan):
             raise ValueError("plan needs at least one non-empty forced segment")
         if free_tokens < 0:
             raise ValueError(f"free_tokens must be >= 0, got {free_tokens}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.sampler = sampler
         self.plan = [list(map(int, p)) for p in plan]
         self.free_tokens = free_tokens
-        self.score_bucket = score_bucket
+        self.temperature = float(temperature)
         self.forced_total = 0
-        self.score_seconds = 0.0  # wall seconds in the scoring forward of forced tokens (results fetched)
-
-        def score(params, ids):  # ids int32[B, T] -> (logp, entropy) of ids[:, 1:] given the prefix, [B, T-1]
-            logits = nnx.merge(graphdef, params)(ids).astype(jnp.float32) / temperature  # [B, T, V]
-            logz = jax.nn.log_softmax(logits[:, :-1], axis=-1)  # [B, T-1, V]
-            logp = jnp.take_along_axis(logz, ids[:, 1:, None], axis=-1)[..., 0]
-            entropy = -(jnp.exp(logz) * logz).sum(-1)
-            return logp, entropy
-
-        self._params = params
-        self._score = jax.jit(score)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -132,12 +120,11 @@ class ToolForcingGenerator:
             reasons.append(reason)
             forced_lens.append(len(forced_ids[i]))
         if any(forced_lens):
-            inner = self.sampler.append(inner, forced_ids)
-            scored = self._score_tail([ids[i] + forced_ids[i] for i in range(state.num_rows)], forced_lens)
-            for i, (lp, h) in enumerate(scored):
+            inner, logp, entropy = self.sampler.score_append(inner, forced_ids, self.temperature)
+            for i in range(state.num_rows):
                 rows_tokens[i].extend(forced_ids[i])
-                rows_logp[i].extend(lp)
-                rows_entropy[i].extend(h)
+                rows_logp[i].extend(float(x) for x in logp[i])
+                rows_entropy[i].extend(float(x) for x in entropy[i])
                 ids[i].extend(forced_ids[i])
             self.forced_total += sum(forced_lens)
         width = max([1, *(len(t) for t in rows_tokens)])
@@ -146,20 +133,3 @@ class ToolForcingGenerator:
                               np.array([len(r) for r in rows_tokens], np.int32), reasons,
                               np.array(forced_lens, np.int32))
         return ForcedState(inner, ids, forced_count), output
-
-    def _score_tail(self, rows: list[list[int]], tails: list[int]) -> list[tuple[list[float], list[float]]]:
-        """Log-probs and entropies of the last `tails[i]` ids of each row, by a full forward (right-padded)."""
-        scored = [i for i, tail in enumerate(tails) if tail > 0]
-        length = max(len(rows[i]) for i in scored)
-        bucket = self.score_bucket * -(-length // self.score_bucket)
-        batch = np.zeros((8 * -(-len(scored) // 8), bucket), np.int32)  # rows padded to a multiple of 8
-        for j, i in enumerate(scored):
-            batch[j, : len(rows[i])] = rows[i]
-        start = time.perf_counter()
-        logp, entropy = jax.device_get(self._score(self._params, jnp.asarray(batch)))  # [B, T-1]
-        self.score_seconds += time.perf_counter() - start
-        result: list[tuple[list[float], list[float]]] = [([], []) for _ in rows]
-        for j, i in enumerate(scored):
-            positions = range(len(rows[i]) - 1 - tails[i], len(rows[i]) - 1)  # predicting the last tails[i] ids
-            result[i] = ([float(logp[j, p]) for p in positions], [float(entropy[j, p]) for p in positions])
-        return result

@@ -35,8 +35,8 @@ class TokenScores(NamedTuple):
     is_argmax: jax.Array  # bool: the target is the distribution's argmax (first maximum)
 
 
-def _dense_scores(logits: jax.Array, targets: jax.Array, temperature: float) -> TokenScores:
-    """`[B, t, V]` float32 logits and `[B, t]` targets -> `TokenScores` of `[B, t]`."""
+def scores_from_logits(logits: jax.Array, targets: jax.Array, temperature: float) -> TokenScores:
+    """`[B, t, V]` float32 logits and `[B, t]` targets -> `TokenScores` of `[B, t]` (at `temperature`)."""
     scaled = logits / temperature  # [B, t, V]
     log_norm = jax.nn.logsumexp(scaled, axis=-1)  # [B, t]
     target_logit = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]  # [B, t]
@@ -81,7 +81,7 @@ def head_token_scores(
     targets = targets.astype(jnp.int32)
     batch, length = targets.shape
     if chunk_size is None or chunk_size >= length:
-        return _dense_scores(project_to_vocab(hidden, head, dtype), targets, temperature)
+        return scores_from_logits(project_to_vocab(hidden, head, dtype), targets, temperature)
 
     n_chunks = -(-length // chunk_size)
     pad = n_chunks * chunk_size - length
@@ -92,7 +92,7 @@ def head_token_scores(
     def one_chunk(start: jax.Array) -> TokenScores:
         chunk_hidden = jax.lax.dynamic_slice_in_dim(hidden, start, chunk_size, axis=1)  # [B, c, D]
         chunk_targets = jax.lax.dynamic_slice_in_dim(targets, start, chunk_size, axis=1)  # [B, c]
-        return _dense_scores(project_to_vocab(chunk_hidden, head, dtype), chunk_targets, temperature)
+        return scores_from_logits(project_to_vocab(chunk_hidden, head, dtype), chunk_targets, temperature)
 
     starts = jnp.arange(n_chunks, dtype=jnp.int32) * chunk_size
     scores = jax.lax.map(one_chunk, starts)  # each [n, B, c]

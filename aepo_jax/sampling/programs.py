@@ -18,6 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from aepo_jax.models.attention_mask import cached_mask
+from aepo_jax.models.lm_head import (
+    TokenScores,
+    head_token_scores,
+    project_to_vocab,
+    scores_from_logits,
+)
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.state import DecodeArrays
 from aepo_jax.sampling.stopping import (
@@ -52,6 +58,46 @@ def forward_block(
     Returns:
       Updated arrays; a row's last_logits, position and cursor change only if it received a token.
     """
+    count, write_slots, slot_valid, positions, mask = _block_inputs(arrays, tokens, token_valid, span)
+    logits, cache = forward(params, tokens, positions, mask, arrays.cache, write_slots)  # [B, T or 1, V]
+    return _after_block(arrays, cache, slot_valid, count, logits[:, -1])
+
+
+def scored_block(
+    forward_hidden: Callable[..., tuple[jax.Array, jax.Array, object]], params: object, arrays: DecodeArrays,
+    tokens: jax.Array, token_valid: jax.Array, span: int | None, temperature: float,
+) -> tuple[DecodeArrays, TokenScores]:
+    """`forward_block` that also scores every real block token under the distribution the row would
+    have sampled it from at `temperature` (teacher forcing: forced or appended tokens get the
+    log-prob and entropy a sampled token would have had).
+
+    `forward_hidden` is the cached forward returning final hidden states `[B, T, D]`, the LM
+    head `[D, V]` and the cache. Returns the arrays and `TokenScores` of `[B, T]` (zero at padding).
+    """
+    count, write_slots, slot_valid, positions, mask = _block_inputs(arrays, tokens, token_valid, span)
+    hidden, head, cache = forward_hidden(params, tokens, positions, mask, arrays.cache, write_slots)  # [B, T, D]
+    block = tokens.shape[1]
+    # Token t is predicted at position t - 1, except a row's first real token (position T - n_b),
+    # which the logits the row ended its previous call with predict.
+    after = head_token_scores(hidden[:, :-1], head, tokens[:, 1:], dtype=hidden.dtype,
+                              temperature=temperature)  # [B, T-1] each
+    first_index = (block - count)[:, None]  # [B, 1]
+    first_token = jnp.take_along_axis(tokens, jnp.minimum(first_index, block - 1), axis=1)  # [B, 1]
+    first = scores_from_logits(arrays.last_logits[:, None], first_token, temperature)  # [B, 1] each
+    column = jnp.arange(block, dtype=jnp.int32)[None, :]  # [1, T]
+
+    def assemble(first_score: jax.Array, later: jax.Array) -> jax.Array:
+        shifted = jnp.concatenate([jnp.zeros_like(later[:, :1]), later], axis=1)  # [B, T]: position t scores token t
+        score = jnp.where(column == first_index, first_score, shifted)
+        return jnp.where(token_valid, score, jnp.zeros_like(score))
+
+    scores = TokenScores(*(assemble(f, a) for f, a in zip(first, after, strict=True)))
+    last = project_to_vocab(hidden[:, -1:], head, hidden.dtype)[:, 0]  # [B, V]
+    return _after_block(arrays, cache, slot_valid, count, last), scores
+
+
+def _block_inputs(arrays: DecodeArrays, tokens: jax.Array, token_valid: jax.Array, span: int | None):
+    """Per row: real-token count, each entry's slot, the new slot_valid, positions and the block's mask."""
     n_slots = arrays.slot_valid.shape[1]
     span = n_slots if span is None else span
     block = tokens.shape[1]
@@ -65,9 +111,14 @@ def forward_block(
     # Real query t of row b sits at slot cursor[b] + t - (T - n_b) and sees the valid slots up to its own;
     # a padding query (which no real query ever attends to) sees only earlier slots, so its softmax stays finite.
     mask = cached_mask(slot_valid[:, :span], arrays.cursor - (block - count))
-    logits, cache = forward(params, tokens, positions, mask, arrays.cache, write_slots)  # [B, T or 1, V]
+    return count, write_slots, slot_valid, positions, mask
+
+
+def _after_block(arrays: DecodeArrays, cache: object, slot_valid: jax.Array, count: jax.Array,
+                 logits: jax.Array) -> DecodeArrays:
+    """The arrays after a block: rows that received tokens take the block's last logits `[B, V]`."""
     received = count > 0  # [B]
-    last_logits = jnp.where(received[:, None], logits[:, -1].astype(jnp.float32), arrays.last_logits)  # [B, V]
+    last_logits = jnp.where(received[:, None], logits.astype(jnp.float32), arrays.last_logits)  # [B, V]
     return DecodeArrays(cache, slot_valid, arrays.next_position + count, last_logits, arrays.cursor + count)
 
 

@@ -32,7 +32,12 @@ from aepo_jax.sampling.cache_sharding import (
 )
 from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
 from aepo_jax.sampling.params import SamplingParams
-from aepo_jax.sampling.programs import decode_loop, forward_block, start_progress
+from aepo_jax.sampling.programs import (
+    decode_loop,
+    forward_block,
+    scored_block,
+    start_progress,
+)
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
 from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, build_stop_table
 
@@ -62,6 +67,14 @@ def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cach
                  cache_write_slots=write_slots)
 
 
+def _model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+    """The cached forward for ragged rows returning final hidden states [B, T, D], the LM head and the cache."""
+    model = nnx.merge(graphdef, params)
+    hidden, cache = model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, return_hidden=True,
+                          cache_write_slots=write_slots)
+    return hidden, model.head(), cache
+
+
 # Programs are module-level so that every Sampler of the same model (same
 # graphdef) shares their compiled executables; the graphdef and the layout on the
 # mesh (`DecodeSharding`, None without a mesh) are static arguments. Every program
@@ -70,6 +83,13 @@ def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cach
 def _block_program(graphdef, params, arrays, tokens, token_valid, layout, span=None):
     arrays = forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid, span)
     return constrain(layout, arrays)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7), donate_argnums=(2,))
+def _scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, span, temperature):
+    arrays, scores = scored_block(functools.partial(_model_hidden, graphdef), params, arrays, tokens, token_valid,
+                                  span, temperature)
+    return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
@@ -104,7 +124,7 @@ def _concat_program(first, second, layout):
     return constrain(layout, concat_rows(first, second))
 
 
-_PROGRAMS = (_block_program, _decode_program, _grow_program, _take_program, _concat_program)
+_PROGRAMS = (_block_program, _scored_block_program, _decode_program, _grow_program, _take_program, _concat_program)
 
 
 def sampler_programs() -> dict[str, object]:
@@ -248,6 +268,28 @@ class Sampler:
         self._counters["append_tokens"] += sum(len(t) for t in token_lists)
         return state
 
+    def score_append(self, state: DecodeState, token_lists: Sequence[Sequence[int]],
+                     temperature: float | None = None) -> tuple[DecodeState, list[np.ndarray], list[np.ndarray]]:
+        """`append` that also returns, per row, each appended token's log-prob and entropy under the
+        full-vocabulary distribution the row would have sampled it from at `temperature` (default:
+        the sampler's), as `generate` reports sampled tokens: forced tokens scored by teacher forcing
+        in the same forward that writes them, with no second pass over the row."""
+        if len(token_lists) != state.num_rows:
+            raise ValueError(f"score_append got {len(token_lists)} token lists for {state.num_rows} rows")
+        temperature = float(self.params.temperature if temperature is None else temperature)
+        if temperature <= 0:
+            raise ValueError(f"score_append needs a temperature > 0, got {temperature}")
+        longest = max((len(t) for t in token_lists), default=0)
+        if longest == 0:
+            empty = [np.zeros((0,), np.float32) for _ in token_lists]
+            return state, empty, list(empty)
+        block = bucket_length(longest, MIN_BLOCK)
+        state = self._ensure_room(state, [len(t) for t in token_lists])
+        state, (logp, entropy) = self._run_block(state, token_lists, block, "append", score_temperature=temperature)
+        self._counters["append_tokens"] += sum(len(t) for t in token_lists)
+        rows = [(logp[r, block - len(t):], entropy[r, block - len(t):]) for r, t in enumerate(token_lists)]
+        return state, [lp for lp, _ in rows], [h for _, h in rows]
+
     def generate(
         self,
         state: DecodeState,
@@ -378,8 +420,10 @@ class Sampler:
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
         return self._call("reshape", _take_program, arrays, index, self.layout)
 
-    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int,
-                   kind: str) -> DecodeState:
+    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
+                   score_temperature: float | None = None):
+        """Feeds right-aligned ragged token lists in chunks of at most `max_block_tokens`; returns the
+        state, and with `score_temperature` also the host (logp, entropy) `[B, block]` of every entry."""
         tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
         valid = np.zeros((state.batch_size, block), bool)
         for row, ids in enumerate(token_lists):
@@ -390,13 +434,21 @@ class Sampler:
         arrays, end = state.arrays, state.cursor
         # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
         chunk = min(block, self.max_block_tokens)
+        scores = []
         for start in range(0, block, chunk):
             end += int(valid[:, start:start + chunk].sum(axis=1).max(initial=0))
             span = attention_span(end, state.cache_length, MIN_SPAN)
-            arrays = self._call(kind, _block_program, self._graphdef, self._params_state, arrays,
-                                place_rows(self.layout, tokens[:, start:start + chunk]),
-                                place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
-        return DecodeState(arrays, state.num_rows)
+            inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, tokens[:, start:start + chunk]),
+                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
+            if score_temperature is None:
+                arrays = self._call(kind, _block_program, *inputs)
+            else:
+                arrays, chunk_scores = self._call(kind, _scored_block_program, *inputs, score_temperature)
+                scores.append(jax.device_get(chunk_scores))
+        state = DecodeState(arrays, state.num_rows)
+        if score_temperature is None:
+            return state
+        return state, tuple(np.concatenate([s[i] for s in scores], axis=1) for i in range(2))
 
     def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
         """Grows the cache (to the next bucket) when some row's `needed[i]` more slots do not fit

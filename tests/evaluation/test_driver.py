@@ -69,7 +69,7 @@ def setup(tmp_path_factory):
                 examples, graphdef=graphdef, params=params, tokenizer=tok, tools=registry,
                 encode_prompt=lambda ex: render_prompt(tok, ex["question"], PromptConfig(system_prompt=SYSTEM)),
                 config=config, progress=False,
-                make_generator=lambda s: ToolForcingGenerator(s, graphdef, params, plan, free_tokens=free_tokens,
+                make_generator=lambda s: ToolForcingGenerator(s, plan, free_tokens=free_tokens,
                                                               temperature=config.temperature),
             )
 

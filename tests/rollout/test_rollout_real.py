@@ -49,7 +49,7 @@ def agent(tmp_path_factory):
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"),
             tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=6, score_bucket=640)
+    generator = ToolForcingGenerator(sampler, plan, free_tokens=6)
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in CORPUS.items()))
     limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_bytes=256 << 20)

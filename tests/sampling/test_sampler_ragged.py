@@ -86,3 +86,44 @@ def test_window_boundaries_do_not_change_sampled_tokens_or_stop_sequences(tiny_m
 ])
 def test_attention_span_buckets_hold_the_live_slots_with_at_most_half_again(needed, n_slots, expected):
     assert attention_span(needed, n_slots, MIN_SPAN) == expected
+
+
+def _reference_scores(logits: np.ndarray, targets: list[int], temperature: float):
+    """float64 log-probs and entropies of `targets` under softmax(logits / T), one row per target."""
+    scaled = logits.astype(np.float64) / temperature
+    log_probs = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - scaled.max(-1, keepdims=True)
+    logp = log_probs[np.arange(len(targets)), targets]
+    entropy = -(np.exp(log_probs) * log_probs).sum(-1)
+    return logp, entropy
+
+
+@pytest.mark.parametrize("max_block_tokens", [8, 256])  # 8: the 13-token append runs as two chunks
+def test_score_append_scores_each_appended_token_like_a_full_forward(tiny_model, full_logits, max_block_tokens):
+    """Teacher-forced scores of appended tokens (ragged rows, one row receiving nothing, rows with a generated
+    prefix) equal float64 scores of a full causal forward over the whole row, at the sampling temperature."""
+    from aepo_jax.sampling import Sampler
+
+    _, graphdef, state = tiny_model
+    temperature = 0.7
+    sampler = Sampler(graphdef, state, params=SamplingParams(temperature=temperature), max_block_tokens=max_block_tokens)
+    prompts = random_prompts(26, [5, 12, 3])
+    st, first = sampler.generate(sampler.prefill(prompts), [6, 0, 3], rng=jax.random.key(2))
+    forced = random_prompts(27, [13, 4, 0])
+    st, logp, entropy = sampler.score_append(st, forced)
+    for row, prompt in enumerate(prompts):
+        before = prompt + first.row_tokens(row)
+        whole = before + forced[row]
+        assert logp[row].shape == entropy[row].shape == (len(forced[row]),)
+        if not forced[row]:
+            continue
+        logits = full_logits(whole)[len(before) - 1 : len(whole) - 1]  # position t - 1 predicts token t
+        ref_logp, ref_entropy = _reference_scores(logits, forced[row], temperature)
+        np.testing.assert_allclose(logp[row], ref_logp, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(entropy[row], ref_entropy, rtol=1e-4, atol=1e-4)
+    # The state continues exactly as after a plain append.
+    np.testing.assert_allclose(np.asarray(st.last_logits[0]), full_logits(prompts[0] + first.row_tokens(0) + forced[0])[-1],
+                               rtol=1e-5, atol=1e-4)
+    assert st.cursors.tolist() == [len(p) + first.num_tokens[r] + len(forced[r]) for r, p in enumerate(prompts)]
+    with pytest.raises(ValueError, match="temperature"):
+        sampler.score_append(st, [[1], [], []], temperature=0.0)

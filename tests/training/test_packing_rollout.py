@@ -37,7 +37,7 @@ def rollout_sequences():
                       stop_sequences=agent_stop_sequences(tok), max_cache_len=512, seed=0)
     plan = [tok.encode("<search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, graphdef, params, plan, free_tokens=4)
+    generator = ToolForcingGenerator(sampler, plan, free_tokens=4)
     registry = ToolRegistry({}, max_workers=2)
     loop = AgentLoop(generator, tok, registry, LoopConfig(max_tool_calls=3, max_response_tokens=120,
                                                           max_context_len=256))

@@ -52,7 +52,7 @@ class ReplayedRollout:
                           stop_sequences=agent_stop_sequences(tok), max_cache_len=512, seed=0)
         plan = [tok.encode("<search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
                 tok.encode("<answer>\\boxed{42}</answer>")]
-        generator = ToolForcingGenerator(sampler, self.graphdef, params, plan, free_tokens=4)
+        generator = ToolForcingGenerator(sampler, plan, free_tokens=4)
         registry = ToolRegistry({}, max_workers=2)  # every call gets the registry's failure text (mask 0)
         loop = AgentLoop(generator, tok, registry, LoopConfig(max_tool_calls=3, max_response_tokens=120,
                                                               max_context_len=256))
