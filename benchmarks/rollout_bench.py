@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per schedule (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per schedule (after the warm-ups)")
+    parser.add_argument("--warmups", type=int, default=2, help="untimed runs of every schedule before the timed ones")
     parser.add_argument("--tool-latency-ms", type=float, default=0.0,
                         help="the search server and the sandbox answer no sooner than this after a call")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="agent-loop schedules to compare")
@@ -90,23 +91,27 @@ def main() -> None:
               PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
             registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
                                      "python": PythonTool(sandbox)})
-            for branch_by in branch_modes:
-                for schedule in schedules:
-                    loop = AgentLoop(generator, tok, registry, LoopConfig(
-                        max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by,
-                        schedule=schedule, chunk_tokens=args.chunk_tokens))
-                    for repeat in range(args.repeats + 1):
-                        rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat)
-                                    | {"schedule": schedule, "branch_by": branch_by})
-                        if repeat == 0:
-                            rows.pop()  # warm-up: compiles
+            loops = {(branch_by, schedule): AgentLoop(generator, tok, registry, LoopConfig(
+                max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by,
+                schedule=schedule, chunk_tokens=args.chunk_tokens))
+                for branch_by in branch_modes for schedule in schedules}
+            # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
+            # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
+            # still unseen fall on every schedule alike.
+            for warmup in range(args.warmups):
+                for loop in loops.values():
+                    _timed_rollout(loop, sampler, prompts, args.k, 1000 + warmup)
+            for repeat in range(1, args.repeats + 1):
+                for (branch_by, schedule), loop in loops.items():
+                    rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat)
+                                | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
           f"tool latency {latency:g} ms, device={jax.devices()[0].platform}")
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8}")
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (r["branch_by"], r["schedule"] != "rounds", r["repeat"])):
         print(f"{r['schedule']:>10} {r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} "
               f"{r['trajectories_per_s']:7.2f} {r['device_busy_fraction']:5.2f} "
               f"{r['forward_tokens_per_trajectory_token']:8.3f} "

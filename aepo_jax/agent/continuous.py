@@ -2,13 +2,14 @@
 
 Each tick decodes the generating rows for at most `LoopConfig.chunk_tokens`
 tokens. A row that stops at a tool call has the call submitted to a thread
-pool at once and is parked outside the decode state (its cache rows forked
-out), so later chunks compute only generating rows. At every tick boundary the
-parked rows whose results have arrived are concatenated back and their results
-appended in one `append`. Branch decisions, compaction and top-ups run at every
-tick exactly as at the end of a lockstep round (`aepo_jax.agent.loop`); only
-when every row is parked does the loop block, on the first result.
-docs/rollout_engine.md says what this does and does not do yet.
+pool at once and stays where it is in the decode state: rows are ragged (each
+has its own cache cursor), so a waiting row decodes nothing and writes no slots,
+and no cache row is copied out or back. At every tick boundary the results that
+have arrived are appended, in place, in one `append`. Branch decisions,
+compaction and top-ups run at every tick exactly as at the end of a lockstep
+round (`aepo_jax.agent.loop`); only when every row is waiting does the loop
+block, on the first result. docs/rollout_engine.md says what this does and does
+not do yet.
 """
 
 from __future__ import annotations
@@ -35,22 +36,22 @@ class ContinuousSchedule:
 
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
-        while self.rows or self.parked or any(self._replay_left(t) for t in self.replays):
+        while self.rows or any(self._replay_left(t) for t in self.replays):
             self.round += 1
-            if not self.rows and self.parked:
+            if self.rows and all(t.traj_id in self.waiting for t in self.rows):
                 # Nothing to decode: the device waits for the first result (the only idle time left).
                 wait(list(self.waiting.values()), return_when=FIRST_COMPLETED)
                 self._fold_in_arrived()
                 self._compact()
                 self._top_up()
-            outputs = self._decode() if self.rows else []
+            generating = any(t.traj_id not in self.waiting for t in self.rows)
+            outputs = self._decode() if generating else [None] * len(self.rows)
             children = self._decide_branches(outputs)
             calls, malformed = self._classify(outputs)
             for i, call in calls:
                 self.waiting[self.rows[i].traj_id] = self.pool.submit(self._call_tool, call)
             for i, message in malformed.items():
                 self.waiting[self.rows[i].traj_id] = resolved((None, message, False))
-            self._park(sorted([i for i, _ in calls] + list(malformed)))
             self._fold_in_arrived()
             self._compact()
             for child_state, child_trajs in children:
@@ -67,35 +68,10 @@ class ContinuousSchedule:
         (result,) = self.loop.tools.run_many([call])
         return call, str(result.text), bool(result.ok)
 
-    def _park(self, launched: list[int]) -> None:
-        """Move the rows whose tool calls were just launched out of the decode state (into
-        `self.parked`, with their cache rows), so the next chunks compute only generating rows;
-        finished rows are dropped on the way."""
-        if not launched:
-            return
-        out = set(launched)
-        self.parked.append((self.gen.fork(self.state, launched), [self.rows[i] for i in launched]))
-        keep = [i for i, t in enumerate(self.rows) if i not in out and not t.finished]
-        self.state = self.gen.fork(self.state, keep) if keep else None
-        self.rows = [self.rows[i] for i in keep]
-
     def _fold_in_arrived(self) -> None:
-        """Bring the parked rows whose tool results have arrived back into the decode state and
-        append their results (one concat, one append)."""
-        arrived = {tid for tid, future in self.waiting.items() if future.done()}
+        """Append the tool results that have arrived to their rows, in place (one append)."""
+        arrived = [tid for tid, future in self.waiting.items() if future.done()]
         if not arrived:
             return
-        states, trajs, still = [], [], []
-        for state, parked in self.parked:
-            back = [j for j, t in enumerate(parked) if t.traj_id in arrived]
-            rest = [j for j, t in enumerate(parked) if t.traj_id not in arrived]
-            if back:
-                states.append(self.gen.fork(state, back) if rest else state)
-                trajs += [parked[j] for j in back]
-            if rest:
-                still.append((self.gen.fork(state, rest) if back else state, [parked[j] for j in rest]))
-        self.parked = still
-        first = len(self.rows)
-        self.state = self.gen.concat(([self.state] if self.state is not None else []) + states)
-        self.rows += trajs
-        self._append_results({first + j: self.waiting.pop(t.traj_id).result() for j, t in enumerate(trajs)})
+        row_of = {t.traj_id: i for i, t in enumerate(self.rows)}
+        self._append_results({row_of[tid]: self.waiting.pop(tid).result() for tid in arrived})

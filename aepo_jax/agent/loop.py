@@ -154,10 +154,10 @@ class _Run(ContinuousSchedule):
         self.repacks = 0
         self.paused: set[int] = set()  # rows whose last generate stopped early, mid-segment
         self.generated_this_round: list[int] = []  # tokens each row generated in the current round
-        # Continuous schedule: traj_id -> future (call, result text, ok) of a tool call not yet appended,
-        # and the rows waiting on them, parked outside the decode state as (state, trajectories) groups.
+        # Continuous schedule: traj_id -> future (call, result text, ok) of a tool call not yet appended.
+        # The rows waiting on them stay in the decode state (ragged rows: they decode nothing and write
+        # no slots) until their result is appended in place.
         self.waiting: dict[int, Future] = {}
-        self.parked: list[tuple[Any, list[Trajectory]]] = []
         self.pool: ThreadPoolExecutor | None = None
 
     # ----- trajectory creation -------------------------------------------------------------
@@ -249,10 +249,11 @@ class _Run(ContinuousSchedule):
         self.state = self.gen.prefill([t.prompt_ids + t.response_ids for t in self.rows])
         self.repacks += 1
 
-    def _decode(self) -> list[tuple[list[int], str]]:
-        """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row."""
+    def _decode(self) -> list[tuple[list[int], str] | None]:
+        """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row,
+        None for a row waiting on a tool result (it gets no budget)."""
         self.key, sub = jax.random.split(self.key)
-        limits = [self._limit(t) for t in self.rows]
+        limits = [0 if t.traj_id in self.waiting else self._limit(t) for t in self.rows]
         if self.cfg.max_segment_tokens is not None:
             limits = [min(n, self.cfg.max_segment_tokens) for n in limits]
         if self.cfg.schedule == "continuous":  # one chunk
@@ -270,6 +271,9 @@ class _Run(ContinuousSchedule):
         if getattr(out, "top_logprobs", None) is not None:
             top = reported_logprobs(out.top_logprobs, out.top_ids, out.tokens, out.logp)  # [B, N, 11]
         for i, traj in enumerate(self.rows):
+            if traj.traj_id in self.waiting:
+                results.append(None)
+                continue
             n = int(out.num_tokens[i])
             ids = [int(x) for x in out.tokens[i, :n]]
             start = len(traj.response_ids)
@@ -347,6 +351,9 @@ class _Run(ContinuousSchedule):
             if traj.traj_id not in self.pending:
                 continue
             snapshot, slot = self.pending[traj.traj_id]
+            if outputs[row] is None:  # waiting on a tool: nothing decoded this tick
+                waiting[traj.traj_id] = (snapshot, slot)
+                continue
             segment = traj.segments[-1] if traj.segments else None
             branch_point = traj.tool_steps[-1].result_end
             if segment is None or segment.start != branch_point:
@@ -401,12 +408,17 @@ class _Run(ContinuousSchedule):
             done[i] = (call, str(res.text), bool(res.ok))
         self._append_results(done)
 
-    def _classify(self, outputs: list[tuple[list[int], str]]) -> tuple[list[tuple[int, ToolCall]], dict[int, str]]:
-        """Ends, pauses or finds the tool call of each row that decoded; returns (row, call) pairs and
-        the error text of rows that stopped at a closing tag without a complete call."""
+    def _classify(self, outputs: list[tuple[list[int], str] | None]
+                  ) -> tuple[list[tuple[int, ToolCall]], dict[int, str]]:
+        """Ends, pauses or finds the tool call of each row that decoded (None: a row that did not);
+        returns (row, call) pairs and the error text of rows that stopped at a closing tag without a
+        complete call."""
         calls: list[tuple[int, ToolCall]] = []
         malformed: dict[int, str] = {}
-        for i, (ids, stop) in enumerate(outputs):
+        for i, output in enumerate(outputs):
+            if output is None:
+                continue
+            ids, stop = output
             traj = self.rows[i]
             text = self.loop.tokenizer.decode(ids)
             if stop == "eos":
@@ -465,9 +477,10 @@ class _Run(ContinuousSchedule):
                 self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(appended)})
 
     def _compact(self) -> None:
-        """Drop finished rows (and rows with no budget left) from the decode state."""
+        """Drop finished rows (and rows with no budget left) from the decode state. A row waiting on a
+        tool result stays: appending the result decides whether it still fits (as in a round)."""
         for traj in self.rows:
-            if not traj.finished and self._limit(traj) <= 0:
+            if not traj.finished and traj.traj_id not in self.waiting and self._limit(traj) <= 0:
                 out_of_response = len(traj.response_ids) >= self.cfg.max_response_tokens
                 traj.stop_reason = END_LENGTH if out_of_response else END_CONTEXT
         keep = [i for i, t in enumerate(self.rows) if not t.finished]

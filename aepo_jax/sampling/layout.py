@@ -60,3 +60,21 @@ def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
         last_logits=cat(first.last_logits, second.last_logits),
         cursor=cat(first.cursor, second.cursor),
     )
+
+
+def place_rows(arrays: DecodeArrays, dst: jax.Array, source: DecodeArrays, src: jax.Array) -> DecodeArrays:
+    """Row dst[i] of `arrays` becomes a copy of row src[i] of `source` (same slot count), in place
+    under donation; dst entries past the batch are dropped (padding). The other rows are untouched."""
+
+    def put(x, y):  # [B, ...] <- rows of [B', ...]
+        return x.at[dst].set(jnp.take(y, src, axis=0), mode="drop")
+
+    cache = arrays.cache.replace(k=jax.vmap(put)(arrays.cache.k, source.cache.k),
+                                 v=jax.vmap(put)(arrays.cache.v, source.cache.v))
+    return DecodeArrays(
+        cache=cache,
+        slot_valid=put(arrays.slot_valid, source.slot_valid),
+        next_position=put(arrays.next_position, source.next_position),
+        last_logits=put(arrays.last_logits, source.last_logits),
+        cursor=put(arrays.cursor, source.cursor),
+    )

@@ -31,6 +31,7 @@ from aepo_jax.sampling.cache_sharding import (
     place_rows,
 )
 from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
+from aepo_jax.sampling.layout import place_rows as place_source_rows
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.programs import (
     decode_loop,
@@ -43,7 +44,7 @@ from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, build_sto
 
 MIN_CACHE_SLOTS = 128  # smallest cache bucket
 MIN_BLOCK = 8  # smallest prompt / append block bucket
-MIN_NEW_TOKENS = 16  # smallest output-length bucket
+MIN_NEW_TOKENS = 16  # smallest decode window
 # Decode runs in windows of at most this many steps; each window's attention reads only the leading
 # cache slots that hold every row's tokens by its end (`attention_span`, at least MIN_SPAN), not
 # the whole cache.
@@ -124,7 +125,13 @@ def _concat_program(first, second, layout):
     return constrain(layout, concat_rows(first, second))
 
 
-_PROGRAMS = (_block_program, _scored_block_program, _decode_program, _grow_program, _take_program, _concat_program)
+@functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
+def _place_program(arrays, dst, source, src, layout):
+    return constrain(layout, place_source_rows(arrays, dst, source, src))
+
+
+_PROGRAMS = (_block_program, _scored_block_program, _decode_program, _grow_program, _take_program, _concat_program,
+             _place_program)
 
 
 def sampler_programs() -> dict[str, object]:
@@ -389,6 +396,35 @@ class Sampler:
         for arrays in aligned[1:]:
             stacked = self._call("reshape", _concat_program, stacked, arrays, self.layout)
         return DecodeState(self._gather(stacked, rows), len(rows))
+
+    def place(self, state: DecodeState, dst_rows: Sequence[int], source: DecodeState,
+              src_rows: Sequence[int]) -> DecodeState:
+        """Row dst_rows[i] of `state` becomes a copy of row src_rows[i] of `source` (its cache, cursor,
+        position and last logits); the other rows are untouched. Reuses rows of a decode state in place
+        (continuous batching: a finished row's slot takes a branch or a new trajectory) instead of
+        concatenating states, so the batch keeps its shape. Donates `state`; `source` stays usable."""
+        dst, src = [int(r) for r in dst_rows], [int(r) for r in src_rows]
+        if len(dst) != len(src) or not dst:
+            raise ValueError(f"place needs as many (>= 1) destination rows as source rows, got {len(dst)} and {len(src)}")
+        if len(set(dst)) != len(dst):
+            raise ValueError(f"place: destination rows {dst} repeat")
+        bad = [r for r in dst if not 0 <= r < state.num_rows] + [r for r in src if not 0 <= r < source.num_rows]
+        if bad:
+            raise ValueError(f"place: rows {bad} are outside the destination's {state.num_rows} "
+                             f"or the source's {source.num_rows} rows")
+        length = max(state.cache_length, source.cache_length)
+        arrays, source_arrays = state.arrays, source.arrays
+        if state.cache_length < length:
+            arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
+        if source.cache_length < length:
+            source_arrays = self._call("reshape", _grow_program, source_arrays, length, self.layout)
+        # Index lists padded to a power of two (padding writes out of range: dropped), so few shapes compile.
+        width = bucket_length(len(dst), 1)
+        dst_index = np.full((width,), state.batch_size, np.int32)
+        src_index = np.zeros((width,), np.int32)
+        dst_index[: len(dst)], src_index[: len(src)] = dst, src
+        arrays = self._call("reshape", _place_program, arrays, dst_index, source_arrays, src_index, self.layout)
+        return DecodeState(arrays, state.num_rows)
 
     # ----------------------------------------------------------------- internals
 

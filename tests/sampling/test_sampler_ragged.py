@@ -52,7 +52,7 @@ def test_decode_over_a_large_cache_reads_a_span_and_matches_a_small_cache(greedy
         sampler.generate(sampler.prefill(random_prompts(24, [5])), 300)[0], [0])])
     assert big.cache_length >= 512  # the long row grew the cache; the two short rows sit at its front
     _, big_out = sampler.generate(sampler.fork(big, [0, 1]), 40)
-    assert sampler.last_decode_spans == [MIN_SPAN, MIN_SPAN]  # windows of 32 steps from cursors 4 and 10
+    assert sampler.last_decode_spans == [MIN_SPAN, MIN_SPAN]  # windows of 32 and 16 steps from cursors 4 and 10
     assert big_out.tokens.tolist() == small_out.tokens.tolist()
     np.testing.assert_allclose(big_out.logp, small_out.logp, rtol=1e-5, atol=1e-6)
 
@@ -127,3 +127,26 @@ def test_score_append_scores_each_appended_token_like_a_full_forward(tiny_model,
     assert st.cursors.tolist() == [len(p) + first.num_tokens[r] + len(forced[r]) for r, p in enumerate(prompts)]
     with pytest.raises(ValueError, match="temperature"):
         sampler.score_append(st, [[1], [], []], temperature=0.0)
+
+
+def test_place_reuses_rows_in_place_and_they_continue_like_fresh_rows(greedy_sampler, full_logits):
+    """Rows placed into a state (from a state with a shorter cache) continue exactly as a prefill of their
+    ids would; rows not placed into are untouched."""
+    sampler = greedy_sampler
+    base = random_prompts(31, [6, 40, 9])
+    st, first = sampler.generate(sampler.prefill(base), [140, 4, 2])  # row 0 grows the cache past 128 slots
+    assert st.cache_length > 128
+    incoming = random_prompts(32, [3, 11])
+    source = sampler.prefill(incoming)
+    assert source.cache_length < st.cache_length
+    st = sampler.place(st, [2, 0], source, [1, 0])  # row 2 <- incoming 1, row 0 <- incoming 0
+    expected_ids = [incoming[0], base[1] + first.row_tokens(1), incoming[1]]
+    assert st.cursors.tolist() == [len(ids) for ids in expected_ids]
+    st, out = sampler.generate(st, 5)
+    for row, ids in enumerate(expected_ids):
+        ids = ids + out.row_tokens(row)
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="repeat"):
+        sampler.place(st, [1, 1], source, [0, 1])
+    with pytest.raises(ValueError, match="outside"):
+        sampler.place(st, [3], source, [0])
