@@ -98,6 +98,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # then run all tools); "continuous" = tool calls run while the other rows decode in chunks of chunk_tokens.
     c.rollout.schedule = "rounds"
     c.rollout.chunk_tokens = 64
+    c.rollout.min_generating_fraction = 0.5  # continuous: wait for tool results while fewer rows generate
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 

@@ -1,7 +1,8 @@
 """The continuous schedule of the agent loop: tool calls run while the other rows decode.
 
 Each tick decodes the generating rows for at most `LoopConfig.chunk_tokens`
-tokens. A row that stops at a tool call has the call submitted to a thread
+tokens, while at least `LoopConfig.min_generating_fraction` of the live rows
+are generating (fewer: it waits for tool results first). A row that stops at a tool call has the call submitted to a thread
 pool at once and stays where it is in the decode state: rows are ragged (each
 has its own cache cursor), so a waiting row decodes nothing and writes no slots,
 and no cache row is copied out or back. At every tick boundary the results that
@@ -38,8 +39,8 @@ class ContinuousSchedule:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
         while self.rows or any(self._replay_left(t) for t in self.replays):
             self.round += 1
-            if self.rows and all(t.traj_id in self.waiting for t in self.rows):
-                # Nothing to decode: the device waits for the first result (the only idle time left).
+            while self.waiting and self._too_few_generating():
+                # Too few rows to decode (none, or a small fraction of the batch): wait for results.
                 wait(list(self.waiting.values()), return_when=FIRST_COMPLETED)
                 self._fold_in_arrived()
                 self._compact()
@@ -63,6 +64,10 @@ class ContinuousSchedule:
                     if e.round == self.round:
                         new_per_prompt[e.prompt_index] += 1
                 self.policy.end_round(new_per_prompt)
+
+    def _too_few_generating(self) -> bool:
+        generating = sum(1 for t in self.rows if t.traj_id not in self.waiting)
+        return generating == 0 or generating < self.cfg.min_generating_fraction * len(self.rows)
 
     def _call_tool(self, call: ToolCall) -> tuple[ToolCall, str, bool]:
         (result,) = self.loop.tools.run_many([call])

@@ -91,6 +91,13 @@ class ToolForcingGenerator:
         return ForcedState(self.sampler.fork(state.inner, rows), [list(state.ids[r]) for r in rows],
                            [state.forced[r] for r in rows])
 
+    def place(self, state: ForcedState, dst_rows: Sequence[int], source: ForcedState,
+              src_rows: Sequence[int]) -> ForcedState:
+        ids, forced = [list(r) for r in state.ids], list(state.forced)
+        for d, s in zip(dst_rows, src_rows, strict=True):
+            ids[d], forced[d] = list(source.ids[s]), source.forced[s]
+        return ForcedState(self.sampler.place(state.inner, dst_rows, source.inner, src_rows), ids, forced)
+
     def concat(self, states: Sequence[ForcedState]) -> ForcedState:
         return ForcedState(self.sampler.concat([s.inner for s in states]), [list(r) for s in states for r in s.ids],
                            [f for s in states for f in s.forced])

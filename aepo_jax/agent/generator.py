@@ -26,7 +26,7 @@ class GenerationOutput(Protocol):
 
 
 class Generator(Protocol):
-    """prefill / generate / append / fork / concat over an opaque decode state."""
+    """prefill / generate / append / fork / concat (and optionally place) over an opaque decode state."""
 
     @property
     def counters(self) -> Mapping[str, int]:
@@ -42,6 +42,10 @@ class Generator(Protocol):
     def fork(self, state: Any, rows: Sequence[int]) -> Any: ...
 
     def concat(self, states: Sequence[Any]) -> Any: ...
+
+    # Optional (the continuous schedule reuses rows with it when present, else concatenates):
+    # def place(self, state, dst_rows, source, src_rows) -> state: row dst_rows[i] of `state`
+    # becomes a copy of row src_rows[i] of `source`, the other rows untouched.
 
 
 def forward_tokens(counters: Mapping[str, int]) -> int:

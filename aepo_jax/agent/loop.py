@@ -143,7 +143,9 @@ class _Run(ContinuousSchedule):
         self.rng, self.key, self.ids = rng, key, ids
         self.events: list[RolloutEvent] = []
         self.round = 0
-        self.rows: list[Trajectory] = []  # row i of self.state
+        self.rows: list[Trajectory] = []  # the live trajectories; rows[i] sits in row slots[i] of self.state
+        self.slots: list[int] = []
+        self.n_slots = 0  # rows of self.state; under `continuous` some are free (finished, not yet reused)
         self.state: Any = None
         # traj_id -> (decode state right after its latest tool result, row in it): awaiting a branch decision.
         self.pending: dict[int, tuple[Any, int]] = {}
@@ -183,8 +185,31 @@ class _Run(ContinuousSchedule):
         self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs)
 
     def _add_rows(self, state: Any, trajs: list[Trajectory]) -> None:
-        self.state = state if self.state is None else self.gen.concat([self.state, state])
+        """New rows (state row j holds trajs[j]): into free rows of the decode state when there are
+        enough (continuous batching: `place` copies them in, the batch keeps its shape), else appended."""
+        free = sorted(set(range(self.n_slots)) - set(self.slots))
+        if self.state is None:
+            self.state, new_slots, self.n_slots = state, list(range(len(trajs))), len(trajs)
+        elif len(trajs) <= len(free) and hasattr(self.gen, "place"):
+            new_slots = free[: len(trajs)]
+            self.state = self.gen.place(self.state, new_slots, state, list(range(len(trajs))))
+        else:
+            self.state = self.gen.concat([self.state, state])
+            new_slots = list(range(self.n_slots, self.n_slots + len(trajs)))
+            self.n_slots += len(trajs)
         self.rows.extend(trajs)
+        self.slots.extend(new_slots)
+
+    def _by_slot(self, per_row: Sequence[Any], fill: Any) -> list[Any]:
+        """A per-row list laid out over the decode state's rows (`fill` in free rows)."""
+        out = [fill] * self.n_slots
+        for slot, value in zip(self.slots, per_row, strict=True):
+            out[slot] = value
+        return out
+
+    def _set_dense(self, state: Any) -> None:
+        """self.state becomes `state`, whose row i holds self.rows[i] (a repack or a compaction)."""
+        self.state, self.slots, self.n_slots = state, list(range(len(self.rows))), len(self.rows)
 
     # ----- one round -----------------------------------------------------------------------
     def execute(self, inits: list[int]) -> LoopResult:
@@ -229,7 +254,7 @@ class _Run(ContinuousSchedule):
             return None
         cursors = getattr(self.state, "cursors", None)
         if cursors is not None:
-            return [int(capacity) - int(c) for c in cursors]
+            return [int(capacity) - int(cursors[slot]) for slot in self.slots]
         cursor = getattr(self.state, "cursor", None)
         return None if cursor is None else [int(capacity) - int(cursor)] * len(self.rows)
 
@@ -246,7 +271,7 @@ class _Run(ContinuousSchedule):
         room = self._cache_room()
         if room is None or all(r >= n for r, n in zip(room, needed, strict=True)):
             return
-        self.state = self.gen.prefill([t.prompt_ids + t.response_ids for t in self.rows])
+        self._set_dense(self.gen.prefill([t.prompt_ids + t.response_ids for t in self.rows]))
         self.repacks += 1
 
     def _decode(self) -> list[tuple[list[int], str] | None]:
@@ -264,13 +289,13 @@ class _Run(ContinuousSchedule):
             limits = [max(0, min(n, r)) for n, r in zip(limits, room, strict=True)]
         # The released measure reads vLLM-style top-10 log-probs; only it asks the sampler for them.
         top_k = {"top_logprobs": TOP_LOGPROBS} if self.cfg.entropy_measure == "top10_sum" else {}
-        self.state, out = self.gen.generate(self.state, limits, sub, **top_k)
-        self.generated_this_round = [int(n) for n in out.num_tokens[: len(self.rows)]]
+        self.state, out = self.gen.generate(self.state, self._by_slot(limits, 0), sub, **top_k)
+        self.generated_this_round = [int(out.num_tokens[slot]) for slot in self.slots]
         results = []
         top = None
         if getattr(out, "top_logprobs", None) is not None:
             top = reported_logprobs(out.top_logprobs, out.top_ids, out.tokens, out.logp)  # [B, N, 11]
-        for i, traj in enumerate(self.rows):
+        for traj, i in zip(self.rows, self.slots, strict=True):
             if traj.traj_id in self.waiting:
                 results.append(None)
                 continue
@@ -471,9 +496,10 @@ class _Run(ContinuousSchedule):
             ragged = getattr(self.state, "cursors", None) is not None
             block = next_power_of_two(max(len(to_append[i]) for i in appended))
             self._repack_if_needed([len(t) if ragged else block for t in to_append])
-            self.state = self.gen.append(self.state, to_append)
+            self.state = self.gen.append(self.state, self._by_slot(to_append, []))
             if self.policy is not None:
-                snapshot = self.gen.fork(self.state, appended) if self.cfg.branch_by == "fork" else None
+                snapshot = self.gen.fork(self.state, [self.slots[i] for i in appended]) \
+                    if self.cfg.branch_by == "fork" else None
                 self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(appended)})
 
     def _compact(self) -> None:
@@ -487,10 +513,13 @@ class _Run(ContinuousSchedule):
         if len(keep) == len(self.rows):
             return
         if not keep:
-            self.state, self.rows = None, []
+            self.state, self.rows, self.slots, self.n_slots = None, [], [], 0
             return
-        self.state = self.gen.fork(self.state, keep)
-        self.rows = [self.rows[i] for i in keep]
+        kept_slots = [self.slots[i] for i in keep]
+        self.rows, self.slots = [self.rows[i] for i in keep], kept_slots
+        if self.cfg.schedule == "continuous" and 2 * len(keep) > self.n_slots:
+            return  # the finished rows' slots stay free for the next branches and top-ups
+        self._set_dense(self.gen.fork(self.state, kept_slots))
 
     def _top_up(self) -> None:
         """One new global per prompt with no active trajectory and fewer than k (spec 2.2 step 4)."""

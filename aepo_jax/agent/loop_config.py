@@ -62,6 +62,10 @@ class LoopConfig:
     # "rounds": lockstep rounds (decode all, then all tools); "continuous": tools run while other rows decode.
     schedule: str = "rounds"
     chunk_tokens: int = 64  # continuous: tokens a row decodes between two looks at the arrived tool results
+    # continuous: decode a chunk only while at least this fraction of the live rows is generating (not
+    # waiting on a tool); below it, wait for results first, so a chunk is not a full-batch forward for a
+    # few rows. 0 decodes whenever any row can.
+    min_generating_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
@@ -77,6 +81,8 @@ class LoopConfig:
             raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
+        if not 0.0 <= self.min_generating_fraction <= 1.0:
+            raise ValueError(f"min_generating_fraction must be in [0, 1], got {self.min_generating_fraction}")
         if self.chunk_tokens < self.entropy_tokens:
             raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
 

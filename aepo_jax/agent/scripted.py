@@ -174,6 +174,16 @@ class ScriptedGenerator:
     def concat(self, states: Sequence[ScriptedState]) -> ScriptedState:
         return ScriptedState([copy.deepcopy(r) for s in states for r in s.rows], max(s.cursor for s in states))
 
+    def place(self, state: ScriptedState, dst_rows: Sequence[int], source: ScriptedState,
+              src_rows: Sequence[int]) -> ScriptedState:
+        """Row dst_rows[i] becomes a copy of source row src_rows[i]; the shared cursor aligns to the larger."""
+        if len(dst_rows) != len(src_rows) or len(set(dst_rows)) != len(dst_rows):
+            raise ValueError(f"place needs distinct destination rows, one per source row: {dst_rows}, {src_rows}")
+        rows = copy.deepcopy(state.rows)
+        for d, s in zip(dst_rows, src_rows, strict=True):
+            rows[d] = copy.deepcopy(source.rows[s])
+        return ScriptedState(rows, max(state.cursor, source.cursor))
+
     @staticmethod
     def row_ids(state: ScriptedState, row: int) -> list[int]:
         """Everything row `row` holds (prompt, generated and appended ids), for checks."""
