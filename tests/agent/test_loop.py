@@ -381,3 +381,52 @@ def test_continuous_schedule_runs_tools_while_other_rows_decode(schedule):
         assert last_python_start < search_end
     else:
         assert last_python_start > search_end
+
+
+class PlacingGenerator(ScriptedGenerator):
+    """Records `place` calls and the largest decode state a generate call saw."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.placed, self.largest = [], 0
+
+    def place(self, state, dst_rows, source, src_rows):
+        self.placed.append(list(dst_rows))
+        return super().place(state, dst_rows, source, src_rows)
+
+    def generate(self, state, max_new_tokens, rng=None):
+        self.largest = max(self.largest, state.num_rows)
+        return super().generate(state, max_new_tokens, rng)
+
+
+def two_slow_one_fast_script(ids, rng):
+    """q0 and q1 make one slow search, then answer; q2 answers at once."""
+    text = TOK.decode(ids)
+    if text.startswith("q2") or ids.count(RESULT) > 0:
+        body = "<answer>\\boxed{1}</answer>"
+    else:
+        body = "<search>slow</search>"
+    tokens = TOK.encode("<think>x</think>" + body)
+    return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+
+def test_continuous_schedule_reuses_a_finished_rows_slot_for_a_top_up():
+    """q2's first trajectory finishes while q0 and q1 wait on their searches: its top-up goes into the freed
+    row (`place`), so the decode state keeps its 3 rows; under "rounds" the batch is compacted instead."""
+    for schedule in ("continuous", "rounds"):
+        gen = PlacingGenerator(two_slow_one_fast_script)
+        config = LoopConfig(max_tool_calls=2, max_response_tokens=500, max_context_len=1000, schedule=schedule)
+        result = AgentLoop(gen, TOK, TimedTools(slow_seconds=0.3), config).run(
+            [TOK.encode(f"q{i}") for i in range(3)], 2, 1, rng=np.random.default_rng(0), key=jax.random.key(0))
+        assert [len(g) for g in result.groups] == [2, 2, 2]
+        assert all(t.stop_reason == END_ANSWER for g in result.groups for t in g)
+        if schedule == "continuous":
+            assert gen.placed and gen.placed[0] == [2], gen.placed
+            assert gen.largest == 3
+        else:
+            assert gen.placed == []
+
+
+def test_min_generating_fraction_is_checked():
+    with pytest.raises(ValueError, match="min_generating_fraction"):
+        LoopConfig(min_generating_fraction=1.5)
