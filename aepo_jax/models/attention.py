@@ -191,10 +191,15 @@ class Attention(nnx.Module):
                 block = jnp.swapaxes(new, 1, 2).astype(cache.dtype)
                 return jax.lax.dynamic_update_slice(cache, block[None] if lead else block, start)
         else:
-            rows = jnp.broadcast_to(jnp.arange(slots.shape[0], dtype=jnp.int32)[:, None], slots.shape)  # [B, T]
-            # The head slice separates the row and slot indices, so the update's axes are [B, T, KVH, Dh]:
-            # the block's own layout.
-            where = tuple(jnp.broadcast_to(i, slots.shape) for i in lead) + (rows, slice(None), slots)
+            batch, length = slots.shape
+            n_heads = cache_k.shape[-3]
+            shape = (batch, length, n_heads)  # one index per (row, token, head): the update's windows are [Dh]
+            rows = jnp.broadcast_to(jnp.arange(batch, dtype=jnp.int32)[:, None, None], shape)
+            heads = jnp.broadcast_to(jnp.arange(n_heads, dtype=jnp.int32)[None, None, :], shape)
+            # Heads are an index, not a window, so the TPU compiler keeps the cache's own [S, Dh] tiling
+            # (with [KVH, Dh] windows it relaid out the whole cache for the loop: a second cache in memory).
+            where = tuple(jnp.broadcast_to(i, shape) for i in lead) + (rows, heads,
+                                                                        jnp.broadcast_to(slots[:, :, None], shape))
 
             def write(cache, new):
                 return cache.at[where].set(new.astype(cache.dtype), mode="drop")
