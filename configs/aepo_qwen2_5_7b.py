@@ -4,9 +4,9 @@ Paper: 10,000 RL rows, 128 prompts x k=16 per step, 2 epochs.
 
 Hardware: 7.6B params x 12 bytes (float32 master + AdamW moments) ~ 91 GB
 plus a bfloat16 copy (15 GB). Mesh: fsdp=8 x tensor=4 (32 devices), `data`
-taking any extra devices. The train step fits a v5p-64 slice (32 chips); a
-step's rollouts (2048 trajectories, a 16k-slot KV cache of 1.75 TiB) need 64
-v5p chips (`make memory-plan`, docs/scaling.md). No GPU plan was compiled.
+taking any extra devices. The train step, the scorer and a step's rollouts
+(2048 trajectories, a ragged 8k-slot KV cache of 0.9 TiB) fit a v5p-64 slice
+(32 chips; at most 45.8 GiB per chip, `make memory-plan`, docs/scaling.md). No GPU plan was compiled.
 Qwen2.5-7B has 28 query / 4 key-value heads, so tensor must divide 4.
 
 Variants (`--config configs/aepo_qwen2_5_7b.py:ARG`): no ARG is the paper's

@@ -6,10 +6,10 @@ HLE 11.2 / WebWalkerQA 43.0 pass@1.
 Hardware: float32 master weights + AdamW moments are 14.8B x 12 bytes
 ~ 178 GB, plus a bfloat16 compute copy (30 GB) and activations of 8k-token
 sequences. Mesh: fsdp=8 x tensor=4 per replica and `data` taking the rest.
-The train step fits a TPU v5p-64 slice (32 chips, 95 GB HBM each), but a
-step's rollouts (768 trajectories, a 16k-slot KV cache of 2.5 TiB) need a
-v5p-128 slice (64 chips; `make memory-plan`, docs/scaling.md), or 8 nodes of
-8 x H100/H200. Qwen3-14B has 40 query / 8 key-value heads, so tensor must
+The train step, the scorer and a step's rollouts (768 trajectories, a ragged
+8k-slot KV cache of 1.25 TiB) fit a TPU v5p-64 slice (32 chips, 95 GB HBM
+each; at most 64.1 GiB per chip, `make memory-plan`, docs/scaling.md); a
+v5p-128 slice adds data parallelism. On GPUs: 8 nodes of 8 x H100/H200. Qwen3-14B has 40 query / 8 key-value heads, so tensor must
 divide 8.
 
 Variants (`--config configs/aepo_qwen3_14b.py:ARG`): no ARG is the paper's

@@ -12,7 +12,7 @@
 #   launch/tpu_vm.sh delete                      # delete the slice
 #
 # Settings come from the environment (defaults in brackets):
-#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-128: 64 chips, what the paper configs' rollouts need; docs/scaling.md],
+#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-128: 64 chips; v5p-64 (32 chips) also holds both paper configs, docs/scaling.md],
 #   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
 #   REPO_URL [git URL of this repository], BRANCH [main]
 # WORKDIR should be a gs:// bucket or a shared disk: checkpoints must be
