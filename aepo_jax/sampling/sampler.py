@@ -467,13 +467,14 @@ class Sampler:
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        arrays, end = state.arrays, state.cursor
+        arrays = state.arrays
         # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
+        # A block's attention reads the whole cache (span None): its cost is the weights' (T x d^2 per
+        # row against T x S), so a span would only multiply the block programs to compile.
         chunk = min(block, self.max_block_tokens)
         scores = []
+        span = None
         for start in range(0, block, chunk):
-            end += int(valid[:, start:start + chunk].sum(axis=1).max(initial=0))
-            span = attention_span(end, state.cache_length, MIN_SPAN)
             inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, tokens[:, start:start + chunk]),
                       place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
             if score_temperature is None:
