@@ -1,18 +1,19 @@
 """The host-side Sampler: token ids in, tokens with log-probs and entropies out.
 
-It owns the jitted programs (one per shape bucket) and the bookkeeping around
-them: bucketing, padding rows, cache growth, PRNG keys, counters. All
-arithmetic happens in `programs.py`, `layout.py` and `token_distribution.py`.
+It calls the jitted programs of `jitted.py` (one compile per shape bucket) and
+does the bookkeeping around them: bucketing, padding rows, cache growth, PRNG
+keys, counters. All arithmetic happens in `programs.py`, `layout.py` and
+`token_distribution.py`.
 
 Consumption rule: `generate` and `append` donate the arrays of the state they
 receive (the cache is updated in place); use only the state they return.
-`fork` and `concat` copy and leave their inputs usable.
+`fork` and `concat` copy and leave their inputs usable; `place` donates its
+destination and leaves its source usable.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import secrets
 import time
 from collections.abc import Sequence
@@ -26,19 +27,21 @@ from aepo_jax.parallel import shard_state
 from aepo_jax.sampling.buckets import attention_span, bucket_batch, bucket_length
 from aepo_jax.sampling.cache_sharding import (
     DecodeSharding,
-    constrain,
     empty_program,
     place_rows,
 )
-from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
-from aepo_jax.sampling.layout import place_rows as place_source_rows
-from aepo_jax.sampling.params import SamplingParams
-from aepo_jax.sampling.programs import (
-    decode_loop,
-    forward_block,
-    scored_block,
-    start_progress,
+from aepo_jax.sampling.jitted import (
+    PROGRAMS,
+    block_program,
+    concat_program,
+    decode_program,
+    grow_program,
+    place_program,
+    scored_block_program,
+    start_program,
+    take_program,
 )
+from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
 from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, build_stop_table
 
@@ -54,90 +57,6 @@ MIN_SPAN = 64
 # chunks of this many tokens, so the dense attention scores of a cached block
 # ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
 MAX_BLOCK_TOKENS = 256
-
-
-def _model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
-    """The model's cached forward for ragged rows as a pure function of its parameter state.
-
-    Returns logits [B, 1, V] of the block's last position only: blocks are
-    right-aligned, so that is every receiving row's last real token, and the
-    [B, T, V] projection of the other positions would be thrown away.
-    """
-    model = nnx.merge(graphdef, params)
-    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
-                 cache_write_slots=write_slots)
-
-
-def _model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
-    """The cached forward for ragged rows returning final hidden states [B, T, D], the LM head and the cache."""
-    model = nnx.merge(graphdef, params)
-    hidden, cache = model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, return_hidden=True,
-                          cache_write_slots=write_slots)
-    return hidden, model.head(), cache
-
-
-# Programs are module-level so that every Sampler of the same model (same
-# graphdef) shares their compiled executables; the graphdef and the layout on the
-# mesh (`DecodeSharding`, None without a mesh) are static arguments. Every program
-# pins the decode arrays it returns to that layout.
-@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=(2,))
-def _block_program(graphdef, params, arrays, tokens, token_valid, layout, span=None):
-    arrays = forward_block(functools.partial(_model_forward, graphdef), params, arrays, tokens, token_valid, span)
-    return constrain(layout, arrays)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7), donate_argnums=(2,))
-def _scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, span, temperature):
-    arrays, scores = scored_block(functools.partial(_model_hidden, graphdef), params, arrays, tokens, token_valid,
-                                  span, temperature)
-    return constrain(layout, arrays), (scores.logp, scores.entropy)
-
-
-@functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
-                   donate_argnums=(2,))
-def _decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
-                    pad_id, num_top_logprobs=0, layout=None, span=None):
-    arrays, out, progress = decode_loop(
-        functools.partial(_model_forward, graphdef), params, arrays, row_keys, budget, stop_table, progress,
-        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs, span=span,
-    )
-    return constrain(layout, arrays), out, progress
-
-
-@jax.jit
-def _start_program(budget, stop_table):
-    return start_progress(budget, stop_table)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _grow_program(arrays, new_length, layout):
-    return constrain(layout, grow_slots(arrays, new_length))
-
-
-@functools.partial(jax.jit, static_argnums=(2,))
-def _take_program(arrays, rows, layout):
-    return constrain(layout, take_rows(arrays, rows))
-
-
-@functools.partial(jax.jit, static_argnums=(2,))
-def _concat_program(first, second, layout):
-    return constrain(layout, concat_rows(first, second))
-
-
-@functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
-def _place_program(arrays, dst, source, src, layout):
-    return constrain(layout, place_source_rows(arrays, dst, source, src))
-
-
-_PROGRAMS = (_block_program, _scored_block_program, _decode_program, _grow_program, _take_program, _concat_program,
-             _place_program)
-
-
-def sampler_programs() -> dict[str, object]:
-    """The jitted block forward (prefill / append / repack chunks) and decode loop, for
-    ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
-    return {"block": _block_program, "decode": _decode_program}
 
 
 class Sampler:
@@ -218,7 +137,7 @@ class Sampler:
     @staticmethod
     def compiled_programs() -> int:
         """How many compiled programs the sampling functions hold (shared by all Samplers)."""
-        return sum(p._cache_size() for p in _PROGRAMS)
+        return sum(p._cache_size() for p in PROGRAMS)
 
     def set_params(self, state: nnx.State) -> None:
         """Uses new policy parameters (same tree and shapes) from the next call on; no recompile."""
@@ -327,7 +246,7 @@ class Sampler:
             key = jax.random.wrap_key_data(key)
         row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
         budget = place_rows(self.layout, jnp.asarray(budgets))
-        progress = self._call("decode", _start_program, budget, self._stop_table)
+        progress = self._call("decode", start_program, budget, self._stop_table)
         arrays, cursors, windows = state.arrays, state.cursors, []
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
@@ -337,7 +256,7 @@ class Sampler:
             steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
             span = attention_span(int((cursors + num_tokens).max(initial=0)) + steps, state.cache_length, MIN_SPAN)
             arrays, out, progress = self._call(
-                "decode", _decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
+                "decode", decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
                 self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
                 num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
             )
@@ -388,13 +307,13 @@ class Sampler:
         for s in states:
             arrays = s.arrays
             if s.cache_length < length:
-                arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
+                arrays = self._call("reshape", grow_program, arrays, length, self.layout)
             aligned.append(arrays)
             rows.extend(range(offset, offset + s.num_rows))
             offset += s.batch_size
         stacked = aligned[0]
         for arrays in aligned[1:]:
-            stacked = self._call("reshape", _concat_program, stacked, arrays, self.layout)
+            stacked = self._call("reshape", concat_program, stacked, arrays, self.layout)
         return DecodeState(self._gather(stacked, rows), len(rows))
 
     def place(self, state: DecodeState, dst_rows: Sequence[int], source: DecodeState,
@@ -415,15 +334,15 @@ class Sampler:
         length = max(state.cache_length, source.cache_length)
         arrays, source_arrays = state.arrays, source.arrays
         if state.cache_length < length:
-            arrays = self._call("reshape", _grow_program, arrays, length, self.layout)
+            arrays = self._call("reshape", grow_program, arrays, length, self.layout)
         if source.cache_length < length:
-            source_arrays = self._call("reshape", _grow_program, source_arrays, length, self.layout)
+            source_arrays = self._call("reshape", grow_program, source_arrays, length, self.layout)
         # Index lists padded to a power of two (padding writes out of range: dropped), so few shapes compile.
         width = bucket_length(len(dst), 1)
         dst_index = np.full((width,), state.batch_size, np.int32)
         src_index = np.zeros((width,), np.int32)
         dst_index[: len(dst)], src_index[: len(src)] = dst, src
-        arrays = self._call("reshape", _place_program, arrays, dst_index, source_arrays, src_index, self.layout)
+        arrays = self._call("reshape", place_program, arrays, dst_index, source_arrays, src_index, self.layout)
         return DecodeState(arrays, state.num_rows)
 
     # ----------------------------------------------------------------- internals
@@ -454,7 +373,7 @@ class Sampler:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
         batch = bucket_batch(len(rows), self._data_size)
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
-        return self._call("reshape", _take_program, arrays, index, self.layout)
+        return self._call("reshape", take_program, arrays, index, self.layout)
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
                    score_temperature: float | None = None):
@@ -473,14 +392,13 @@ class Sampler:
         # row against T x S), so a span would only multiply the block programs to compile.
         chunk = min(block, self.max_block_tokens)
         scores = []
-        span = None
         for start in range(0, block, chunk):
             inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, tokens[:, start:start + chunk]),
-                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
+                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, None)
             if score_temperature is None:
-                arrays = self._call(kind, _block_program, *inputs)
+                arrays = self._call(kind, block_program, *inputs)
             else:
-                arrays, chunk_scores = self._call(kind, _scored_block_program, *inputs, score_temperature)
+                arrays, chunk_scores = self._call(kind, scored_block_program, *inputs, score_temperature)
                 scores.append(jax.device_get(chunk_scores))
         state = DecodeState(arrays, state.num_rows)
         if score_temperature is None:
@@ -494,7 +412,7 @@ class Sampler:
         self._check_capacity(end)
         if end <= state.cache_length:
             return state
-        arrays = self._call("reshape", _grow_program, state.arrays,
+        arrays = self._call("reshape", grow_program, state.arrays,
                             min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len), self.layout)
         return DecodeState(arrays, state.num_rows)
 

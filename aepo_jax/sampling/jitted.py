@@ -1,0 +1,105 @@
+"""The Sampler's jitted programs: block forward (plain and scored), decode window and cache reshaping.
+
+They are module-level so that every Sampler of the same model (same graphdef)
+shares their compiled executables; the graphdef and the layout on the mesh
+(`DecodeSharding`, None without a mesh) are static arguments, and every
+program pins the decode arrays it returns to that layout. The arithmetic is in
+`programs.py` and `layout.py`; `sampler.py` holds the host-side bookkeeping.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from flax import nnx
+
+from aepo_jax.sampling.cache_sharding import constrain
+from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
+from aepo_jax.sampling.layout import place_rows as place_source_rows
+from aepo_jax.sampling.programs import (
+    decode_loop,
+    forward_block,
+    scored_block,
+    start_progress,
+)
+
+
+def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+    """The model's cached forward for ragged rows as a pure function of its parameter state.
+
+    Returns logits [B, 1, V] of the block's last position only: blocks are
+    right-aligned, so that is every receiving row's last real token, and the
+    [B, T, V] projection of the other positions would be thrown away.
+    """
+    model = nnx.merge(graphdef, params)
+    return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
+                 cache_write_slots=write_slots)
+
+
+def model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+    """The cached forward for ragged rows returning final hidden states [B, T, D], the LM head and the cache."""
+    model = nnx.merge(graphdef, params)
+    hidden, cache = model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, return_hidden=True,
+                          cache_write_slots=write_slots)
+    return hidden, model.head(), cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=(2,))
+def block_program(graphdef, params, arrays, tokens, token_valid, layout, span=None):
+    arrays = forward_block(functools.partial(model_forward, graphdef), params, arrays, tokens, token_valid, span)
+    return constrain(layout, arrays)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7), donate_argnums=(2,))
+def scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, span, temperature):
+    arrays, scores = scored_block(functools.partial(model_hidden, graphdef), params, arrays, tokens, token_valid,
+                                  span, temperature)
+    return constrain(layout, arrays), (scores.logp, scores.entropy)
+
+
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
+                   donate_argnums=(2,))
+def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
+                    pad_id, num_top_logprobs=0, layout=None, span=None):
+    arrays, out, progress = decode_loop(
+        functools.partial(model_forward, graphdef), params, arrays, row_keys, budget, stop_table, progress,
+        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs, span=span,
+    )
+    return constrain(layout, arrays), out, progress
+
+
+@jax.jit
+def start_program(budget, stop_table):
+    return start_progress(budget, stop_table)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def grow_program(arrays, new_length, layout):
+    return constrain(layout, grow_slots(arrays, new_length))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def take_program(arrays, rows, layout):
+    return constrain(layout, take_rows(arrays, rows))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def concat_program(first, second, layout):
+    return constrain(layout, concat_rows(first, second))
+
+
+@functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
+def place_program(arrays, dst, source, src, layout):
+    return constrain(layout, place_source_rows(arrays, dst, source, src))
+
+
+PROGRAMS = (block_program, scored_block_program, decode_program, grow_program, take_program, concat_program,
+             place_program)
+
+
+def sampler_programs() -> dict[str, object]:
+    """The jitted block forward (prefill / append / repack chunks) and decode loop, for
+    ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
+    return {"block": block_program, "decode": decode_program}
