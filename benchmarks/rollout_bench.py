@@ -22,16 +22,18 @@ import time
 from pathlib import Path
 
 import jax
+import jax.monitoring
 import numpy as np
 from flax import nnx
 
 from aepo_jax.agent.forcing import ToolForcingGenerator
-from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig, agent_stop_sequences
+from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig
 from aepo_jax.agent.prompts import PromptConfig, render_prompts
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models import Decoder, get_preset
+from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
-from aepo_jax.sampling import Sampler
+from aepo_jax.sampling import SamplingParams
 from aepo_jax.servers import start_search_server
 from aepo_jax.tokenizers import train_sentencepiece
 from aepo_jax.tools import (
@@ -43,8 +45,11 @@ from aepo_jax.tools import (
 )
 from benchmarks.bench_json import add_json_flag, write_json
 
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's monitoring event of one XLA compile
+
 SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction",
-                "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches")
+                "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches",
+                "compile_seconds")
 
 
 TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
@@ -75,8 +80,11 @@ def main() -> None:
                               special_tokens=AGENT_SPECIAL_TOKENS)
     model = Decoder(get_preset(args.preset, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
-    sampler = Sampler(graphdef, params, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
-                      stop_sequences=agent_stop_sequences(tok), max_cache_len=8192, seed=0)
+    loop_configs = {(branch_by, schedule): LoopConfig(
+        max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by, schedule=schedule,
+        chunk_tokens=args.chunk_tokens) for branch_by in branch_modes for schedule in schedules}
+    # Built as training builds it (one cache length per rollout; the loops share their limits).
+    sampler = agent_sampler(graphdef, params, tok, next(iter(loop_configs.values())), SamplingParams(), seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
     generator = ToolForcingGenerator(sampler, plan, free_tokens=16)
@@ -91,10 +99,7 @@ def main() -> None:
               PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
             registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
                                      "python": PythonTool(sandbox)})
-            loops = {(branch_by, schedule): AgentLoop(generator, tok, registry, LoopConfig(
-                max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by,
-                schedule=schedule, chunk_tokens=args.chunk_tokens))
-                for branch_by in branch_modes for schedule in schedules}
+            loops = {key: AgentLoop(generator, tok, registry, config) for key, config in loop_configs.items()}
             # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
             # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
             # still unseen fall on every schedule alike.
@@ -117,16 +122,29 @@ def main() -> None:
               f"{r['forward_tokens_per_trajectory_token']:8.3f} "
               f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d}")
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
-              "new compiled programs:", r["new_compiled_programs"])
+              "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
         print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")
     write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
 
 
+_COMPILE_SECONDS = [0.0]  # XLA compile seconds of this process so far (jax.monitoring, below)
+
+
+def _count_compile(event: str, seconds: float, **_) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        _COMPILE_SECONDS[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
 def _timed_rollout(loop, sampler, prompts, k: int, repeat: int) -> dict:
-    """One AEPO rollout, timed: wall seconds and sampler program seconds (forced tokens are scored inside them)."""
+    """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
+    them) and the XLA compile seconds among them (shapes the warm-ups did not meet)."""
     device_before = sampler.device_seconds
+    compile_before = _COMPILE_SECONDS[0]
     programs_before = sampler.compiled_programs()
     start = time.perf_counter()
     groups, stats = rollout(prompts, k, loop=loop, config=RolloutConfig(strategy="aepo"),
@@ -142,7 +160,8 @@ def _timed_rollout(loop, sampler, prompts, k: int, repeat: int) -> dict:
             "forward_tokens_per_trajectory_token": stats.forward_to_trajectory_ratio,
             "trajectory_tokens_per_s": stats.trajectory_tokens / seconds,
             "ticks": int(stats.as_dict().get("rounds", 0)), "branches": stats.num_branch,
-            "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before}
+            "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before,
+            "compile_seconds": _COMPILE_SECONDS[0] - compile_before}
 
 
 def _summaries(rows: list[dict], schedules: list[str], branch_by: str) -> dict:

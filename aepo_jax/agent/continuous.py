@@ -55,8 +55,8 @@ class ContinuousSchedule:
                 self.waiting[self.rows[i].traj_id] = resolved((None, message, False))
             self._fold_in_arrived()
             self._compact()
-            for child_state, child_trajs in children:
-                self._add_rows(child_state, child_trajs)
+            for child_state, child_trajs, child_rows in children:
+                self._add_rows(child_state, child_trajs, child_rows)
             self._top_up()
             if self.policy is not None:
                 new_per_prompt = [0] * len(self.prompts)

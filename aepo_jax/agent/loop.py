@@ -184,15 +184,21 @@ class _Run(ContinuousSchedule):
             trajs.append(traj)
         self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs)
 
-    def _add_rows(self, state: Any, trajs: list[Trajectory]) -> None:
-        """New rows (state row j holds trajs[j]): into free rows of the decode state when there are
-        enough (continuous batching: `place` copies them in, the batch keeps its shape), else appended."""
+    def _add_rows(self, state: Any, trajs: list[Trajectory], rows: list[int] | None = None) -> None:
+        """New rows (row rows[j] of `state`, default j, holds trajs[j]): copied straight into free rows
+        of the decode state when there are enough (continuous batching: `place`, the batch keeps its
+        shape), else appended."""
         free = sorted(set(range(self.n_slots)) - set(self.slots))
+        in_order = list(range(len(trajs)))
+        rows = in_order if rows is None else rows
+        can_place = self.state is not None and len(trajs) <= len(free) and hasattr(self.gen, "place")
+        if not can_place and (rows != in_order or state.num_rows != len(trajs)):
+            state, rows = self.gen.fork(state, rows), in_order
         if self.state is None:
-            self.state, new_slots, self.n_slots = state, list(range(len(trajs))), len(trajs)
-        elif len(trajs) <= len(free) and hasattr(self.gen, "place"):
+            self.state, new_slots, self.n_slots = state, in_order, len(trajs)
+        elif can_place:
             new_slots = free[: len(trajs)]
-            self.state = self.gen.place(self.state, new_slots, state, list(range(len(trajs))))
+            self.state = self.gen.place(self.state, new_slots, state, rows)
         else:
             self.state = self.gen.concat([self.state, state])
             new_slots = list(range(self.n_slots, self.n_slots + len(trajs)))
@@ -232,8 +238,8 @@ class _Run(ContinuousSchedule):
             self._run_tools(outputs)
             new_per_prompt = [0] * len(self.prompts)
             self._compact()
-            for child_state, child_trajs in children:
-                self._add_rows(child_state, child_trajs)
+            for child_state, child_trajs, child_rows in children:
+                self._add_rows(child_state, child_trajs, child_rows)
                 for t in child_trajs:
                     new_per_prompt[t.prompt_index] += 1
             before = len(self.events)
@@ -357,8 +363,10 @@ class _Run(ContinuousSchedule):
                              "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
-    def _decide_branches(self, outputs: list[tuple[list[int], str]]) -> list[tuple[Any, list[Trajectory]]]:
+    def _decide_branches(self, outputs: list[tuple[list[int], str]]
+                         ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
         """Branch decisions for rows whose segment after a tool result is measured (spec 2.2 step 3).
+        Returns (state, children, rows): child j starts as row rows[j] of state (None: row j).
 
         A decision waits while that segment is paused with fewer than K tokens,
         so it always reads the entropy of K tokens (or of the whole, shorter
@@ -396,9 +404,9 @@ class _Run(ContinuousSchedule):
             rows += [slot] * len(new)
             kids += new
         self.pending = waiting
-        states = [(self.gen.fork(snapshot, rows), kids) for snapshot, rows, kids in by_snapshot.values()]
+        states = [(snapshot, kids, rows) for snapshot, rows, kids in by_snapshot.values()]
         if prefilled:
-            states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled))
+            states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled, None))
         return states
 
     def _due_replays(self) -> list[Trajectory]:

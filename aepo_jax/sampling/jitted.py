@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from aepo_jax.sampling.cache_sharding import constrain
-from aepo_jax.sampling.layout import concat_rows, grow_slots, take_rows
+from aepo_jax.sampling.layout import grow_slots, take_rows
 from aepo_jax.sampling.layout import place_rows as place_source_rows
 from aepo_jax.sampling.programs import (
     decode_loop,
@@ -58,6 +59,32 @@ def scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, 
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
+def _on_rows(block, arrays, rows, dst):
+    """`block(sub_arrays) -> (sub_arrays, extra)` run on rows `rows` of `arrays` only; row i of the
+    result goes back to row dst[i] (entries past the batch are padding, dropped)."""
+    sub, extra = block(take_rows(arrays, rows))
+    return place_source_rows(arrays, dst, sub, jnp.arange(rows.shape[0], dtype=jnp.int32)), extra
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8), donate_argnums=(2,))
+def rows_block_program(graphdef, params, arrays, rows, dst, tokens, token_valid, layout, span=None):
+    """`block_program` over the rows that receive tokens only (an append to a few rows of a large
+    batch costs those rows' forward, not the batch's)."""
+    forward = functools.partial(model_forward, graphdef)
+    arrays, _ = _on_rows(lambda sub: (forward_block(forward, params, sub, tokens, token_valid, span), None),
+                         arrays, rows, dst)
+    return constrain(layout, arrays)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9), donate_argnums=(2,))
+def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token_valid, layout, span, temperature):
+    """`scored_block_program` over the rows that receive tokens only; scores are `[len(rows), T]`."""
+    forward = functools.partial(model_hidden, graphdef)
+    arrays, scores = _on_rows(
+        lambda sub: scored_block(forward, params, sub, tokens, token_valid, span, temperature), arrays, rows, dst)
+    return constrain(layout, arrays), (scores.logp, scores.entropy)
+
+
 @functools.partial(jax.jit, static_argnums=(0,),
                    static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
                    donate_argnums=(2,))
@@ -85,18 +112,13 @@ def take_program(arrays, rows, layout):
     return constrain(layout, take_rows(arrays, rows))
 
 
-@functools.partial(jax.jit, static_argnums=(2,))
-def concat_program(first, second, layout):
-    return constrain(layout, concat_rows(first, second))
-
-
 @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
 def place_program(arrays, dst, source, src, layout):
     return constrain(layout, place_source_rows(arrays, dst, source, src))
 
 
-PROGRAMS = (block_program, scored_block_program, decode_program, grow_program, take_program, concat_program,
-             place_program)
+PROGRAMS = (block_program, scored_block_program, rows_block_program, rows_scored_block_program, decode_program,
+            grow_program, take_program, place_program)
 
 
 def sampler_programs() -> dict[str, object]:

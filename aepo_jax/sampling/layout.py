@@ -1,4 +1,4 @@
-"""Reshaping decode arrays: more cache slots, picking rows, stacking states.
+"""Reshaping decode arrays: more cache slots, picking rows, placing rows of one state into another.
 
 These move whole rows or slots and never change what a row attends to:
 keys are stored already rotated, so a token's slot number does not matter,
@@ -45,25 +45,21 @@ def take_rows(arrays: DecodeArrays, rows: jax.Array) -> DecodeArrays:
     )
 
 
-def _zip_rows(first: DecodeArrays, second: DecodeArrays, fn) -> DecodeArrays:
-    """`fn(a, b)` on every batch-major array of two decode states (the cache's per layer)."""
-    per_layer = jax.vmap(fn)  # over the leading layer axis of [L, B, KVH, S, Dh]
-    cache = first.cache.replace(k=per_layer(first.cache.k, second.cache.k), v=per_layer(first.cache.v, second.cache.v))
-    return DecodeArrays(
-        cache=cache,
-        slot_valid=fn(first.slot_valid, second.slot_valid),
-        next_position=fn(first.next_position, second.next_position),
-        last_logits=fn(first.last_logits, second.last_logits),
-        cursor=fn(first.cursor, second.cursor),
-    )
-
-
-def concat_rows(first: DecodeArrays, second: DecodeArrays) -> DecodeArrays:
-    """Stacks two arrays with the same slot count along the batch axis (rows keep their cursors)."""
-    return _zip_rows(first, second, lambda a, b: jnp.concatenate([a, b], axis=0))
-
-
 def place_rows(arrays: DecodeArrays, dst: jax.Array, source: DecodeArrays, src: jax.Array) -> DecodeArrays:
     """Row dst[i] of `arrays` becomes a copy of row src[i] of `source` (same slot count), in place
-    under donation; dst entries past the batch are dropped (padding). The other rows are untouched."""
-    return _zip_rows(arrays, source, lambda x, y: x.at[dst].set(jnp.take(y, src, axis=0), mode="drop"))
+    under donation; dst entries past the batch are dropped (padding). The other rows are untouched.
+    (Concatenating states is placing them into an empty state of the bucketed batch: `Sampler.concat`.)"""
+
+    def place(x, y):  # [B, ...] <- rows of [B', ...]
+        return x.at[dst].set(jnp.take(y, src, axis=0), mode="drop")
+
+    per_layer = jax.vmap(place)  # over the leading layer axis of [L, B, KVH, S, Dh]
+    cache = arrays.cache.replace(k=per_layer(arrays.cache.k, source.cache.k),
+                                 v=per_layer(arrays.cache.v, source.cache.v))
+    return DecodeArrays(
+        cache=cache,
+        slot_valid=place(arrays.slot_valid, source.slot_valid),
+        next_position=place(arrays.next_position, source.next_position),
+        last_logits=place(arrays.last_logits, source.last_logits),
+        cursor=place(arrays.cursor, source.cursor),
+    )

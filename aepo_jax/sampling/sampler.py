@@ -33,10 +33,11 @@ from aepo_jax.sampling.cache_sharding import (
 from aepo_jax.sampling.jitted import (
     PROGRAMS,
     block_program,
-    concat_program,
     decode_program,
     grow_program,
     place_program,
+    rows_block_program,
+    rows_scored_block_program,
     scored_block_program,
     start_program,
     take_program,
@@ -57,6 +58,7 @@ MIN_SPAN = 64
 # chunks of this many tokens, so the dense attention scores of a cached block
 # ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
 MAX_BLOCK_TOKENS = 256
+SUB_BATCH_FRACTION = 4  # an append to at most batch / 4 rows runs on a sub-batch of that size
 
 
 class Sampler:
@@ -297,24 +299,21 @@ class Sampler:
     def concat(self, states: Sequence[DecodeState]) -> DecodeState:
         """Rows of all states in order, in one state.
 
-        States may differ in cache length: each is first given the largest slot
-        count (the new slots are invalid). Rows keep their own cursors, so no slot moves.
+        The result is allocated at its bucketed batch and the largest cache length of the states
+        (a state with fewer slots gets invalid ones), and each state's rows are placed into it, so
+        its shape, and every program that later runs on it, stays inside the buckets whatever the
+        states' sizes. Rows keep their own cursors, so no slot moves.
         """
         if not states:
             raise ValueError("concat needs at least one state")
         length = max(s.cache_length for s in states)
-        aligned, rows, offset = [], [], 0
+        total = sum(s.num_rows for s in states)
+        out = DecodeState(self._empty_arrays(bucket_batch(total, self._data_size), length, "reshape"), total)
+        offset = 0
         for s in states:
-            arrays = s.arrays
-            if s.cache_length < length:
-                arrays = self._call("reshape", grow_program, arrays, length, self.layout)
-            aligned.append(arrays)
-            rows.extend(range(offset, offset + s.num_rows))
-            offset += s.batch_size
-        stacked = aligned[0]
-        for arrays in aligned[1:]:
-            stacked = self._call("reshape", concat_program, stacked, arrays, self.layout)
-        return DecodeState(self._gather(stacked, rows), len(rows))
+            out = self.place(out, range(offset, offset + s.num_rows), s, range(s.num_rows))
+            offset += s.num_rows
+        return out
 
     def place(self, state: DecodeState, dst_rows: Sequence[int], source: DecodeState,
               src_rows: Sequence[int]) -> DecodeState:
@@ -362,12 +361,12 @@ class Sampler:
         self._device_seconds[kind] += time.perf_counter() - start
         return out
 
-    def _empty_arrays(self, batch: int, length: int) -> DecodeArrays:
+    def _empty_arrays(self, batch: int, length: int, kind: str = "prefill") -> DecodeArrays:
         """Zero decode arrays, created under jit directly on their shards (never whole on one device)."""
         c = self.config
         make = empty_program(self.layout, c.n_layers, batch, length, c.n_kv_heads, c.head_dim, c.vocab_size,
                              jnp.dtype(self._cache_dtype).name)
-        return self._call("prefill", make)
+        return self._call(kind, make)
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
@@ -378,11 +377,28 @@ class Sampler:
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
                    score_temperature: float | None = None):
         """Feeds right-aligned ragged token lists in chunks of at most `max_block_tokens`; returns the
-        state, and with `score_temperature` also the host (logp, entropy) `[B, block]` of every entry."""
-        tokens = np.full((state.batch_size, block), self.pad_id, np.int32)
-        valid = np.zeros((state.batch_size, block), bool)
+        state, and with `score_temperature` also the host (logp, entropy) `[B, block]` of every entry.
+
+        When the rows that receive tokens fit in a quarter of the batch, only a quarter of the batch
+        runs the forward (`rows_block_program`): those rows' cache rows are gathered, written and put
+        back (an append of a few tool results to a large batch costs a quarter of the batch's forward).
+        """
         for row, ids in enumerate(token_lists):
             self._check_ids(ids, f"row {row}")
+        receiving = [row for row, ids in enumerate(token_lists) if len(ids)]
+        # One sub-batch size per batch (a quarter of it), not one per count of receiving rows: each
+        # size is another compiled program for every block and cache length.
+        sub_batch = max(state.batch_size // SUB_BATCH_FRACTION, bucket_batch(1, self._data_size))
+        if receiving and len(receiving) <= sub_batch < state.batch_size:
+            rows = np.asarray(receiving + [receiving[0]] * (sub_batch - len(receiving)), np.int32)
+            dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
+            dst[: len(receiving)] = receiving
+            token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
+        else:
+            rows = dst = None
+        tokens = np.full((len(token_lists) if rows is not None else state.batch_size, block), self.pad_id, np.int32)
+        valid = np.zeros(tokens.shape, bool)
+        for row, ids in enumerate(token_lists):
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
@@ -393,17 +409,30 @@ class Sampler:
         chunk = min(block, self.max_block_tokens)
         scores = []
         for start in range(0, block, chunk):
-            inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, tokens[:, start:start + chunk]),
-                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, None)
-            if score_temperature is None:
-                arrays = self._call(kind, block_program, *inputs)
+            chunk_inputs = (place_rows(self.layout, tokens[:, start:start + chunk]),
+                            place_rows(self.layout, valid[:, start:start + chunk]), self.layout, None)
+            if rows is None:
+                inputs = (self._graphdef, self._params_state, arrays, *chunk_inputs)
+                programs = (block_program, scored_block_program)
             else:
-                arrays, chunk_scores = self._call(kind, scored_block_program, *inputs, score_temperature)
+                inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, rows),
+                          place_rows(self.layout, dst), *chunk_inputs)
+                programs = (rows_block_program, rows_scored_block_program)
+            if score_temperature is None:
+                arrays = self._call(kind, programs[0], *inputs)
+            else:
+                arrays, chunk_scores = self._call(kind, programs[1], *inputs, score_temperature)
                 scores.append(jax.device_get(chunk_scores))
         state = DecodeState(arrays, state.num_rows)
         if score_temperature is None:
             return state
-        return state, tuple(np.concatenate([s[i] for s in scores], axis=1) for i in range(2))
+        per_entry = [np.concatenate([s[i] for s in scores], axis=1) for i in range(2)]
+        if rows is not None:  # back to one row per batch row (zero where nothing was appended)
+            full = [np.zeros((state.batch_size, block), np.float32) for _ in per_entry]
+            for f, p in zip(full, per_entry, strict=True):
+                f[receiving] = p[: len(receiving)]
+            per_entry = full
+        return state, tuple(per_entry)
 
     def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
         """Grows the cache (to the next bucket) when some row's `needed[i]` more slots do not fit

@@ -150,3 +150,42 @@ def test_place_reuses_rows_in_place_and_they_continue_like_fresh_rows(greedy_sam
         sampler.place(st, [1, 1], source, [0, 1])
     with pytest.raises(ValueError, match="outside"):
         sampler.place(st, [3], source, [0])
+
+
+def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_identical(greedy_sampler, full_logits):
+    """An append to at most a quarter of the batch runs the forward on a quarter of it (`rows_block_program`,
+    and its scored form): the receiving rows continue like a full forward over their ids, scored tokens score
+    like teacher forcing, and every other row's cache, cursor and logits are untouched, bit for bit."""
+    from aepo_jax.sampling.jitted import rows_block_program, rows_scored_block_program
+
+    sampler = greedy_sampler
+    prompts = random_prompts(33, [4, 9, 2, 15, 7, 3, 11, 6])
+    st, first = sampler.generate(sampler.prefill(prompts), 3)
+    before = jax.device_get(st.arrays)
+    runs = rows_block_program._cache_size(), rows_scored_block_program._cache_size()
+    results = [[] for _ in prompts]
+    results[5] = random_prompts(34, [10])[0]  # one row of eight: a sub-batch of two, one of them padding
+    st = sampler.append(st, results)
+    forced = [[] for _ in prompts]
+    forced[1], forced[6] = random_prompts(35, [3, 12])  # two rows: the sub-batch of two
+    st, logp, _ = sampler.score_append(st, forced, temperature=1.0)
+    assert rows_block_program._cache_size() > runs[0] and rows_scored_block_program._cache_size() > runs[1]
+    after = jax.device_get(st.arrays)
+    for row in (0, 2, 3, 4, 7):  # received nothing
+        for name in ("last_logits", "cursor", "slot_valid", "next_position"):
+            np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
+        np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
+        np.testing.assert_array_equal(after.cache.v[:, row], before.cache.v[:, row])
+    for row in (1, 5, 6):
+        ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row]
+        np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+        assert after.cursor[row] == len(ids)
+        if forced[row]:
+            logits = full_logits(ids)[len(ids) - len(forced[row]) - 1: len(ids) - 1].astype(np.float64)
+            logits -= logits.max(axis=-1, keepdims=True)
+            ref = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+            np.testing.assert_allclose(logp[row], ref[np.arange(len(forced[row])), forced[row]], rtol=1e-4, atol=1e-4)
+    st, out = sampler.generate(st, 4)
+    for row in range(len(prompts)):
+        ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row] + out.row_tokens(row)
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
