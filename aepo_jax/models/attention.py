@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aepo_jax.models.attention_flash import (
+    batch_shards,
     cudnn_attention,
     on_platform,
     shard_over_mesh,
@@ -31,6 +32,11 @@ from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical
 from aepo_jax.models.tree_attention import tree_attention
 
 ATTENTION_BACKENDS = ("dense", "splash", "cudnn")
+# A cached block (prefill / append over a KV cache) materialises its float32 scores [B, KVH, G, T, S]
+# for at most this many bytes of rows at a time: groups of rows run one after another, so the scores
+# stay in cache on a CPU (2.7x faster at 128 rows x 64 tokens x 512 slots) and the temporaries stay
+# bounded on an accelerator. Each group keeps at least one row per batch shard of the mesh.
+CACHED_SCORES_CHUNK_BYTES = 4 << 20
 
 
 def check_backend(implementation: str) -> str:
@@ -83,7 +89,30 @@ def masked_attention(
         if head_major_kv:
             k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         return cudnn_attention(q, k, v, dense)
+    if head_major_kv and length > 1:
+        return _row_chunked(_dense_attention, q, k, v, dense, head_major_kv)
     return _dense_attention(q, k, v, dense, head_major_kv)  # "dense", and splash's cached blocks
+
+
+def _row_chunked(attend, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, head_major_kv: bool) -> jax.Array:
+    """`attend(q, k, v, mask, head_major_kv)` over groups of rows in turn, each group's float32 scores at
+    most `CACHED_SCORES_CHUNK_BYTES` (or one row per batch shard). Rows are independent, so the result
+    is the same as one call; group j takes rows j, j + n, j + 2n, ... so every group spans every shard."""
+    batch, length, n_heads, _ = q.shape
+    per_row = 4 * n_heads * length * mask.shape[-1]  # float32 scores of one row
+    shards = batch_shards(batch)
+    rows = max(shards, CACHED_SCORES_CHUNK_BYTES // per_row // shards * shards)
+    while batch % rows:  # the largest multiple of the shard count that divides the batch
+        rows -= shards
+    groups = batch // rows
+    if groups == 1:
+        return attend(q, k, v, mask, head_major_kv)
+
+    def split(x):  # [B, ...] -> [groups, rows, ...]: group j holds rows j, j + groups, ...
+        return jnp.moveaxis(x.reshape(rows, groups, *x.shape[1:]), 1, 0)
+
+    out = jax.lax.map(lambda xs: attend(*xs, head_major_kv), (split(q), split(k), split(v), split(mask)))
+    return jnp.moveaxis(out, 0, 1).reshape(batch, *out.shape[2:])
 
 
 def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *, interpret: bool) -> jax.Array:

@@ -71,6 +71,16 @@ def _dividing_axes(mesh, axes: str | tuple[str, ...] | None, size: int) -> tuple
     return tuple(chosen)
 
 
+def batch_shards(batch: int) -> int:
+    """How many ways the context mesh (`jax.set_mesh`) splits `batch` rows (1 without a mesh)."""
+    from aepo_jax.parallel.sharding import LOGICAL_AXIS_RULES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    return math.prod(mesh.shape[a] for a in _dividing_axes(mesh, LOGICAL_AXIS_RULES["batch"], batch))
+
+
 def shard_over_mesh(kernel: Callable[..., jax.Array], q: jax.Array, k: jax.Array, v: jax.Array,
                     mask: AttentionMask) -> jax.Array:
     """`kernel(q, k, v, mask)` run per device under the context mesh (`jax.set_mesh`), or directly without one.

@@ -144,3 +144,30 @@ def test_splash_lowers_for_tpu_from_a_cpu_process():
 
     lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, v).lower(lowering_platforms=("tpu",))
     assert lowered.as_text().count("tpu_custom_call") >= 3  # forward, dq and dkv kernels
+
+
+@pytest.mark.parametrize("budget_rows, batch", [(1, 8), (2, 8), (3, 6), (8, 8)])
+def test_cached_blocks_attend_groups_of_rows_in_turn_and_equal_one_pass(monkeypatch, budget_rows, batch):
+    """A cached block whose scores exceed CACHED_SCORES_CHUNK_BYTES runs groups of rows one after another
+    (strided groups: rows j, j + n, ...); every row equals the float64 reference and the one-pass result."""
+    from aepo_jax.models import attention as attention_module
+
+    rng = np.random.default_rng(budget_rows)
+    length, n_keys, n_heads, n_kv_heads, head_dim = 4, 24, 4, 2, 8
+    q, k, v = random_qkv(rng, batch, length, n_keys, n_heads, n_kv_heads, head_dim)
+    valid = rng.random((batch, n_keys)) < 0.8
+    mask = cached_mask(jnp.asarray(valid), 16).to_dense(length)  # queries at slots 16..19
+    k_hm, v_hm = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # the cache's head-major layout
+    one_pass = jax.jit(lambda *a: eager_masked_attention(*a, head_major_kv=True))(q, k_hm, v_hm, mask)
+    monkeypatch.setattr(attention_module, "CACHED_SCORES_CHUNK_BYTES", budget_rows * 4 * n_heads * length * n_keys)
+    traced = []
+    real_map = jax.lax.map
+    monkeypatch.setattr(jax.lax, "map", lambda f, xs: traced.append(xs[0].shape) or real_map(f, xs))
+    chunked = jax.jit(lambda *a: eager_masked_attention(*a, head_major_kv=True))(q, k_hm, v_hm, mask)
+    if budget_rows < batch:
+        rows = max(r for r in range(1, budget_rows + 1) if batch % r == 0)
+        assert traced == [(batch // rows, rows, length, n_heads, head_dim)]  # groups x rows per group
+    else:
+        assert traced == []
+    np.testing.assert_allclose(np.asarray(chunked), numpy_attention(q, k, v, np.asarray(mask)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(chunked), np.asarray(one_pass), rtol=1e-6, atol=1e-6)

@@ -75,3 +75,25 @@ def test_cache_sharded_over_batch_axes_and_kv_heads_and_results_match_unsharded(
         assert on_mesh.tokens.tolist() == alone.tokens.tolist()
         np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)
+
+
+def test_cached_blocks_in_row_groups_on_a_mesh_match_single_device(tiny_model, greedy_sampler, monkeypatch):
+    """With a tiny score budget, a 16-row append on 8 data shards attends in two groups of 8 rows (one
+    per shard each); tokens equal the single-device sampler's."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    from aepo_jax.models import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "CACHED_SCORES_CHUNK_BYTES", 1)
+    _, graphdef, state = tiny_model
+    mesh = make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
+    sharded = Sampler(graphdef, shard_state(state, mesh), params=SamplingParams(greedy=True), mesh=mesh)
+    prompts = random_prompts(36, [3 + (5 * i) % 13 for i in range(13)])  # 13 rows: a batch of 16
+    results = random_prompts(37, [1 + (3 * i) % 7 for i in range(13)])
+    st = sharded.append(sharded.prefill(prompts), results)
+    assert st.batch_size == 16
+    _, on_mesh = sharded.generate(st, 6)
+    single = greedy_sampler
+    _, alone = single.generate(single.append(single.prefill(prompts), results), 6)
+    assert on_mesh.tokens.tolist() == alone.tokens.tolist()
+    np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-5, atol=1e-5)
