@@ -388,7 +388,8 @@ class Sampler:
         receiving = [row for row, ids in enumerate(token_lists) if len(ids)]
         # One sub-batch size per batch (a quarter of it), not one per count of receiving rows: each
         # size is another compiled program for every block and cache length.
-        sub_batch = max(state.batch_size // SUB_BATCH_FRACTION, bucket_batch(1, self._data_size))
+        shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
+        sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
         if receiving and len(receiving) <= sub_batch < state.batch_size:
             rows = np.asarray(receiving + [receiving[0]] * (sub_batch - len(receiving)), np.int32)
             dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
