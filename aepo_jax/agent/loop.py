@@ -20,8 +20,9 @@ Token-in, token-out: trajectories hold exactly the sampled ids and the
 tokenised tool results; nothing is re-tokenised.
 
 `"continuous"` (`aepo_jax.agent.continuous`) takes tools off the critical path:
-decode in chunks, park a row while its tool call runs, fold its result in at
-the first chunk boundary after it arrived.
+decode in chunks; a row waiting on its tool call stays in place, decoding
+nothing, and its result is appended at the first chunk boundary after it
+arrived. Step 2 lives in `aepo_jax.agent.branching`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import jax
 import numpy as np
 
 from aepo_jax.agent import tags
+from aepo_jax.agent.branching import BranchDecisions
 from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
     TOP_LOGPROBS,
@@ -134,7 +136,7 @@ def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
     return values
 
 
-class _Run(ContinuousSchedule):
+class _Run(ContinuousSchedule, BranchDecisions):
     """State of one `AgentLoop.run` call; the continuous schedule's methods come from `ContinuousSchedule`."""
 
     def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids) -> None:
@@ -362,75 +364,6 @@ class _Run(ContinuousSchedule):
             raise ValueError("entropy_measure='top10_sum' needs the generator to return top_logprobs [B, N, 10] "
                              "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
-
-    def _decide_branches(self, outputs: list[tuple[list[int], str]]
-                         ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
-        """Branch decisions for rows whose segment after a tool result is measured (spec 2.2 step 3).
-        Returns (state, children, rows): child j starts as row rows[j] of state (None: row j).
-
-        A decision waits while that segment is paused with fewer than K tokens,
-        so it always reads the entropy of K tokens (or of the whole, shorter
-        segment). None is drawn once the prompt has no budget left.
-        """
-        if self.policy is None:
-            self.pending = {}
-            return []
-        by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
-        prefilled: list[Trajectory] = []
-        for traj in self._due_replays():
-            prefilled += self._decide(traj, traj.tool_steps[self.round - 2].result_end)
-        waiting: dict[int, tuple[Any, int]] = {}
-        for row, traj in enumerate(self.rows):
-            if traj.traj_id not in self.pending:
-                continue
-            snapshot, slot = self.pending[traj.traj_id]
-            if outputs[row] is None:  # waiting on a tool: nothing decoded this tick
-                waiting[traj.traj_id] = (snapshot, slot)
-                continue
-            segment = traj.segments[-1] if traj.segments else None
-            branch_point = traj.tool_steps[-1].result_end
-            if segment is None or segment.start != branch_point:
-                continue  # nothing was generated after the tool result: no entropy to judge
-            if segment.end - segment.start < self.cfg.entropy_tokens and self._pauses(row, outputs[row][1]):
-                waiting[traj.traj_id] = (snapshot, slot)  # fewer than K tokens so far: decide next round
-                continue
-            new = self._decide(traj, branch_point)
-            if not new:
-                continue
-            if self.cfg.branch_by == "prefill":
-                prefilled += new
-                continue
-            _, rows, kids = by_snapshot.setdefault(id(snapshot), (snapshot, [], []))
-            rows += [slot] * len(new)
-            kids += new
-        self.pending = waiting
-        states = [(snapshot, kids, rows) for snapshot, rows, kids in by_snapshot.values()]
-        if prefilled:
-            states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled, None))
-        return states
-
-    def _due_replays(self) -> list[Trajectory]:
-        """Reused finished globals whose (round - 1)-th tool result is decided this round."""
-        return [t for t in self.replays if 0 <= self.round - 2 < len(t.tool_steps)]
-
-    def _decide(self, traj: Trajectory, branch_point: int) -> list[Trajectory]:
-        """Ask the policy at `traj`'s tool result ending at `branch_point`; returns the new branches."""
-        prompt = traj.prompt_index
-        budget = self.ks[prompt] - len(self.groups[prompt])
-        segment = next((s for s in traj.segments if s.start == branch_point), None)
-        if budget <= 0 or segment is None:
-            return []  # no budget (or nothing generated after the result): no decision to draw
-        wanted = self.policy.branch_count(traj, segment.entropy, self.rng)
-        count = max(0, min(wanted, budget))
-        traj.decisions.append((branch_point, count > 0))
-        children = []
-        for _ in range(count):
-            tid = next(self.ids)
-            self.events.append(RolloutEvent(self.round, prompt, tid, "branch", self._active(prompt)))
-            child = traj.branch(tid, branch_point)
-            self.groups[prompt].append(child)
-            children.append(child)
-        return children
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
