@@ -18,6 +18,8 @@ with `n_layers`) and `ModelConfig.remat` can rematerialise one layer at a time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -25,7 +27,7 @@ from flax import nnx
 from aepo_jax.models.attention import Attention
 from aepo_jax.models.attention_mask import AttentionMask, cached_mask, causal_mask
 from aepo_jax.models.config import ModelConfig
-from aepo_jax.models.kv_cache import KVCache
+from aepo_jax.models.kv_cache import KVCache, LayerKV
 from aepo_jax.models.layers import (
     RMSNorm,
     SwiGLU,
@@ -64,6 +66,14 @@ def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
         return DecoderBlock(config, rngs=layer_rngs)
 
     return make(rngs)
+
+
+def split_layer_params(state: nnx.State) -> list[nnx.State]:
+    """A Decoder state's stacked block parameters as one state per layer (copies), for
+    `Decoder(..., layer_params=...)`."""
+    stacked = state["layers"]
+    n_layers = jax.tree.leaves(stacked)[0].shape[0]
+    return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_layers)]
 
 
 def check_mask_shape(mask: AttentionMask | jax.Array, batch: int, length: int, n_keys: int, *, cached: bool) -> None:
@@ -115,7 +125,8 @@ class Decoder(nnx.Module):
         last_logits_only: bool = False,
         return_hidden: bool = False,
         cache_write_slots: jax.Array | None = None,
-    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        layer_params: Sequence[nnx.State] | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache | LayerKV]:
         """Logits `[B, T, V]` (and the updated cache when `kv_cache` is given).
 
         `last_logits_only=True` projects only the last position to the
@@ -130,6 +141,12 @@ class Decoder(nnx.Module):
         their own cursor) gives every new token's slot instead of `[index, index + T)`;
         slots >= S are not written (padding). The mask (required then) may cover only
         the first S' <= S slots: attention reads just that span. `index` is left as is.
+
+        `layer_params` (`split_layer_params(state)`, with a `LayerKV` cache and
+        `cache_write_slots`) runs the layers unrolled on parameters already split
+        per layer, instead of scanning the stacked ones: the sampler's decode
+        loop splits them once per window, so no step copies a layer's weights or
+        slots out of a stack (XLA:CPU copies every dynamic slice of the scan).
         """
         config = self.config
         batch, length = input_ids.shape
@@ -157,7 +174,12 @@ class Decoder(nnx.Module):
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))
 
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(config.dtype)  # [B, T, D]
-        x, kv_cache = self._scan_layers(x, positions, attention_mask, inv_freq, kv_cache, offset, cache_write_slots)
+        if layer_params is not None:
+            x, kv_cache = self._unrolled_layers(x, positions, attention_mask, inv_freq, kv_cache, layer_params,
+                                                cache_write_slots)
+        else:
+            x, kv_cache = self._scan_layers(x, positions, attention_mask, inv_freq, kv_cache, offset,
+                                            cache_write_slots)
         if last_logits_only:
             x = x[:, -1:]  # [B, 1, D]
         x = self.final_norm(x)
@@ -168,6 +190,22 @@ class Decoder(nnx.Module):
         if kv_cache is None:
             return out
         return out, kv_cache if cache_write_slots is not None else kv_cache.replace(index=offset + length)
+
+    def _unrolled_layers(self, x, positions, mask, inv_freq, kv_cache: LayerKV, layer_params, write_slots):
+        """Runs the blocks one after another on per-layer parameters and per-layer cache buffers."""
+        if not isinstance(kv_cache, LayerKV) or write_slots is None:
+            raise ValueError("layer_params needs a LayerKV cache and cache_write_slots")
+        if len(layer_params) != self.config.n_layers or kv_cache.n_layers != self.config.n_layers:
+            raise ValueError(f"layer_params ({len(layer_params)}) and the LayerKV cache ({kv_cache.n_layers}) "
+                             f"need one entry per layer ({self.config.n_layers})")
+        graphdef = nnx.graphdef(self.layers)
+        keys, values = [], []
+        for params, k, v in zip(layer_params, kv_cache.k, kv_cache.v, strict=True):
+            block = nnx.merge(graphdef, params)
+            x, (k, v) = block(x, positions, mask, inv_freq, (k, v), None, cache_slots=write_slots)
+            keys.append(k)
+            values.append(v)
+        return x, LayerKV(k=tuple(keys), v=tuple(values))
 
     def _scan_layers(self, x, positions, mask, inv_freq, kv_cache: KVCache | None, offset, write_slots=None):
         """Runs the stacked blocks in order under `lax.scan` (rematerialised as `config.remat` says).

@@ -67,3 +67,44 @@ class KVCache:
         """A cache whose row i is a copy of row `rows[i]` (forking a branch); the index is kept."""
         rows = jnp.asarray(rows, jnp.int32)
         return self.replace(k=jnp.take(self.k, rows, axis=1), v=jnp.take(self.v, rows, axis=1))
+
+
+@struct.dataclass
+class LayerKV:
+    """Keys and values as one `[B, KVH, S, Dh]` buffer per layer, not stacked.
+
+    The sampler's decode windows run on it (`Decoder(..., layer_params=...)`,
+    layers unrolled): a layer's step writes and reads its own buffer in place,
+    where a stacked cache read inside a layer loop copies the layer's slots out
+    on backends that cannot read a strided slice in place (XLA:CPU).
+    """
+
+    k: tuple[jax.Array, ...]  # n_layers x [B, KVH, S, Dh]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def index(self) -> jax.Array:
+        return jnp.zeros((), jnp.int32)  # unused: ragged rows write at their own slots
+
+    @classmethod
+    def from_stacked(cls, cache: KVCache, span: int) -> LayerKV:
+        """Copies of each layer's first `span` slots."""
+        return cls(k=tuple(cache.k[i, :, :, :span] for i in range(cache.n_layers)),
+                   v=tuple(cache.v[i, :, :, :span] for i in range(cache.n_layers)))
+
+    def into_stacked(self, cache: KVCache) -> KVCache:
+        """`cache` with each layer's first `length` slots replaced by this one's."""
+        def put(stacked: jax.Array, layers: tuple[jax.Array, ...]) -> jax.Array:
+            for i, layer in enumerate(layers):
+                stacked = jax.lax.dynamic_update_slice(stacked, layer[None].astype(stacked.dtype), (i, 0, 0, 0, 0))
+            return stacked
+
+        return cache.replace(k=put(cache.k, self.k), v=put(cache.v, self.v))

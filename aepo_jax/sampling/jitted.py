@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aepo_jax.models.decoder import split_layer_params
+from aepo_jax.models.kv_cache import LayerKV
 from aepo_jax.sampling.cache_sharding import constrain
 from aepo_jax.sampling.layout import grow_slots, take_rows
 from aepo_jax.sampling.layout import place_rows as place_source_rows
@@ -26,7 +28,7 @@ from aepo_jax.sampling.programs import (
 )
 
 
-def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots, layer_params=None):
     """The model's cached forward for ragged rows as a pure function of its parameter state.
 
     Returns logits [B, 1, V] of the block's last position only: blocks are
@@ -35,7 +37,7 @@ def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache
     """
     model = nnx.merge(graphdef, params)
     return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
-                 cache_write_slots=write_slots)
+                 cache_write_slots=write_slots, layer_params=layer_params)
 
 
 def model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
@@ -86,14 +88,26 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
+                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span",
+                                    "layerwise"),
                    donate_argnums=(2,))
 def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
-                    pad_id, num_top_logprobs=0, layout=None, span=None):
-    arrays, out, progress = decode_loop(
-        functools.partial(model_forward, graphdef), params, arrays, row_keys, budget, stop_table, progress,
-        max_steps=max_steps, sampling=sampling, pad_id=pad_id, num_top_logprobs=num_top_logprobs, span=span,
-    )
+                    pad_id, num_top_logprobs=0, layout=None, span=None, layerwise=False):
+    """One decode window. `layerwise`: the window runs on per-layer copies of the parameters and of
+    the cache's first `span` slots (`LayerKV`), made once before its steps and written back after,
+    with the layers unrolled; otherwise every step scans the stacked layers and reads the span."""
+    loop = functools.partial(decode_loop, max_steps=max_steps, sampling=sampling, pad_id=pad_id,
+                             num_top_logprobs=num_top_logprobs)
+    if not layerwise:
+        arrays, out, progress = loop(functools.partial(model_forward, graphdef), params, arrays, row_keys, budget,
+                                     stop_table, progress, span=span)
+        return constrain(layout, arrays), out, progress
+    span = arrays.slot_valid.shape[1] if span is None else span
+    window = arrays.replace(cache=LayerKV.from_stacked(arrays.cache, span), slot_valid=arrays.slot_valid[:, :span])
+    forward = functools.partial(model_forward, graphdef, layer_params=split_layer_params(params))
+    window, out, progress = loop(forward, params, window, row_keys, budget, stop_table, progress)
+    arrays = window.replace(cache=window.cache.into_stacked(arrays.cache),
+                            slot_valid=jax.lax.dynamic_update_slice(arrays.slot_valid, window.slot_valid, (0, 0)))
     return constrain(layout, arrays), out, progress
 
 

@@ -83,6 +83,11 @@ class Sampler:
       cache_dtype: dtype of the KV cache (default: the model's compute dtype).
       max_block_tokens: longest block one forward writes (a power of two); longer
         prefills, repacks and appends run as successive chunks (same result).
+      layerwise_decode: run each decode window on per-layer copies of the weights and of the
+        cache's live span, layers unrolled (`jitted.decode_program`), instead of scanning the
+        stacked layers every step. Default (None): on where the sampler's devices are CPUs,
+        whose compiler copies every layer slice a scan step reads; off on TPU / GPU, where the
+        scan reads the stack in place and the span copy would be a second cache in memory.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class Sampler:
         seed: int | None = None,
         cache_dtype: jnp.dtype | None = None,
         max_block_tokens: int = MAX_BLOCK_TOKENS,
+        layerwise_decode: bool | None = None,
     ):
         if max_block_tokens < MIN_BLOCK or max_block_tokens & (max_block_tokens - 1):
             raise ValueError(f"max_block_tokens must be a power of two >= {MIN_BLOCK}, got {max_block_tokens}")
@@ -117,6 +123,10 @@ class Sampler:
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
         self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
         self.layout = None if mesh is None else DecodeSharding(mesh)
+        if layerwise_decode is None:
+            devices = jax.devices() if mesh is None else mesh.devices.flat
+            layerwise_decode = all(d.platform == "cpu" for d in devices)
+        self.layerwise_decode = bool(layerwise_decode)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self.last_decode_spans: list[int] = []  # cache slots each window of the last generate read
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
@@ -261,6 +271,7 @@ class Sampler:
                 "decode", decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
                 self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
                 num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
+                layerwise=self.layerwise_decode,
             )
             windows.append(out)
             self.last_decode_spans.append(span)

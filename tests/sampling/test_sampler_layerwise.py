@@ -1,0 +1,79 @@
+"""The two decode-window programs (`Sampler(layerwise_decode=...)`) give the same rollout.
+
+Layerwise windows (the CPU default) run on per-layer copies of the weights and of the cache's
+live span, layers unrolled; stacked windows (TPU / GPU) scan the stacked layers every step. Every
+other sampler test runs the default on this CPU, so this file is where the stacked program is
+checked, against the layerwise one and on its own cache contents.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.sampling.sampler import DECODE_WINDOW
+from tests.sampling.conftest import random_prompts
+
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def _rollout(sampler: Sampler, prompts, stop_sequences_hit: bool = False):
+    """prefill, a multi-window sampled generate, a ragged append, a second generate with top log-probs."""
+    st, first = sampler.generate(sampler.prefill(prompts), [2 * DECODE_WINDOW + 3, 5, 0, 9],
+                                 rng=jax.random.key(7))
+    st = sampler.append(st, random_prompts(41, [0, 6, 3, 1]))
+    st, second = sampler.generate(st, DECODE_WINDOW + 1, rng=jax.random.key(8), top_logprobs=3)
+    return st, first, second
+
+
+def test_default_is_layerwise_on_cpu_and_can_be_turned_off(tiny_model):
+    _, graphdef, state = tiny_model
+    assert Sampler(graphdef, state).layerwise_decode is (jax.default_backend() == "cpu")
+    assert Sampler(graphdef, state, layerwise_decode=False).layerwise_decode is False
+
+
+def test_layerwise_and_stacked_windows_give_the_same_tokens_scores_and_cache(tiny_model):
+    _, graphdef, state = tiny_model
+    prompts = random_prompts(40, [3, 12, 7, 20])
+    runs = {}
+    for layerwise in (True, False):
+        sampler = Sampler(graphdef, state, params=SAMPLED, layerwise_decode=layerwise)
+        runs[layerwise] = _rollout(sampler, prompts)
+    (st_a, first_a, second_a), (st_b, first_b, second_b) = runs[True], runs[False]
+    for a, b in ((first_a, first_b), (second_a, second_b)):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        assert a.num_tokens.tolist() == b.num_tokens.tolist()
+        assert a.stop_reason == b.stop_reason
+        for name in ("logp", "logp_truncated", "entropy"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(second_a.top_logprobs, second_b.top_logprobs, rtol=1e-5, atol=1e-5)
+    assert second_a.top_ids.tolist() == second_b.top_ids.tolist()
+    assert first_a.num_tokens[0] == 2 * DECODE_WINDOW + 3  # three windows, the span growing between them
+    # The layerwise window writes its span back into the stacked cache: same slots, same keys and values.
+    a, b = st_a.arrays, st_b.arrays
+    assert np.asarray(a.cursor).tolist() == np.asarray(b.cursor).tolist()
+    assert np.array_equal(np.asarray(a.slot_valid), np.asarray(b.slot_valid))
+    valid = np.asarray(a.slot_valid)[None, :, None, :, None]  # [1, B, 1, S, 1]
+    for x, y in ((a.cache.k, b.cache.k), (a.cache.v, b.cache.v)):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_allclose(np.where(valid, x, 0), np.where(valid, y, 0), rtol=1e-5, atol=1e-5)
+        assert not np.where(valid, 0, x).any(), "a window wrote slots that hold no token"
+
+
+def test_layerwise_windows_on_a_sharded_mesh_match_stacked_ones(tiny_model):
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    from aepo_jax.parallel import make_mesh
+
+    _, graphdef, state = tiny_model
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    prompts = random_prompts(42, [5, 9, 2, 14])
+    outs = {}
+    for layerwise in (True, False):
+        sampler = Sampler(graphdef, state, params=SAMPLED, mesh=mesh, layerwise_decode=layerwise)
+        st, _, second = _rollout(sampler, prompts)
+        assert st.arrays.cache.k.sharding.is_equivalent_to(
+            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, ("data", "fsdp"), "tensor")), 5)
+        outs[layerwise] = second
+    assert outs[True].tokens.tolist() == outs[False].tokens.tolist()
+    np.testing.assert_allclose(outs[True].logp, outs[False].logp, rtol=1e-5, atol=1e-5)
