@@ -88,27 +88,32 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span",
-                                    "layerwise"),
+                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
                    donate_argnums=(2,))
 def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
-                    pad_id, num_top_logprobs=0, layout=None, span=None, layerwise=False):
-    """One decode window. `layerwise`: the window runs on per-layer copies of the parameters and of
-    the cache's first `span` slots (`LayerKV`), made once before its steps and written back after,
-    with the layers unrolled; otherwise every step scans the stacked layers and reads the span."""
+                    pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
+    """One decode window. With `layer_params` (`split_layers_program(params)`) the window runs on
+    those per-layer parameters and on per-layer copies of the cache's first `span` slots (`LayerKV`,
+    made before its steps and written back after), the layers unrolled; otherwise every step scans
+    the stacked layers and reads the span out of the stacked cache."""
     loop = functools.partial(decode_loop, max_steps=max_steps, sampling=sampling, pad_id=pad_id,
                              num_top_logprobs=num_top_logprobs)
-    if not layerwise:
+    if layer_params is None:
         arrays, out, progress = loop(functools.partial(model_forward, graphdef), params, arrays, row_keys, budget,
                                      stop_table, progress, span=span)
         return constrain(layout, arrays), out, progress
     span = arrays.slot_valid.shape[1] if span is None else span
     window = arrays.replace(cache=LayerKV.from_stacked(arrays.cache, span), slot_valid=arrays.slot_valid[:, :span])
-    forward = functools.partial(model_forward, graphdef, layer_params=split_layer_params(params))
+    forward = functools.partial(model_forward, graphdef, layer_params=layer_params)
     window, out, progress = loop(forward, params, window, row_keys, budget, stop_table, progress)
     arrays = window.replace(cache=window.cache.into_stacked(arrays.cache),
                             slot_valid=jax.lax.dynamic_update_slice(arrays.slot_valid, window.slot_valid, (0, 0)))
     return constrain(layout, arrays), out, progress
+
+
+@jax.jit
+def split_layers_program(params):
+    return split_layer_params(params)
 
 
 @jax.jit
@@ -131,7 +136,7 @@ def place_program(arrays, dst, source, src, layout):
     return constrain(layout, place_source_rows(arrays, dst, source, src))
 
 
-PROGRAMS = (block_program, scored_block_program, rows_block_program, rows_scored_block_program, decode_program,
+PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program, rows_scored_block_program, decode_program,
             grow_program, take_program, place_program)
 
 

@@ -39,6 +39,7 @@ from aepo_jax.sampling.jitted import (
     rows_block_program,
     rows_scored_block_program,
     scored_block_program,
+    split_layers_program,
     start_program,
     take_program,
 )
@@ -83,9 +84,9 @@ class Sampler:
       cache_dtype: dtype of the KV cache (default: the model's compute dtype).
       max_block_tokens: longest block one forward writes (a power of two); longer
         prefills, repacks and appends run as successive chunks (same result).
-      layerwise_decode: run each decode window on per-layer copies of the weights and of the
-        cache's live span, layers unrolled (`jitted.decode_program`), instead of scanning the
-        stacked layers every step. Default (None): on where the sampler's devices are CPUs,
+      layerwise_decode: run each decode window on per-layer copies of the weights (made once per
+        parameter update, so the weights are held twice) and of the cache's live span, layers
+        unrolled (`jitted.decode_program`), instead of scanning the stacked layers every step. Default (None): on where the sampler's devices are CPUs,
         whose compiler copies every layer slice a scan step reads; off on TPU / GPU, where the
         scan reads the stack in place and the span copy would be a second cache in memory.
     """
@@ -112,6 +113,7 @@ class Sampler:
         self._graphdef = graphdef
         self.mesh = mesh
         self._params_state = self._shard_params(state)
+        self._layer_params = None  # the parameters split per layer, made on the first layerwise decode
         self.config = nnx.merge(graphdef, state).config
         self.pad_id = int(pad_id)
         self.params = params if params is not None else SamplingParams()
@@ -158,6 +160,7 @@ class Sampler:
         if jax.tree.structure(old) != jax.tree.structure(new) or jax.tree.leaves(old) != jax.tree.leaves(new):
             raise ValueError("set_params: the new state's tree, shapes or dtypes differ from the sampler's")
         self._params_state = self._shard_params(state)
+        self._layer_params = None
 
     def prefill(
         self, prompts: Sequence[Sequence[int]] | np.ndarray, lengths: Sequence[int] | None = None
@@ -259,6 +262,8 @@ class Sampler:
         row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
+        if self.layerwise_decode and self._layer_params is None:
+            self._layer_params = self._call("reshape", split_layers_program, self._params_state)
         arrays, cursors, windows = state.arrays, state.cursors, []
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
@@ -271,7 +276,7 @@ class Sampler:
                 "decode", decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
                 self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
                 num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
-                layerwise=self.layerwise_decode,
+                layer_params=self._layer_params if self.layerwise_decode else None,
             )
             windows.append(out)
             self.last_decode_spans.append(span)

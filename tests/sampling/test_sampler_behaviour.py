@@ -116,10 +116,16 @@ def test_set_params_changes_outputs_without_recompiling(tiny_model):
     prompts = random_prompts(21, [6])
     _, before = sampler.generate(sampler.prefill(prompts), 8)
     compiled = sampler.compiled_programs()
-    sampler.set_params(jax.tree.map(lambda x: -x, state))
+    negated = jax.tree.map(lambda x: -x, state)
+    sampler.set_params(negated)
     _, after = sampler.generate(sampler.prefill(prompts), 8)
     assert before.row_tokens(0) != after.row_tokens(0)
     assert sampler.compiled_programs() == compiled
+    # Every program uses the new parameters (the layerwise decode's per-layer copy included).
+    fresh = Sampler(graphdef, negated, params=SamplingParams(greedy=True))
+    _, expected = fresh.generate(fresh.prefill(prompts), 8)
+    assert after.row_tokens(0) == expected.row_tokens(0)
+    np.testing.assert_allclose(after.logp, expected.logp, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="differ"):
         sampler.set_params(jax.tree.map(lambda x: x[..., :1], state))
 
