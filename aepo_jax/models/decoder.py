@@ -144,9 +144,10 @@ class Decoder(nnx.Module):
 
         `layer_params` (`split_layer_params(state)`, with a `LayerKV` cache and
         `cache_write_slots`) runs the layers unrolled on parameters already split
-        per layer, instead of scanning the stacked ones: the sampler's decode
-        loop splits them once per window, so no step copies a layer's weights or
-        slots out of a stack (XLA:CPU copies every dynamic slice of the scan).
+        per layer, instead of scanning the stacked ones: the sampler splits them once
+        per parameter update and its decode windows copy the cache's live slots per
+        layer, so no step copies a layer's weights or slots out of a stack (XLA:CPU
+        copies every dynamic slice of the scan).
         """
         config = self.config
         batch, length = input_ids.shape

@@ -136,8 +136,8 @@ def place_program(arrays, dst, source, src, layout):
     return constrain(layout, place_source_rows(arrays, dst, source, src))
 
 
-PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program, rows_scored_block_program, decode_program,
-            grow_program, take_program, place_program)
+PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program,
+            rows_scored_block_program, decode_program, grow_program, take_program, place_program)
 
 
 def sampler_programs() -> dict[str, object]:

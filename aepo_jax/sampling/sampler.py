@@ -86,9 +86,10 @@ class Sampler:
         prefills, repacks and appends run as successive chunks (same result).
       layerwise_decode: run each decode window on per-layer copies of the weights (made once per
         parameter update, so the weights are held twice) and of the cache's live span, layers
-        unrolled (`jitted.decode_program`), instead of scanning the stacked layers every step. Default (None): on where the sampler's devices are CPUs,
-        whose compiler copies every layer slice a scan step reads; off on TPU / GPU, where the
-        scan reads the stack in place and the span copy would be a second cache in memory.
+        unrolled (`jitted.decode_program`), instead of scanning the stacked layers every step.
+        Default (None): on where the sampler's devices are CPUs, whose compiler copies every
+        layer slice a scan step reads; off on TPU / GPU, where the scan reads the stack in place
+        and the span copy would be a second cache in memory.
     """
 
     def __init__(
