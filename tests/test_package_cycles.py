@@ -10,6 +10,7 @@ fails the test with the modules that make each of its edges.
 from __future__ import annotations
 
 import ast
+import gc
 import itertools
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +21,24 @@ ROOT = Path(__file__).resolve().parents[1] / "aepo_jax"
 def _unit(dotted: str) -> str | None:
     parts = dotted.split(".")
     return parts[1] if parts[0] == "aepo_jax" and len(parts) > 1 else None
+
+
+def _parse(source: str) -> ast.Module:
+    """`ast.parse` with the cyclic GC paused.
+
+    CPython 3.11 keeps the AST converter's recursion counter in module state:
+    a finalizer run by the GC in the middle of a parse (an asyncio task of an
+    earlier test logging its traceback, which parses source for its carets)
+    re-enters the converter and the outer parse fails with "AST constructor
+    recursion depth mismatch".
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
@@ -39,7 +58,7 @@ def package_graph(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
         source = _unit(module)
         if source is None or source == "__init__":  # aepo_jax/__init__.py re-exports; it is not a package
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path.read_text(encoding="utf-8"))
         skipped = _type_checking_nodes(tree)
         for node in ast.walk(tree):
             if id(node) in skipped:

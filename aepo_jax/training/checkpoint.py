@@ -6,6 +6,9 @@ killed mid-save leaves only complete steps visible: `latest_step()` and
 `restore()` use the newest complete one (tested with a SIGKILLed subprocess).
 Restoring goes through an abstract target (shapes, dtypes, shardings), so
 optax tuples come back as tuples and arrays land on the requested devices.
+The target's shapes and dtypes are checked against the step's metadata before
+any array is read, so a checkpoint of another model is a `ValueError` naming
+the leaf (and no half-started read is left behind).
 """
 
 from __future__ import annotations
@@ -14,7 +17,46 @@ import os
 from typing import Any, Self
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+
+def _path_names(path: tuple) -> tuple[str, ...]:
+    """A key path as plain names, so a saved list and a target tuple compare equal."""
+    names = []
+    for key in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                names.append(str(getattr(key, attr)))
+                break
+        else:
+            names.append(str(key))
+    return tuple(names)
+
+
+def _leaves_by_path(tree: Any, is_leaf: Any = None) -> dict[tuple[str, ...], Any]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return {_path_names(path): leaf for path, leaf in leaves}
+
+
+def check_fits_metadata(abstract: Any, metadata: Any, where: str) -> None:
+    """Raise ValueError naming the first leaf whose shape or dtype differs from the saved one.
+
+    Leaves are matched by key path; a target with leaves the checkpoint lacks
+    (or the other way round) is left to orbax, which names the missing keys.
+    """
+    is_array_meta = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
+    saved = _leaves_by_path(metadata, is_leaf=is_array_meta)
+    for path, leaf in _leaves_by_path(abstract).items():
+        stored = saved.get(path)
+        if stored is None or not is_array_meta(stored) or not hasattr(leaf, "shape"):
+            continue
+        if tuple(stored.shape) != tuple(leaf.shape) or jnp.dtype(stored.dtype) != jnp.dtype(leaf.dtype):
+            raise ValueError(
+                f"checkpoint {where} does not fit the target at {'.'.join(path)}: saved "
+                f"{jnp.dtype(stored.dtype).name}{list(stored.shape)}, target "
+                f"{jnp.dtype(leaf.dtype).name}{list(leaf.shape)}"
+            )
 
 
 def abstract_like(tree: Any, shardings: Any | None = None) -> Any:
@@ -39,7 +81,8 @@ class Checkpointer:
             create=True,
         )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "data")
+            self.directory, options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()},
         )
 
     def save(self, step: int, state: Any, data_position: dict | None = None, force: bool = False) -> bool:
@@ -75,6 +118,11 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         abstract = abstract_like(target, shardings)
+        metadata = self._manager.item_metadata(int(step))
+        state_metadata = metadata["state"] if metadata is not None and "state" in metadata else None
+        if state_metadata is not None:
+            check_fits_metadata(abstract, getattr(state_metadata, "tree", state_metadata),
+                                f"{self.directory}/{int(step)}")
         restored = self._manager.restore(
             int(step),
             args=ocp.args.Composite(

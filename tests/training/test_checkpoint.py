@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from aepo_jax.training.checkpoint import Checkpointer
@@ -46,6 +47,32 @@ def test_round_trip_restores_identical_structure_values_and_data_position(tmp_pa
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert position == {"epoch": 0, "next_index": 7}
+
+
+def _replace_leaf(tree, dotted: str, value):
+    """`tree` with the leaf whose key path starts with `dotted` replaced by `value`."""
+    def pick(path, leaf):
+        names = ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        return value if names.startswith(dotted) else leaf
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def test_a_target_of_another_shape_or_dtype_is_refused_before_any_read(tmp_path):
+    state = _state()
+    with Checkpointer(str(tmp_path)) as ckpt:
+        ckpt.save(1, state)
+    wider = _replace_leaf(state, "params.dense.kernel", jnp.zeros((6, 9), jnp.float32))
+    with Checkpointer(str(tmp_path)) as ckpt, pytest.raises(
+            ValueError, match=r"does not fit the target at params\.dense\.kernel\.value: "
+                              r"saved float32\[6, 8\], target float32\[6, 9\]"):
+        ckpt.restore(wider)
+    halved = _replace_leaf(state, "params.norm.scale", jnp.ones((8,), jnp.bfloat16))
+    with Checkpointer(str(tmp_path)) as ckpt:
+        with pytest.raises(ValueError, match=r"params\.norm\.scale\.value: saved float32\[8\], target bfloat16\[8\]"):
+            ckpt.restore(halved)
+        restored, _ = ckpt.restore(state)  # the matching target still restores
+    np.testing.assert_array_equal(np.asarray(restored.params["dense"]["kernel"].value),
+                                  np.asarray(state.params["dense"]["kernel"].value))
 
 
 def test_keeps_only_newest_n_steps(tmp_path):
