@@ -60,12 +60,13 @@ class DecodeState:
     @property
     def cursor(self) -> int:
         """The largest next free slot over the real rows: the cache needs room past it."""
-        return int(np.max(np.asarray(self.arrays.cursor[: self.num_rows]), initial=0))
+        return int(np.max(self.cursors, initial=0))
 
     @property
     def cursors(self) -> np.ndarray:
-        """int32[num_rows]: each real row's next free slot."""
-        return np.asarray(self.arrays.cursor[: self.num_rows])
+        """int32[num_rows]: each real row's next free slot (fetched whole, sliced on the host: a
+        device-side slice of each new length would compile a program of its own)."""
+        return np.asarray(self.arrays.cursor)[: self.num_rows]
 
     @property
     def last_logits(self) -> jax.Array:
@@ -75,7 +76,7 @@ class DecodeState:
     @property
     def next_position(self) -> np.ndarray:
         """int32[num_rows]: number of real tokens in each row (its next rotary position)."""
-        return np.asarray(self.arrays.next_position[: self.num_rows])
+        return np.asarray(self.arrays.next_position)[: self.num_rows]
 
 
 @dataclasses.dataclass(frozen=True)

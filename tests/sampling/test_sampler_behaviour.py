@@ -101,6 +101,27 @@ def test_jit_cache_does_not_grow_within_a_bucket(tiny_model):
     assert sampler.compiled_programs() == compiled
 
 
+def test_reading_cursors_of_any_row_count_compiles_nothing(tiny_model):
+    """The host reads a state's cursors every tick; a device-side slice per row count would compile
+    one program per count (it did, as `jit(dynamic_slice)`, in every rollout)."""
+    from aepo_jax.sampling.state import DecodeState
+
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True))
+    st = sampler.prefill(random_prompts(30, [3, 7, 5, 2, 9]))
+    compiles = []
+    listener = lambda event, seconds, **_: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        seen = [(DecodeState(st.arrays, n).cursors.tolist(), DecodeState(st.arrays, n).cursor,
+                 DecodeState(st.arrays, n).next_position.tolist()) for n in range(1, 6)]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    assert seen[-1] == ([3, 7, 5, 2, 9], 9, [3, 7, 5, 2, 9])
+    assert [len(c) for c, _, _ in seen] == [1, 2, 3, 4, 5]
+
+
 def test_counters_count_real_tokens_by_kind(tiny_model):
     _, graphdef, state = tiny_model
     sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True))
