@@ -121,7 +121,8 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
     else none) and the python sandbox, with the config's timeout, result size and search top-k.
     `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
-    than that (benchmarks of tool latency; an external `data.search_url` keeps its own)."""
+    than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
+    `rollout.tool_concurrency` is how many calls the registry runs at once."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         PythonSandbox,
@@ -129,6 +130,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
         SearchTool,
         ToolRegistry,
     )
+    from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 
     closers: list[Callable[[], None]] = []
     tools: dict[str, Any] = {}
@@ -144,7 +146,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)
-    registry = ToolRegistry(tools)
+    registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)))
     closers.append(registry.close)
     return registry, closers
 
@@ -360,6 +362,11 @@ class _TimedTools:
 
     def __init__(self, tools: Any):
         self.tools, self.seconds, self._lock = tools, 0.0, threading.Lock()
+
+    @property
+    def max_workers(self) -> int | None:
+        """The registry's limit on calls in flight (the continuous schedule sizes its threads by it)."""
+        return getattr(self.tools, "max_workers", None)
 
     def run_many(self, calls):
         start = time.perf_counter()

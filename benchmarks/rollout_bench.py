@@ -43,6 +43,7 @@ from aepo_jax.tools import (
     SearchTool,
     ToolRegistry,
 )
+from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 from benchmarks.bench_json import add_json_flag, write_json
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's monitoring event of one XLA compile
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--warmups", type=int, default=2, help="untimed runs of every schedule before the timed ones")
     parser.add_argument("--tool-latency-ms", type=float, default=0.0,
                         help="the search server and the sandbox answer no sooner than this after a call")
+    parser.add_argument("--tool-concurrency", type=int, default=DEFAULT_MAX_WORKERS,
+                        help="tool calls in flight at once (the registry's threads), under every schedule")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="agent-loop schedules to compare")
     parser.add_argument("--branch-by", default="fork", help="fork (KV-cache copy) and/or prefill, comma-separated")
     parser.add_argument("--chunk-tokens", type=int, default=64, help="the continuous schedule's decode chunk")
@@ -98,7 +101,7 @@ def main() -> None:
         with (start_search_server(str(path), latency_ms=latency) as server,
               PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
             registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
-                                     "python": PythonTool(sandbox)})
+                                     "python": PythonTool(sandbox)}, max_workers=args.tool_concurrency)
             loops = {key: AgentLoop(generator, tok, registry, config) for key, config in loop_configs.items()}
             # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
             # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
@@ -113,7 +116,7 @@ def main() -> None:
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
-          f"tool latency {latency:g} ms, device={jax.devices()[0].platform}")
+          f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, device={jax.devices()[0].platform}")
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8}")
     for r in sorted(rows, key=lambda r: (r["branch_by"], r["schedule"] != "rounds", r["repeat"])):

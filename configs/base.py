@@ -12,6 +12,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from aepo_jax.objectives import get_preset
+from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 
 
 def objective_from_preset(algorithm: str) -> ml_collections.ConfigDict:
@@ -92,6 +93,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.max_tool_calls = 6
     c.rollout.tool_timeout_s = 120.0
     c.rollout.tool_latency_ms = 0.0  # benchmarks: started search server and sandbox answer after >= this (0 = off)
+    c.rollout.tool_concurrency = DEFAULT_MAX_WORKERS  # tool calls in flight at once (the registry's threads)
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
     # Agent-loop schedule (docs/rollout_engine.md): "rounds" = lockstep rounds (decode every row to a stop,

@@ -20,7 +20,7 @@ from typing import Any
 
 from aepo_jax.agent.protocol import ToolCall
 
-TOOL_THREADS = 32  # concurrent tool calls of the continuous schedule
+TOOL_THREADS = 32  # the continuous schedule's tool threads when the runner does not say its own limit
 
 
 def resolved(value: Any) -> Future:

@@ -224,7 +224,9 @@ class _Run(ContinuousSchedule, BranchDecisions):
         self._new_globals([p for p, n in enumerate(inits) for _ in range(n)], "initial")
         self._top_up()
         if self.cfg.schedule == "continuous":
-            with ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="agent-tool") as self.pool:
+            # As many threads as the tool runner runs calls at once: its limit, not this pool, caps them.
+            threads = int(getattr(self.loop.tools, "max_workers", None) or TOOL_THREADS)
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agent-tool") as self.pool:
                 self._run_continuous()
         else:
             self._run_rounds()

@@ -9,16 +9,21 @@ from concurrent.futures import ThreadPoolExecutor
 from aepo_jax.agent.protocol import ToolCall
 from aepo_jax.tools.base import Tool, ToolResult
 
+DEFAULT_MAX_WORKERS = 16  # tool calls in flight at once (`rollout.tool_concurrency`)
+
 
 class ToolRegistry:
     """Maps tag names (`search`, `python`, `browse`) to tools. `run` and `run_many` never raise.
 
     Args:
       tools: tag -> tool.
-      max_workers: threads for `run_many`.
+      max_workers: threads for `run_many`: the most calls in flight at once. With slow tools
+        this caps tool throughput (max_workers / latency calls per second) under every schedule.
     """
 
-    def __init__(self, tools: Mapping[str, Tool], max_workers: int = 16):
+    def __init__(self, tools: Mapping[str, Tool], max_workers: int = DEFAULT_MAX_WORKERS):
+        if int(max_workers) < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.tools = dict(tools)
         self.max_workers = max_workers
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")

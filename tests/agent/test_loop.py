@@ -430,3 +430,45 @@ def test_continuous_schedule_reuses_a_finished_rows_slot_for_a_top_up():
 def test_min_generating_fraction_is_checked():
     with pytest.raises(ValueError, match="min_generating_fraction"):
         LoopConfig(min_generating_fraction=1.5)
+
+
+class GateTools:
+    """Each call waits (up to `timeout` s) until `needed` calls are in flight at once; records the peak.
+    `max_workers` is the limit a `ToolRegistry` would report."""
+
+    def __init__(self, needed, max_workers, timeout=20.0):
+        import threading
+
+        self.max_workers, self.timeout = max_workers, timeout
+        self.barrier = threading.Barrier(needed)
+        self.lock, self.in_flight, self.peak = threading.Lock(), 0, 0
+
+    def run_many(self, calls):
+        import threading
+
+        with self.lock:
+            self.in_flight += len(calls)
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            self.barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            pass
+        with self.lock:
+            self.in_flight -= len(calls)
+        return [SimpleNamespace(text=f"{c.tag}:{c.content}", ok=True) for c in calls]
+
+
+def test_continuous_schedule_runs_as_many_calls_at_once_as_the_tool_runner_allows():
+    """40 rows call a tool in the same tick; the runner allows 40 at once (more than the schedule's
+    fallback TOOL_THREADS), so all 40 are in flight together and none waits for a free thread."""
+    from aepo_jax.agent.continuous import TOOL_THREADS
+
+    rows = TOOL_THREADS + 8
+    tools = GateTools(needed=rows, max_workers=rows)
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=2000, max_context_len=4000, schedule="continuous")
+    loop = AgentLoop(ScriptedGenerator(segments_script(["<search>q</search>", "<answer>\\boxed{1}</answer>"])),
+                     TOK, tools, config)
+    result = loop.run([TOK.encode(f"q{i}") for i in range(rows)], 1, 1, rng=np.random.default_rng(0),
+                      key=jax.random.key(0))
+    assert tools.peak == rows and not tools.barrier.broken
+    assert all(t.stop_reason == END_ANSWER for g in result.groups for t in g)

@@ -63,3 +63,28 @@ def test_every_failure_becomes_result_text():
     assert "unknown tool <calculator>" in results[3].text and "python" in results[3].text
     assert "no complete tool call" in results[4].text
     assert "limit" in results[5].text
+
+
+def test_max_workers_is_the_number_of_calls_in_flight_and_must_be_positive():
+    import pytest
+
+    registry = ToolRegistry({"t": BarrierTool(3)}, max_workers=3)
+    assert [r.text for r in registry.run_many([ToolCall("t", f"q{i}") for i in range(3)])] == ["Q0", "Q1", "Q2"]
+    registry.close()
+    with pytest.raises(ValueError, match="max_workers must be >= 1"):
+        ToolRegistry({}, max_workers=0)
+
+
+def test_the_config_sets_the_registry_concurrency():
+    from aepo_jax.experiment import _TimedTools, tools_from
+    from configs.aepo_tiny import get_config
+
+    cfg = get_config()
+    cfg.rollout.tool_concurrency = 5
+    registry, closers = tools_from(cfg, None)
+    try:
+        assert registry.max_workers == 5 and set(registry.tools) == {"python"}
+        assert _TimedTools(registry).max_workers == 5  # what the training loop's agent sees
+    finally:
+        for close in reversed(closers):
+            close()
