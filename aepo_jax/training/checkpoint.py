@@ -6,9 +6,10 @@ killed mid-save leaves only complete steps visible: `latest_step()` and
 `restore()` use the newest complete one (tested with a SIGKILLed subprocess).
 Restoring goes through an abstract target (shapes, dtypes, shardings), so
 optax tuples come back as tuples and arrays land on the requested devices.
-The target's shapes and dtypes are checked against the step's metadata before
-any array is read, so a checkpoint of another model is a `ValueError` naming
-the leaf (and no half-started read is left behind).
+The target's shapes are checked against the step's metadata before any array
+is read, so a checkpoint of another model is a `ValueError` naming the leaf
+(and no half-started read is left behind); a target of another dtype gets the
+saved values cast to it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _leaves_by_path(tree: Any, is_leaf: Any = None) -> dict[tuple[str, ...], Any
 
 
 def check_fits_metadata(abstract: Any, metadata: Any, where: str) -> None:
-    """Raise ValueError naming the first leaf whose shape or dtype differs from the saved one.
+    """Raise ValueError naming the first leaf whose shape differs from the saved one.
 
     Leaves are matched by key path; a target with leaves the checkpoint lacks
     (or the other way round) is left to orbax, which names the missing keys.
@@ -51,7 +52,7 @@ def check_fits_metadata(abstract: Any, metadata: Any, where: str) -> None:
         stored = saved.get(path)
         if stored is None or not is_array_meta(stored) or not hasattr(leaf, "shape"):
             continue
-        if tuple(stored.shape) != tuple(leaf.shape) or jnp.dtype(stored.dtype) != jnp.dtype(leaf.dtype):
+        if tuple(stored.shape) != tuple(leaf.shape):
             raise ValueError(
                 f"checkpoint {where} does not fit the target at {'.'.join(path)}: saved "
                 f"{jnp.dtype(stored.dtype).name}{list(stored.shape)}, target "
