@@ -21,23 +21,12 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-
-def _path_names(path: tuple) -> tuple[str, ...]:
-    """A key path as plain names, so a saved list and a target tuple compare equal."""
-    names = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                names.append(str(getattr(key, attr)))
-                break
-        else:
-            names.append(str(key))
-    return tuple(names)
+from aepo_jax.training.tree_paths import path_names
 
 
 def _leaves_by_path(tree: Any, is_leaf: Any = None) -> dict[tuple[str, ...], Any]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-    return {_path_names(path): leaf for path, leaf in leaves}
+    return {path_names(path): leaf for path, leaf in leaves}
 
 
 def check_fits_metadata(abstract: Any, metadata: Any, where: str) -> None:

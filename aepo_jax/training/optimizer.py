@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from aepo_jax.training.tree_paths import path_names
+
 SCHEDULES = ("constant", "cosine", "linear")
 _NO_DECAY_NAMES = ("norm", "bias", "scale")
 
@@ -47,21 +49,11 @@ def learning_rate_schedule(
     return optax.join_schedules([warmup, after], [warmup_steps])
 
 
-def _path_names(path: tuple) -> list[str]:
-    names = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                names.append(str(getattr(key, attr)))
-                break
-    return names
-
-
 def weight_decay_mask(params: Any) -> Any:
     """True for matrices (decayed); False for norms, biases and other vectors."""
 
     def decide(path: tuple, leaf: jax.Array) -> bool:
-        names = [n.lower() for n in _path_names(path) if n != "value"]
+        names = [n.lower() for n in path_names(path) if n != "value"]
         if any(tag in name for name in names for tag in _NO_DECAY_NAMES):
             return False
         return jnp.ndim(leaf) >= 2
