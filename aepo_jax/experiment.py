@@ -59,8 +59,10 @@ def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
     return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
                       max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
                       entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
-                      schedule=str(r.get("schedule", "rounds")), chunk_tokens=int(r.get("chunk_tokens", 64)),
-                      min_generating_fraction=float(r.get("min_generating_fraction", 0.5)))
+                      schedule=str(r.get("schedule", LoopConfig.schedule)),
+                      chunk_tokens=int(r.get("chunk_tokens", LoopConfig.chunk_tokens)),
+                      min_generating_fraction=float(r.get("min_generating_fraction", LoopConfig.min_generating_fraction)),
+                      arrival_window_ms=float(r.get("arrival_window_ms", LoopConfig.arrival_window_ms)))
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,

@@ -11,6 +11,7 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from aepo_jax.agent.loop_config import LoopConfig
 from aepo_jax.objectives import get_preset
 from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 
@@ -98,9 +99,12 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.search_topk = 2  # passages per search call
     # Agent-loop schedule (docs/rollout_engine.md): "rounds" = lockstep rounds (decode every row to a stop,
     # then run all tools); "continuous" = tool calls run while the other rows decode in chunks of chunk_tokens.
-    c.rollout.schedule = "rounds"
-    c.rollout.chunk_tokens = 64
-    c.rollout.min_generating_fraction = 0.5  # continuous: wait for tool results while fewer rows generate
+    c.rollout.schedule = LoopConfig.schedule
+    c.rollout.chunk_tokens = LoopConfig.chunk_tokens
+    # continuous: wait for tool results while fewer rows generate
+    c.rollout.min_generating_fraction = LoopConfig.min_generating_fraction
+    # continuous: results arriving within this many ms of each other resume together
+    c.rollout.arrival_window_ms = LoopConfig.arrival_window_ms
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 

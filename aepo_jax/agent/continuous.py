@@ -2,8 +2,10 @@
 
 Each tick decodes the generating rows for at most `LoopConfig.chunk_tokens`
 tokens, while at least `LoopConfig.min_generating_fraction` of the live rows
-are generating (fewer: it waits for tool results first). A row that stops at a tool call has the call submitted to a thread
-pool at once and stays where it is in the decode state: rows are ragged (each
+are generating (fewer: it waits for tool results first, and once one arrives it
+keeps collecting those that follow within `LoopConfig.arrival_window_ms` of
+each other, so calls started together resume together). A row that stops at a
+tool call has the call submitted to a thread pool at once and stays where it is in the decode state: rows are ragged (each
 has its own cache cursor), so a waiting row decodes nothing and writes no slots,
 and no cache row is copied out or back. At every tick boundary the results that
 have arrived are appended, in place, in one `append`. Branch decisions,
@@ -41,7 +43,7 @@ class ContinuousSchedule:
             self.round += 1
             while self.waiting and self._too_few_generating():
                 # Too few rows to decode (none, or a small fraction of the batch): wait for results.
-                wait(list(self.waiting.values()), return_when=FIRST_COMPLETED)
+                self._wait_for_results()
                 self._fold_in_arrived()
                 self._compact()
                 self._top_up()
@@ -64,6 +66,16 @@ class ContinuousSchedule:
                     if e.round == self.round:
                         new_per_prompt[e.prompt_index] += 1
                 self.policy.end_round(new_per_prompt)
+
+    def _wait_for_results(self) -> None:
+        """Blocks until a tool result arrives, then while more keep arriving within the arrival window."""
+        pending = list(self.waiting.values())
+        wait(pending, return_when=FIRST_COMPLETED)
+        window = self.cfg.arrival_window_ms / 1000.0
+        while window > 0:
+            pending = [f for f in pending if not f.done()]
+            if not pending or not wait(pending, timeout=window, return_when=FIRST_COMPLETED).done:
+                return
 
     def _too_few_generating(self) -> bool:
         generating = sum(1 for t in self.rows if t.traj_id not in self.waiting)

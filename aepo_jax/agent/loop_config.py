@@ -66,6 +66,11 @@ class LoopConfig:
     # waiting on a tool); below it, wait for results first, so a chunk is not a full-batch forward for a
     # few rows. 0 decodes whenever any row can.
     min_generating_fraction: float = 0.5
+    # continuous: once a tool result arrives while the loop waits, it keeps collecting the results that
+    # follow within this many milliseconds of the previous one before it decodes. Calls started together
+    # finish a few ms apart; folding them in one tick keeps their rows in one chunk instead of splitting
+    # them into groups that then take turns. 0 decodes as soon as enough rows can.
+    arrival_window_ms: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
@@ -83,6 +88,8 @@ class LoopConfig:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose from {SCHEDULES}")
         if not 0.0 <= self.min_generating_fraction <= 1.0:
             raise ValueError(f"min_generating_fraction must be in [0, 1], got {self.min_generating_fraction}")
+        if self.arrival_window_ms < 0:
+            raise ValueError(f"arrival_window_ms must be >= 0, got {self.arrival_window_ms}")
         if self.chunk_tokens < self.entropy_tokens:
             raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
 
