@@ -10,6 +10,11 @@ inside the sampler's jitted programs (each call timed until its results are read
 the sampler's appends, `Sampler.score_append`). Prints a table; `--json OUT` writes
 `{"schedules": {"rounds": {...}, "continuous": {...}}, "rows": [...]}`.
 
+Tool bound (`aepo_jax/rollout/critical_path.py`): each run's trees make `tool_calls` calls, of which
+`serial_tool_calls` must follow one another, so with L seconds per call and N in flight no schedule
+finishes that rollout sooner than max(serial * L, calls * L / N) (`tool_bound_seconds`). Rounds'
+seconds over the largest bound of its runs is what hiding tool latency could gain at most.
+
     python -m benchmarks.rollout_bench --tool-latency-ms 200 [--json OUT.json]
 """
 
@@ -50,7 +55,7 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's mo
 
 SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction",
                 "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches",
-                "compile_seconds")
+                "compile_seconds", "tool_calls", "serial_tool_calls", "tool_bound_seconds")
 
 
 TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
@@ -70,7 +75,10 @@ def main() -> None:
                         help="tool calls in flight at once (the registry's threads), under every schedule")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="agent-loop schedules to compare")
     parser.add_argument("--branch-by", default="fork", help="fork (KV-cache copy) and/or prefill, comma-separated")
-    parser.add_argument("--chunk-tokens", type=int, default=64, help="the continuous schedule's decode chunk")
+    parser.add_argument("--chunk-tokens", type=int, default=LoopConfig.chunk_tokens,
+                        help="the continuous schedule's decode chunk")
+    parser.add_argument("--arrival-window-ms", type=float, default=LoopConfig.arrival_window_ms,
+                        help="continuous: results arriving within this of each other are folded in together")
     add_json_flag(parser)
     args = parser.parse_args()
     schedules = [x for x in args.schedules.split(",") if x]
@@ -85,7 +93,7 @@ def main() -> None:
     graphdef, params = nnx.split(model)
     loop_configs = {(branch_by, schedule): LoopConfig(
         max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by, schedule=schedule,
-        chunk_tokens=args.chunk_tokens) for branch_by in branch_modes for schedule in schedules}
+        chunk_tokens=args.chunk_tokens, arrival_window_ms=args.arrival_window_ms) for branch_by in branch_modes for schedule in schedules}
     # Built as training builds it (one cache length per rollout; the loops share their limits).
     sampler = agent_sampler(graphdef, params, tok, next(iter(loop_configs.values())), SamplingParams(), seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
@@ -111,24 +119,31 @@ def main() -> None:
                     _timed_rollout(loop, sampler, prompts, args.k, 1000 + warmup)
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
-                    rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat)
-                                | {"schedule": schedule, "branch_by": branch_by})
+                    rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat, latency / 1000.0,
+                                           args.tool_concurrency) | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
           f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, device={jax.devices()[0].platform}")
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
-          f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8}")
+          f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8} {'calls':>5} {'serial':>6} "
+          f"{'bound s':>7}")
     for r in sorted(rows, key=lambda r: (r["branch_by"], r["schedule"] != "rounds", r["repeat"])):
         print(f"{r['schedule']:>10} {r['branch_by']:>9} {r['repeat']:>3} {r['seconds']:7.2f} "
               f"{r['trajectories_per_s']:7.2f} {r['device_busy_fraction']:5.2f} "
               f"{r['forward_tokens_per_trajectory_token']:8.3f} "
-              f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d}")
+              f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d} {r['tool_calls']:5d} "
+              f"{r['serial_tool_calls']:6d} {r['tool_bound_seconds']:7.2f}")
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
         print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")
+        rounds_rows = [r for r in rows if r["schedule"] == "rounds" and r["branch_by"] == branch_modes[0]]
+        ceiling = summary["rounds"]["seconds"] / max(r["tool_bound_seconds"] for r in rows)
+        summary["rounds"]["speedup_ceiling"] = ceiling
+        print(f"at most {ceiling:.2f}x for any schedule: rounds' mean seconds over the largest tool bound of "
+              f"all runs ({len(rounds_rows)} rounds runs)")
     write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
 
 
@@ -143,9 +158,9 @@ def _count_compile(event: str, seconds: float, **_) -> None:
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
-def _timed_rollout(loop, sampler, prompts, k: int, repeat: int) -> dict:
+def _timed_rollout(loop, sampler, prompts, k: int, repeat: int, latency_s: float = 0.0, concurrency: int = 1) -> dict:
     """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
-    them) and the XLA compile seconds among them (shapes the warm-ups did not meet)."""
+    them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound."""
     device_before = sampler.device_seconds
     compile_before = _COMPILE_SECONDS[0]
     programs_before = sampler.compiled_programs()
@@ -163,6 +178,8 @@ def _timed_rollout(loop, sampler, prompts, k: int, repeat: int) -> dict:
             "forward_tokens_per_trajectory_token": stats.forward_to_trajectory_ratio,
             "trajectory_tokens_per_s": stats.trajectory_tokens / seconds,
             "ticks": int(stats.as_dict().get("rounds", 0)), "branches": stats.num_branch,
+            "tool_calls": stats.tool_calls, "serial_tool_calls": stats.serial_tool_calls,
+            "tool_bound_seconds": latency_s * max(stats.serial_tool_calls, stats.tool_calls / concurrency),
             "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before,
             "compile_seconds": _COMPILE_SECONDS[0] - compile_before}
 

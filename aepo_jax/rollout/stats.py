@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from aepo_jax.agent.trajectory import Trajectory
+from aepo_jax.rollout.critical_path import rollout_tool_path
 
 
 @dataclass
@@ -56,6 +57,8 @@ class RolloutStats:
     forward_tokens: int = 0  # computed by the generator, pre-monitoring included
     trajectory_tokens: int = 0  # prompt + response tokens over the finished trajectories
     branch_prefix_tokens: int = 0  # what re-prefilling every branch's prefix would add
+    tool_calls: int = 0  # tool calls the runs made (a branch's inherited calls are not made again)
+    serial_tool_calls: int = 0  # calls on the longest chain that must run one after another (critical_path.py)
 
     @property
     def forward_to_trajectory_ratio(self) -> float:
@@ -134,6 +137,7 @@ def compute_stats(
     runs_per_lineage = [longest_run(t.lineage) for t in trajs]
     own_entropy = [s.entropy for t in trajs for s in t.segments if t.branch_point is None or s.start >= t.branch_point]
     counters: Counter = Counter()
+    path = rollout_tool_path(runs)
     rounds = repacks = topups = 0
     for run in runs:
         counters.update(run.counters)
@@ -165,4 +169,6 @@ def compute_stats(
         forward_tokens=int(counters["forward_tokens"]),
         trajectory_tokens=sum(t.total_length for t in trajs),
         branch_prefix_tokens=sum(len(t.prompt_ids) + int(t.branch_point) for t in branches),
+        tool_calls=path.total,
+        serial_tool_calls=path.serial,
     )
