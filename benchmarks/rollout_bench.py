@@ -75,6 +75,9 @@ def main() -> None:
                         help="tool calls in flight at once (the registry's threads), under every schedule")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="agent-loop schedules to compare")
     parser.add_argument("--branch-by", default="fork", help="fork (KV-cache copy) and/or prefill, comma-separated")
+    parser.add_argument("--free-tokens", default="16", type=_free_tokens,
+                        help="real tokens each segment samples before its planned call is forced: a count N "
+                             "(every row alike) or LOW:HIGH (drawn per segment, so rows stop at different times)")
     parser.add_argument("--chunk-tokens", type=int, default=LoopConfig.chunk_tokens,
                         help="the continuous schedule's decode chunk")
     parser.add_argument("--arrival-window-ms", type=float, default=LoopConfig.arrival_window_ms,
@@ -98,7 +101,7 @@ def main() -> None:
     sampler = agent_sampler(graphdef, params, tok, next(iter(loop_configs.values())), SamplingParams(), seed=0)
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, plan, free_tokens=16)
+    generator = ToolForcingGenerator(sampler, plan, free_tokens=args.free_tokens)
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,8 +126,10 @@ def main() -> None:
                                            args.tool_concurrency) | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
+    low, high = args.free_tokens
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
-          f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, device={jax.devices()[0].platform}")
+          f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, "
+          f"free tokens per segment {low if low == high else f'{low}-{high}'}, device={jax.devices()[0].platform}")
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8} {'calls':>5} {'serial':>6} "
           f"{'bound s':>7}")
@@ -145,6 +150,15 @@ def main() -> None:
         print(f"at most {ceiling:.2f}x for any schedule: rounds' mean seconds over the largest tool bound of "
               f"all runs ({len(rounds_rows)} rounds runs)")
     write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
+
+
+def _free_tokens(text: str) -> tuple[int, int]:
+    """`N` or `LOW:HIGH` -> (low, high)."""
+    try:
+        low, _, high = text.partition(":")
+        return int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--free-tokens takes N or LOW:HIGH, got {text!r}") from None
 
 
 _COMPILE_SECONDS = [0.0]  # XLA compile seconds of this process so far (jax.monitoring, below)

@@ -3,7 +3,9 @@
 A random-weight (or barely trained) model almost never closes a tool tag, so an
 end-to-end run of the agent loop with the real sampler would exercise no tools
 and no branching. `ToolForcingGenerator` wraps a `Sampler`: each segment first
-samples up to `free_tokens` real tokens; if the row has not stopped by itself,
+samples up to `free_tokens` real tokens (a fixed count, or for each segment a
+count drawn uniformly from a `(low, high)` range, so rows stop at different
+times as a real policy's do); if the row has not stopped by itself,
 the next planned call (`<search>...</search>`, `<python>...</python>`, finally
 `<answer>...</answer>`) is fed through the sampler's `score_append` and
 reported as generated, with the log-probs and entropies that forward gives it
@@ -25,6 +27,7 @@ class ForcedState:
     inner: Any  # the sampler's DecodeState
     ids: list[list[int]]  # every id of each row (prompt, generated, appended)
     forced: list[int]  # planned segments already forced per row
+    free_left: list[int]  # real tokens each row still samples in its current segment before it is forced
 
     @property
     def cursor(self) -> int:
@@ -57,19 +60,27 @@ class ToolForcingGenerator:
     to the cache, so a forced segment costs what an append costs.
     """
 
-    def __init__(self, sampler: Any, plan: Sequence[Sequence[int]], free_tokens: int = 8,
-                 temperature: float = 1.0) -> None:
+    def __init__(self, sampler: Any, plan: Sequence[Sequence[int]], free_tokens: int | tuple[int, int] = 8,
+                 temperature: float = 1.0, seed: int = 0) -> None:
         if not plan or any(len(p) == 0 for p in plan):
             raise ValueError("plan needs at least one non-empty forced segment")
-        if free_tokens < 0:
-            raise ValueError(f"free_tokens must be >= 0, got {free_tokens}")
+        low, high = (free_tokens, free_tokens) if isinstance(free_tokens, int) else tuple(free_tokens)
+        if not 0 <= low <= high:
+            raise ValueError(f"free_tokens must be a count >= 0 or a range (low, high) with 0 <= low <= high, "
+                             f"got {free_tokens}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.sampler = sampler
         self.plan = [list(map(int, p)) for p in plan]
-        self.free_tokens = free_tokens
+        self.free_tokens = (int(low), int(high))
         self.temperature = float(temperature)
         self.forced_total = 0
+        self._draws = np.random.default_rng(seed)  # free-token counts of new segments
+
+    def _draw_free(self, rows: int) -> list[int]:
+        """Free-token counts of `rows` new segments (all equal for a fixed count)."""
+        low, high = self.free_tokens
+        return [low] * rows if low == high else [int(x) for x in self._draws.integers(low, high + 1, size=rows)]
 
     @property
     def counters(self) -> dict[str, int]:
@@ -80,34 +91,39 @@ class ToolForcingGenerator:
         return self.sampler.max_cache_len
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> ForcedState:
-        return ForcedState(self.sampler.prefill(prompts), [list(map(int, p)) for p in prompts], [0] * len(prompts))
+        return ForcedState(self.sampler.prefill(prompts), [list(map(int, p)) for p in prompts], [0] * len(prompts),
+                           self._draw_free(len(prompts)))
 
     def append(self, state: ForcedState, tokens: Sequence[Sequence[int]]) -> ForcedState:
+        """Appends (tool results); a row that receives tokens starts a new segment."""
         inner = self.sampler.append(state.inner, tokens)
+        draws = iter(self._draw_free(sum(1 for t in tokens if len(t))))
+        free_left = [next(draws) if len(t) else left for t, left in zip(tokens, state.free_left, strict=True)]
         return ForcedState(inner, [r + list(map(int, t)) for r, t in zip(state.ids, tokens, strict=True)],
-                           list(state.forced))
+                           list(state.forced), free_left)
 
     def fork(self, state: ForcedState, rows: Sequence[int]) -> ForcedState:
         return ForcedState(self.sampler.fork(state.inner, rows), [list(state.ids[r]) for r in rows],
-                           [state.forced[r] for r in rows])
+                           [state.forced[r] for r in rows], [state.free_left[r] for r in rows])
 
     def place(self, state: ForcedState, dst_rows: Sequence[int], source: ForcedState,
               src_rows: Sequence[int]) -> ForcedState:
-        ids, forced = [list(r) for r in state.ids], list(state.forced)
+        ids, forced, free_left = [list(r) for r in state.ids], list(state.forced), list(state.free_left)
         for d, s in zip(dst_rows, src_rows, strict=True):
-            ids[d], forced[d] = list(source.ids[s]), source.forced[s]
-        return ForcedState(self.sampler.place(state.inner, dst_rows, source.inner, src_rows), ids, forced)
+            ids[d], forced[d], free_left[d] = list(source.ids[s]), source.forced[s], source.free_left[s]
+        return ForcedState(self.sampler.place(state.inner, dst_rows, source.inner, src_rows), ids, forced, free_left)
 
     def concat(self, states: Sequence[ForcedState]) -> ForcedState:
         return ForcedState(self.sampler.concat([s.inner for s in states]), [list(r) for s in states for r in s.ids],
-                           [f for s in states for f in s.forced])
+                           [f for s in states for f in s.forced], [f for s in states for f in s.free_left])
 
     def generate(self, state: ForcedState, max_new_tokens: int | Sequence[int], rng: Any = None):
         budgets = [int(max_new_tokens)] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        free = [min(b, self.free_tokens) for b in budgets]
+        free = [min(b, left) for b, left in zip(budgets, state.free_left, strict=True)]
         inner, out = self.sampler.generate(state.inner, free, rng)
         ids = [list(r) for r in state.ids]
         forced_count = list(state.forced)
+        free_left = [left - int(n) for left, n in zip(state.free_left, out.num_tokens, strict=True)]
         rows_tokens, rows_logp, rows_entropy, reasons, forced_lens = [], [], [], [], []
         forced_ids: list[list[int]] = []
         for i in range(state.num_rows):
@@ -118,7 +134,7 @@ class ToolForcingGenerator:
             ids[i].extend(rows_tokens[i])
             segment = self.plan[min(forced_count[i], len(self.plan) - 1)]
             reason = out.stop_reason[i]
-            if reason == "length" and budgets[i] - n >= len(segment):
+            if reason == "length" and free_left[i] == 0 and budgets[i] - n >= len(segment):
                 forced_ids.append(segment)
                 forced_count[i] += 1
                 reason = "stop"
@@ -139,4 +155,4 @@ class ToolForcingGenerator:
         output = ForcedOutput(pack(rows_tokens, np.int32), pack(rows_logp, np.float32), pack(rows_entropy, np.float32),
                               np.array([len(r) for r in rows_tokens], np.int32), reasons,
                               np.array(forced_lens, np.int32))
-        return ForcedState(inner, ids, forced_count), output
+        return ForcedState(inner, ids, forced_count, free_left), output
