@@ -13,6 +13,10 @@ from typing import Any
 from aepo_jax.agent.loop import LoopConfig, agent_stop_sequences, cache_slots
 from aepo_jax.sampling import Sampler, SamplingParams
 
+# A rollout's decode states hold at least this many rows: its last few trajectories (and small
+# branch groups) run the programs compiled for this batch instead of compiling batches of 1, 2 and 4.
+ROLLOUT_MIN_BATCH = 8
+
 
 def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, sampling: SamplingParams, *,
                   seed: int, mesh: Any = None, prompts: Sequence[Sequence[int]] = ()) -> Sampler:
@@ -29,4 +33,4 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
     """
     return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
                    stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
-                   max_cache_len=cache_slots(loop, prompts), mesh=mesh, seed=seed)
+                   max_cache_len=cache_slots(loop, prompts), mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH)

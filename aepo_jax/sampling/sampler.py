@@ -90,6 +90,9 @@ class Sampler:
         Default (None): on where the sampler's devices are CPUs, whose compiler copies every
         layer slice a scan step reads; off on TPU / GPU, where the scan reads the stack in place
         and the span copy would be a second cache in memory.
+      min_batch: every decode state holds at least this many rows (its batch bucket is that of
+        max(rows, min_batch)), so states of a few rows share the programs of one batch size
+        instead of compiling their own for 1, 2, 4, ... rows.
     """
 
     def __init__(
@@ -107,7 +110,11 @@ class Sampler:
         cache_dtype: jnp.dtype | None = None,
         max_block_tokens: int = MAX_BLOCK_TOKENS,
         layerwise_decode: bool | None = None,
+        min_batch: int = 1,
     ):
+        if min_batch < 1:
+            raise ValueError(f"min_batch must be >= 1, got {min_batch}")
+        self.min_batch = int(min_batch)
         if max_block_tokens < MIN_BLOCK or max_block_tokens & (max_block_tokens - 1):
             raise ValueError(f"max_block_tokens must be a power of two >= {MIN_BLOCK}, got {max_block_tokens}")
         self.max_block_tokens = int(max_block_tokens)
@@ -188,7 +195,7 @@ class Sampler:
         for row, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prefill: prompt {row} is empty")
-        batch = bucket_batch(len(prompts), self._data_size)
+        batch = self._batch_for(len(prompts))
         block = bucket_length(max(len(p) for p in prompts), MIN_BLOCK)
         self._check_capacity(block)
         arrays = self._empty_arrays(batch, bucket_length(block, MIN_CACHE_SLOTS))
@@ -325,7 +332,7 @@ class Sampler:
             raise ValueError("concat needs at least one state")
         length = max(s.cache_length for s in states)
         total = sum(s.num_rows for s in states)
-        out = DecodeState(self._empty_arrays(bucket_batch(total, self._data_size), length, "reshape"), total)
+        out = DecodeState(self._empty_arrays(self._batch_for(total), length, "reshape"), total)
         offset = 0
         for s in states:
             out = self.place(out, range(offset, offset + s.num_rows), s, range(s.num_rows))
@@ -353,8 +360,9 @@ class Sampler:
             arrays = self._call("reshape", grow_program, arrays, length, self.layout)
         if source.cache_length < length:
             source_arrays = self._call("reshape", grow_program, source_arrays, length, self.layout)
-        # Index lists padded to a power of two (padding writes out of range: dropped), so few shapes compile.
-        width = bucket_length(len(dst), 1)
+        # Index lists padded to a power of two, at least min_batch (padding writes out of range: dropped),
+        # so few shapes compile.
+        width = bucket_length(len(dst), self.min_batch)
         dst_index = np.full((width,), state.batch_size, np.int32)
         src_index = np.zeros((width,), np.int32)
         dst_index[: len(dst)], src_index[: len(src)] = dst, src
@@ -385,9 +393,13 @@ class Sampler:
                              jnp.dtype(self._cache_dtype).name)
         return self._call(kind, make)
 
+    def _batch_for(self, rows: int) -> int:
+        """The batch bucket of a state of `rows` real rows."""
+        return bucket_batch(max(rows, self.min_batch), self._data_size)
+
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
-        batch = bucket_batch(len(rows), self._data_size)
+        batch = self._batch_for(len(rows))
         index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
         return self._call("reshape", take_program, arrays, index, self.layout)
 

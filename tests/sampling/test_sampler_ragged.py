@@ -189,3 +189,42 @@ def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_ide
     for row in range(len(prompts)):
         ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row] + out.row_tokens(row)
         np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+
+
+def test_min_batch_pads_small_states_and_their_rows_decode_as_without_it(tiny_model, greedy_sampler, full_logits):
+    """With min_batch=8 a state of 1-3 rows (prefill, fork, concat) has the batch of 8 rows, so it runs the
+    programs compiled for 8; its rows decode exactly what a min_batch=1 sampler decodes (greedy), and each
+    row's logits match a plain forward over its ids. A place of 1 row pads its index lists to 8."""
+    from aepo_jax.sampling import Sampler, SamplingParams
+    from aepo_jax.sampling.jitted import place_program
+
+    _, graphdef, state = tiny_model
+    padded = Sampler(graphdef, state, params=SamplingParams(greedy=True), min_batch=8)
+    prompts = random_prompts(41, [5, 12, 3])
+    st = padded.prefill(prompts[:1])
+    assert st.batch_size == 8 and st.num_rows == 1
+    st, out = padded.generate(st, 6)
+    _, ref = greedy_sampler.generate(greedy_sampler.prefill(prompts[:1]), 6)
+    assert greedy_sampler.prefill(prompts[:1]).batch_size == 1
+    assert out.row_tokens(0) == ref.row_tokens(0)
+    both = padded.concat([st, padded.prefill(prompts[1:3])])
+    assert both.batch_size == 8 and both.num_rows == 3
+    fork = padded.fork(both, [2])
+    assert fork.batch_size == 8
+    widths, call = [], padded._call
+
+    def spy(kind, program, *args, **kwargs):
+        if program is place_program:
+            widths.append(args[1].shape[0])  # the destination index list
+        return call(kind, program, *args, **kwargs)
+
+    padded._call = spy
+    both = padded.place(both, [1], fork, [0])  # row 1 <- prompt 2
+    assert widths == [8]
+    both, out = padded.generate(both, 4)
+    expected = [prompts[0] + ref.row_tokens(0), prompts[2], prompts[2]]
+    for row, ids in enumerate(expected):
+        ids = ids + out.row_tokens(row)
+        np.testing.assert_allclose(np.asarray(both.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="min_batch"):
+        Sampler(graphdef, state, min_batch=0)
