@@ -25,12 +25,16 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
     Args:
       graphdef, params: the policy (`nnx.split` of the decoder).
       tokenizer: gives `eos_id`, `pad_id` and the agent tags' token ids.
-      loop: the loop's limits; the cache gets `cache_slots(loop, prompts)` slots.
+      loop: the loop's limits; every decode state gets `cache_slots(loop, prompts)` slots from its
+        prefill on (a fixed length, so a rollout compiles each program for one cache length and
+        never grows a cache; prefills, appends and decode windows still read only the span their
+        rows fill).
       sampling: temperature, top-k, top-p, greedy.
       seed: base of the sampler's PRNG keys.
       mesh: shard the cache's rows over this mesh (None: one device).
-      prompts: prompts known in advance; a longer one than `loop.max_context_len` grows the cache.
+      prompts: prompts known in advance; a longer one than `loop.max_context_len` lengthens the cache.
     """
+    slots = cache_slots(loop, prompts)
     return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
                    stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
-                   max_cache_len=cache_slots(loop, prompts), mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH)
+                   max_cache_len=slots, mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH, min_cache_len=slots)

@@ -90,6 +90,10 @@ class Sampler:
         Default (None): on where the sampler's devices are CPUs, whose compiler copies every
         layer slice a scan step reads; off on TPU / GPU, where the scan reads the stack in place
         and the span copy would be a second cache in memory.
+      min_cache_len: every decode state has at least this many cache slots (a power of two, at most
+        max_cache_len). The default lets a state's cache grow with its rows; max_cache_len fixes
+        every state at that length (no grow, one cache length for every program), and blocks and
+        decode windows still read only the span their rows fill.
       min_batch: every decode state holds at least this many rows (its batch bucket is that of
         max(rows, min_batch)), so states of a few rows share the programs of one batch size
         instead of compiling their own for 1, 2, 4, ... rows.
@@ -111,10 +115,15 @@ class Sampler:
         max_block_tokens: int = MAX_BLOCK_TOKENS,
         layerwise_decode: bool | None = None,
         min_batch: int = 1,
+        min_cache_len: int = MIN_CACHE_SLOTS,
     ):
         if min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {min_batch}")
         self.min_batch = int(min_batch)
+        if min_cache_len < 1 or min_cache_len & (min_cache_len - 1) or min_cache_len > max(max_cache_len, MIN_CACHE_SLOTS):
+            raise ValueError(f"min_cache_len must be a power of two in [1, max_cache_len={max_cache_len}], "
+                             f"got {min_cache_len}")
+        self.min_cache_len = int(min_cache_len)
         if max_block_tokens < MIN_BLOCK or max_block_tokens & (max_block_tokens - 1):
             raise ValueError(f"max_block_tokens must be a power of two >= {MIN_BLOCK}, got {max_block_tokens}")
         self.max_block_tokens = int(max_block_tokens)
@@ -198,7 +207,7 @@ class Sampler:
         batch = self._batch_for(len(prompts))
         block = bucket_length(max(len(p) for p in prompts), MIN_BLOCK)
         self._check_capacity(block)
-        arrays = self._empty_arrays(batch, bucket_length(block, MIN_CACHE_SLOTS))
+        arrays = self._empty_arrays(batch, bucket_length(block, self.min_cache_len))
         state = DecodeState(arrays, len(prompts))
         state = self._run_block(state, prompts, block, "prefill")
         self._counters["prefill_tokens"] += sum(len(p) for p in prompts)
@@ -414,6 +423,7 @@ class Sampler:
         """
         for row, ids in enumerate(token_lists):
             self._check_ids(ids, f"row {row}")
+        span = self._block_span(state, [len(t) for t in token_lists])
         receiving = [row for row, ids in enumerate(token_lists) if len(ids)]
         # One sub-batch size per batch (a quarter of it), not one per count of receiving rows: each
         # size is another compiled program for every block and cache length.
@@ -434,13 +444,13 @@ class Sampler:
                 valid[row, block - len(ids):] = True
         arrays = state.arrays
         # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
-        # A block's attention reads the whole cache (span None): its cost is the weights' (T x d^2 per
-        # row against T x S), so a span would only multiply the block programs to compile.
+        # A block's attention reads the slots a cache grown by buckets would hold (`_block_span`): the whole
+        # cache unless `min_cache_len` made it longer.
         chunk = min(block, self.max_block_tokens)
         scores = []
         for start in range(0, block, chunk):
             chunk_inputs = (place_rows(self.layout, tokens[:, start:start + chunk]),
-                            place_rows(self.layout, valid[:, start:start + chunk]), self.layout, None)
+                            place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
             if rows is None:
                 inputs = (self._graphdef, self._params_state, arrays, *chunk_inputs)
                 programs = (block_program, scored_block_program)
@@ -464,6 +474,14 @@ class Sampler:
             per_entry = full
         return state, tuple(per_entry)
 
+    def _block_span(self, state: DecodeState, counts: Sequence[int]) -> int | None:
+        """Leading cache slots a block of `counts[i]` tokens per row reads: as many as a cache grown by
+        buckets would hold (the power of two, at least MIN_CACHE_SLOTS, of the rows' furthest end), so
+        a longer cache (`min_cache_len`) costs a block no more than a grown one; None: the whole cache."""
+        end = int(np.max(state.cursors + np.asarray(counts, np.int64), initial=1))
+        span = bucket_length(end, MIN_CACHE_SLOTS)
+        return None if span >= state.cache_length else span
+
     def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
         """Grows the cache (to the next bucket) when some row's `needed[i]` more slots do not fit
         after its own cursor."""
@@ -472,7 +490,7 @@ class Sampler:
         if end <= state.cache_length:
             return state
         arrays = self._call("reshape", grow_program, state.arrays,
-                            min(bucket_length(end, MIN_CACHE_SLOTS), self.max_cache_len), self.layout)
+                            min(bucket_length(end, self.min_cache_len), self.max_cache_len), self.layout)
         return DecodeState(arrays, state.num_rows)
 
     def _check_capacity(self, slots: int) -> None:

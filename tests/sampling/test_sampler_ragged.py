@@ -228,3 +228,39 @@ def test_min_batch_pads_small_states_and_their_rows_decode_as_without_it(tiny_mo
         np.testing.assert_allclose(np.asarray(both.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="min_batch"):
         Sampler(graphdef, state, min_batch=0)
+
+
+def test_min_cache_len_fixes_the_cache_and_blocks_still_read_only_their_span(tiny_model, full_logits):
+    """With min_cache_len = max_cache_len every state has that many slots from its prefill on (no grow);
+    a prefill or append reads only the slots a grown cache would hold (128 here, not 512); the rows
+    continue exactly like a plain forward over their ids."""
+    from aepo_jax.sampling import Sampler, SamplingParams
+    from aepo_jax.sampling.jitted import block_program, grow_program, rows_block_program
+
+    _, graphdef, state = tiny_model
+    fixed = Sampler(graphdef, state, params=SamplingParams(greedy=True), max_cache_len=512, min_cache_len=512)
+    spans, call = [], fixed._call
+
+    def spy(kind, program, *args, **kwargs):
+        assert program is not grow_program
+        if program is block_program:
+            spans.append(args[6])
+        if program is rows_block_program:  # an append to a few rows of the batch
+            spans.append(args[8])
+        return call(kind, program, *args, **kwargs)
+
+    fixed._call = spy
+    prompts = random_prompts(51, [7, 20])
+    st = fixed.prefill(prompts)
+    assert st.cache_length == 512
+    st, out = fixed.generate(st, 5)
+    tail = random_prompts(52, [9])[0]
+    st = fixed.append(st, [tail, []])
+    assert spans == [128, 128] and st.cache_length == 512
+    st, more = fixed.generate(st, 3)
+    expected = [prompts[0] + out.row_tokens(0) + tail + more.row_tokens(0), prompts[1] + out.row_tokens(1) + more.row_tokens(1)]
+    for row, ids in enumerate(expected):
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+    for bad in (3, 1024):
+        with pytest.raises(ValueError, match="min_cache_len"):
+            Sampler(graphdef, state, max_cache_len=512, min_cache_len=bad)
