@@ -270,13 +270,36 @@ class Sampler:
             raise ValueError(f"top_logprobs must be in [0, vocab_size={self.config.vocab_size}], got {top_logprobs}")
         sampling = params if params is not None else self.params
         budgets = self._budgets(state, max_new_tokens)
-        longest = int(budgets.max())
         state = self._ensure_room(state, budgets[: state.num_rows])
         key = rng if rng is not None else jax.random.fold_in(jax.random.key(self._seed), self._calls)
         self._calls += 1
         if jnp.issubdtype(key.dtype, jnp.uint32):
             key = jax.random.wrap_key_data(key)
-        row_keys = place_rows(self.layout, jax.random.split(key, state.batch_size))
+        row_keys = jax.random.split(key, state.batch_size)  # row b's key, whichever batch it decodes in
+        active = np.flatnonzero(budgets[: state.num_rows] > 0)
+        if len(active) and 2 * self._batch_for(len(active)) <= state.batch_size:
+            return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
+        return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
+
+    def _generate_rows(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
+                       sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
+        """`generate` when at most half the batch has a budget (the others wait on tools or are done):
+        those rows are taken into a smaller batch, decoded there with their own keys, and put back, so the
+        decode costs their forward, not the whole batch's. The other rows are untouched."""
+        rows = active.tolist()
+        inner = DecodeState(self._gather(state.arrays, rows), len(rows))
+        index = np.asarray(rows + [rows[0]] * (inner.batch_size - len(rows)), np.int32)
+        inner_budgets = np.zeros((inner.batch_size,), np.int32)
+        inner_budgets[: len(rows)] = budgets[active]
+        inner, out = self._decode(inner, inner_budgets, row_keys[index], sampling, top_logprobs)
+        state = self.place(state, rows, inner, range(len(rows)))
+        return state, out.spread(rows, state.num_rows, self.pad_id)
+
+    def _decode(self, state: DecodeState, budgets: np.ndarray, row_keys: jax.Array, sampling: SamplingParams,
+                top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
+        """The decode windows of `generate` over every row of `state` (budgets int32[batch])."""
+        longest = int(budgets.max())
+        row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
         if self.layerwise_decode and self._layer_params is None:

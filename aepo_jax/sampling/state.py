@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import flax.struct
 import jax
@@ -109,6 +110,28 @@ class SampleOutput:
     stop_sequence_index: np.ndarray
     top_logprobs: np.ndarray | None = None
     top_ids: np.ndarray | None = None
+
+    def spread(self, rows: Sequence[int], num_rows: int, pad_id: int) -> SampleOutput:
+        """This output's row i as row rows[i] of an output of `num_rows` rows; the others generated
+        nothing (budget 0: pad tokens, zero scores, stop reason "length")."""
+        rows = list(rows)
+
+        def table(values: np.ndarray | None, fill) -> np.ndarray | None:
+            if values is None:
+                return None
+            out = np.full((num_rows, *values.shape[1:]), fill, values.dtype)
+            out[rows] = values[: len(rows)]
+            return out
+
+        reasons = ["length"] * num_rows
+        for i, row in enumerate(rows):
+            reasons[row] = self.stop_reason[i]
+        return SampleOutput(
+            tokens=table(self.tokens, pad_id), logp=table(self.logp, 0.0),
+            logp_truncated=table(self.logp_truncated, 0.0), entropy=table(self.entropy, 0.0),
+            num_tokens=table(self.num_tokens, 0), stop_reason=reasons,
+            stop_sequence_index=table(self.stop_sequence_index, -1),
+            top_logprobs=table(self.top_logprobs, 0.0), top_ids=table(self.top_ids, 0))
 
     def row_tokens(self, row: int) -> list[int]:
         """The ids generated for one row, without padding."""

@@ -264,3 +264,44 @@ def test_min_cache_len_fixes_the_cache_and_blocks_still_read_only_their_span(tin
     for bad in (3, 1024):
         with pytest.raises(ValueError, match="min_cache_len"):
             Sampler(graphdef, state, max_cache_len=512, min_cache_len=bad)
+
+
+def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, full_logits):
+    """When at most half the batch has a budget (the others wait on tools), generate decodes those rows in
+    a smaller batch and puts them back: they sample what they sample in the whole batch (each row keeps
+    its own key), the other rows are untouched bit for bit, and every row continues like a full forward."""
+    from aepo_jax.sampling import Sampler, SamplingParams
+    from aepo_jax.sampling.jitted import decode_program
+
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(temperature=1.0), seed=3)
+    batches, call = [], sampler._call
+
+    def spy(kind, program, *args, **kwargs):
+        if program is decode_program:
+            batches.append(args[2].slot_valid.shape[0])
+        return call(kind, program, *args, **kwargs)
+
+    sampler._call = spy
+    prompts = random_prompts(61, [4, 9, 2, 15, 7, 3, 11, 6])
+    key = jax.random.key(5)
+    few = [5, 0, 0, 3, 0, 0, 0, 0]
+    st = sampler.prefill(prompts)
+    before = jax.device_get(st.arrays)
+    st, out = sampler.generate(st, few, rng=key)
+    assert batches == [2], batches  # two rows decoded in a batch of two
+    ref_state, ref = sampler.generate(sampler.prefill(prompts), [5, 1, 1, 3, 1, 1, 1, 1], rng=key)
+    assert batches[1:] == [8]
+    assert out.num_tokens.tolist() == few and out.stop_reason[1] == "length"
+    for row in (0, 3):
+        assert out.row_tokens(row) == ref.row_tokens(row)[: few[row]]
+        np.testing.assert_allclose(out.logp[row, : few[row]], ref.logp[row, : few[row]], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out.entropy[row, : few[row]], ref.entropy[row, : few[row]], rtol=1e-5, atol=1e-5)
+        ids = prompts[row] + out.row_tokens(row)
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+    after = jax.device_get(st.arrays)
+    for row in (1, 2, 4, 5, 6, 7):
+        assert out.row_tokens(row) == [] and out.logp[row].tolist() == [0.0] * out.logp.shape[1]
+        for name in ("last_logits", "cursor", "slot_valid", "next_position"):
+            np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
+        np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
