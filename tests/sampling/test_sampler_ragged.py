@@ -290,7 +290,7 @@ def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, ful
     before = jax.device_get(st.arrays)
     st, out = sampler.generate(st, few, rng=key)
     assert batches == [2], batches  # two rows decoded in a batch of two
-    ref_state, ref = sampler.generate(sampler.prefill(prompts), [5, 1, 1, 3, 1, 1, 1, 1], rng=key)
+    _, ref = sampler.generate(sampler.prefill(prompts), [5, 1, 1, 3, 1, 1, 1, 1], rng=key)
     assert batches[1:] == [8]
     assert out.num_tokens.tolist() == few and out.stop_reason[1] == "length"
     for row in (0, 3):
