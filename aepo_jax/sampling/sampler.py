@@ -277,18 +277,21 @@ class Sampler:
             key = jax.random.wrap_key_data(key)
         row_keys = jax.random.split(key, state.batch_size)  # row b's key, whichever batch it decodes in
         active = np.flatnonzero(budgets[: state.num_rows] > 0)
-        if len(active) and 2 * self._batch_for(len(active)) <= state.batch_size:
+        half = state.batch_size // 2
+        if len(active) and len(active) <= half and half % self._data_size == 0 and half >= self.min_batch:
             return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
         return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
 
     def _generate_rows(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
                        sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
         """`generate` when at most half the batch has a budget (the others wait on tools or are done):
-        those rows are taken into a smaller batch, decoded there with their own keys, and put back, so the
-        decode costs their forward, not the whole batch's. The other rows are untouched."""
+        those rows are taken into a batch of half the size, decoded there with their own keys, and put
+        back, so the decode costs half the batch's forward. The other rows are untouched. One half-size
+        batch per batch, not one per count of budgeted rows: each size is another decode program for
+        every span and window."""
         rows = active.tolist()
-        inner = DecodeState(self._gather(state.arrays, rows), len(rows))
-        index = np.asarray(rows + [rows[0]] * (inner.batch_size - len(rows)), np.int32)
+        index = np.asarray(rows + [rows[0]] * (state.batch_size // 2 - len(rows)), np.int32)
+        inner = DecodeState(self._call("reshape", take_program, state.arrays, index, self.layout), len(rows))
         inner_budgets = np.zeros((inner.batch_size,), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
         inner, out = self._decode(inner, inner_budgets, row_keys[index], sampling, top_logprobs)

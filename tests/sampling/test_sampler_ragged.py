@@ -268,7 +268,7 @@ def test_min_cache_len_fixes_the_cache_and_blocks_still_read_only_their_span(tin
 
 def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, full_logits):
     """When at most half the batch has a budget (the others wait on tools), generate decodes those rows in
-    a smaller batch and puts them back: they sample what they sample in the whole batch (each row keeps
+    half the batch and puts them back: they sample what they sample in the whole batch (each row keeps
     its own key), the other rows are untouched bit for bit, and every row continues like a full forward."""
     from aepo_jax.sampling import Sampler, SamplingParams
     from aepo_jax.sampling.jitted import decode_program
@@ -289,7 +289,7 @@ def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, ful
     st = sampler.prefill(prompts)
     before = jax.device_get(st.arrays)
     st, out = sampler.generate(st, few, rng=key)
-    assert batches == [2], batches  # two rows decoded in a batch of two
+    assert batches == [4], batches  # two rows decoded in half the batch
     _, ref = sampler.generate(sampler.prefill(prompts), [5, 1, 1, 3, 1, 1, 1, 1], rng=key)
     assert batches[1:] == [8]
     assert out.num_tokens.tolist() == few and out.stop_reason[1] == "length"
