@@ -94,6 +94,11 @@ class Sampler:
         max_cache_len). The default lets a state's cache grow with its rows; max_cache_len fixes
         every state at that length (no grow, one cache length for every program), and blocks and
         decode windows still read only the span their rows fill.
+      half_batch_decode: when at most half the batch has a budget, decode those rows in a batch of
+        half the size (taken out and placed back) instead of the whole batch. Default (None): on
+        where the sampler's devices are CPUs, whose decode cost grows with every row; off on TPU /
+        GPU, where the taken half would be a second copy of up to half the cache that the
+        ahead-of-time memory plan does not include.
       min_batch: every decode state holds at least this many rows (its batch bucket is that of
         max(rows, min_batch)), so states of a few rows share the programs of one batch size
         instead of compiling their own for 1, 2, 4, ... rows.
@@ -116,6 +121,7 @@ class Sampler:
         layerwise_decode: bool | None = None,
         min_batch: int = 1,
         min_cache_len: int = MIN_CACHE_SLOTS,
+        half_batch_decode: bool | None = None,
     ):
         if min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {min_batch}")
@@ -142,10 +148,9 @@ class Sampler:
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
         self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
         self.layout = None if mesh is None else DecodeSharding(mesh)
-        if layerwise_decode is None:
-            devices = jax.devices() if mesh is None else mesh.devices.flat
-            layerwise_decode = all(d.platform == "cpu" for d in devices)
-        self.layerwise_decode = bool(layerwise_decode)
+        on_cpu = all(d.platform == "cpu" for d in (jax.devices() if mesh is None else mesh.devices.flat))
+        self.layerwise_decode = on_cpu if layerwise_decode is None else bool(layerwise_decode)
+        self.half_batch_decode = on_cpu if half_batch_decode is None else bool(half_batch_decode)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self.last_decode_spans: list[int] = []  # cache slots each window of the last generate read
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
@@ -278,7 +283,8 @@ class Sampler:
         row_keys = jax.random.split(key, state.batch_size)  # row b's key, whichever batch it decodes in
         active = np.flatnonzero(budgets[: state.num_rows] > 0)
         half = state.batch_size // 2
-        if len(active) and len(active) <= half and half % self._data_size == 0 and half >= self.min_batch:
+        if (self.half_batch_decode and len(active) and len(active) <= half and half % self._data_size == 0
+                and half >= self.min_batch):
             return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
         return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
 

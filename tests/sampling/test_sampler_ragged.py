@@ -305,3 +305,15 @@ def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, ful
         for name in ("last_logits", "cursor", "slot_valid", "next_position"):
             np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
         np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
+    whole = Sampler(graphdef, state, params=SamplingParams(temperature=1.0), seed=3, half_batch_decode=False)
+    whole_call = whole._call
+
+    def whole_spy(kind, program, *args, **kwargs):
+        if program is decode_program:
+            batches.append(args[2].slot_valid.shape[0])
+        return whole_call(kind, program, *args, **kwargs)
+
+    whole._call = whole_spy
+    _, out_whole = whole.generate(whole.prefill(prompts), few, rng=key)
+    assert batches[2:] == [8]  # the option off: the whole batch decodes
+    assert [out_whole.row_tokens(r) for r in (0, 3)] == [out.row_tokens(r) for r in (0, 3)]
