@@ -48,6 +48,7 @@ def run_tool_path(result: LoopResult) -> ToolCallPath:
     by_id = {t.traj_id: t for t in trajs}
     start: dict[int, int] = {}
     end: dict[int, int] = {}
+    prompt_end: dict[int, int] = {}  # latest chain end among each prompt's trajectories so far
     total = 0
     for traj in trajs:
         event = created.get(traj.traj_id)
@@ -59,13 +60,13 @@ def run_tool_path(result: LoopResult) -> ToolCallPath:
             made_by_parent = _calls_before(parent, traj.branch_point) if parent.traj_id in created else 0
             start[traj.traj_id] = start[parent.traj_id] + made_by_parent
         elif event.kind == "topup":  # every earlier trajectory of the prompt has finished
-            start[traj.traj_id] = max((end[t.traj_id] for t in trajs if t.traj_id in end
-                                       and t.prompt_index == traj.prompt_index), default=0)
+            start[traj.traj_id] = prompt_end.get(traj.prompt_index, 0)
         else:
             start[traj.traj_id] = 0
         calls = own_calls(traj)
         total += calls
         end[traj.traj_id] = start[traj.traj_id] + calls
+        prompt_end[traj.prompt_index] = max(prompt_end.get(traj.prompt_index, 0), end[traj.traj_id])
     return ToolCallPath(serial=max(end.values(), default=0), total=total)
 
 

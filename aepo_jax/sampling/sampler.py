@@ -296,7 +296,7 @@ class Sampler:
         batch per batch, not one per count of budgeted rows: each size is another decode program for
         every span and window."""
         rows = active.tolist()
-        index = np.asarray(rows + [rows[0]] * (state.batch_size // 2 - len(rows)), np.int32)
+        index = _padded_rows(rows, state.batch_size // 2)
         inner = DecodeState(self._call("reshape", take_program, state.arrays, index, self.layout), len(rows))
         inner_budgets = np.zeros((inner.batch_size,), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
@@ -440,8 +440,7 @@ class Sampler:
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
-        batch = self._batch_for(len(rows))
-        index = np.asarray(rows + [rows[0]] * (batch - len(rows)), np.int32)
+        index = _padded_rows(rows, self._batch_for(len(rows)))
         return self._call("reshape", take_program, arrays, index, self.layout)
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
@@ -462,7 +461,7 @@ class Sampler:
         shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
         sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
         if receiving and len(receiving) <= sub_batch < state.batch_size:
-            rows = np.asarray(receiving + [receiving[0]] * (sub_batch - len(receiving)), np.int32)
+            rows = _padded_rows(receiving, sub_batch)
             dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
             dst[: len(receiving)] = receiving
             token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
@@ -550,3 +549,9 @@ class Sampler:
         bad = [int(t) for t in ids if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"{what}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+
+def _padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
+    """int32[size]: `rows`, then copies of the first to fill a batch of `size` rows."""
+    rows = list(rows)
+    return np.asarray(rows + [rows[0]] * (size - len(rows)), np.int32)
