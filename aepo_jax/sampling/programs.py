@@ -34,7 +34,11 @@ from aepo_jax.sampling.stopping import (
     push_window,
     stop_reason_after,
 )
-from aepo_jax.sampling.token_distribution import draw_tokens, top_logprobs
+from aepo_jax.sampling.token_distribution import (
+    draw_tokens_with,
+    row_uniforms,
+    top_logprobs,
+)
 
 Forward = Callable[..., tuple[jax.Array, object]]
 
@@ -206,6 +210,11 @@ def decode_loop(
         outputs = outputs.replace(top_logprobs=jnp.zeros((batch, max_steps, k), jnp.float32),
                                   top_ids=jnp.zeros((batch, max_steps, k), jnp.int32))
     first_step = progress.step
+    # Every step's uniforms in one vectorised draw before the loop ([W, B]; step s of row b uses
+    # fold_in(row key, s), as a per-step draw would), so the PRNG's rounds do not run every step.
+    window_uniforms = None if sampling.greedy else jax.vmap(
+        lambda s: row_uniforms(jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, s))
+    )(first_step + jnp.arange(max_steps, dtype=jnp.int32))
 
     def write_column(table: jax.Array, column: jax.Array, step: jax.Array) -> jax.Array:
         return jax.lax.dynamic_update_slice(table, column[:, None], (jnp.int32(0), step))
@@ -217,8 +226,8 @@ def decode_loop(
     def one_step(carry):
         step, arrays, prog, out = carry
         active = prog.stop_reason == NOT_STOPPED  # [B]
-        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, first_step + step)
-        tokens, logp, logp_trunc, entropy = draw_tokens(arrays.last_logits, step_keys, sampling)
+        uniforms = None if window_uniforms is None else window_uniforms[step]  # [B]
+        tokens, logp, logp_trunc, entropy = draw_tokens_with(arrays.last_logits, uniforms, sampling)
         tokens = jnp.where(active, tokens, pad_id)  # [B]
         num_tokens = prog.num_tokens + active.astype(jnp.int32)
         window = jnp.where(active[:, None], push_window(prog.window, tokens), prog.window)  # [B, L]

@@ -311,8 +311,6 @@ class Sampler:
         row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
-        if self.layerwise_decode and self._layer_params is None:
-            self._layer_params = self._call("reshape", split_layers_program, self._params_state)
         arrays, cursors, windows = state.arrays, state.cursors, []
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
@@ -325,7 +323,7 @@ class Sampler:
                 "decode", decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
                 self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
                 num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
-                layer_params=self._layer_params if self.layerwise_decode else None,
+                layer_params=self._layerwise_weights(),
             )
             windows.append(out)
             self.last_decode_spans.append(span)
@@ -414,6 +412,15 @@ class Sampler:
 
     def _shard_params(self, state: nnx.State) -> nnx.State:
         return state if self.mesh is None else shard_state(state, self.mesh)
+
+    def _layerwise_weights(self):
+        """The layerwise decode's weights (`split_layers_program`, made once per parameter update),
+        or None when `layerwise_decode` is off."""
+        if not self.layerwise_decode:
+            return None
+        if self._layer_params is None:
+            self._layer_params = self._call("reshape", split_layers_program, self._graphdef, self._params_state)
+        return self._layer_params
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()

@@ -46,7 +46,12 @@ def truncate_logits(scaled: jax.Array, params: SamplingParams) -> jax.Array:
 CDF_BLOCK = 64  # vocabulary entries per block of the two-level inverse CDF
 
 
-def _inverse_cdf_sample(weights: jax.Array, row_keys: jax.Array) -> jax.Array:
+def row_uniforms(row_keys: jax.Array) -> jax.Array:
+    """float32[B] in [0, 1): the one uniform per row that a token draw consumes, from each row's key."""
+    return jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(row_keys)
+
+
+def _inverse_cdf_sample(weights: jax.Array, uniform: jax.Array) -> jax.Array:
     """Draws index i with probability weights[i] / sum(weights), one uniform per row.
 
     Inverse-CDF sampling needs B random numbers instead of the B x V of
@@ -61,13 +66,12 @@ def _inverse_cdf_sample(weights: jax.Array, row_keys: jax.Array) -> jax.Array:
 
     Args:
       weights: float32[B, V] non-negative, at least one positive per row.
-      row_keys: [B] PRNG keys.
+      uniform: float32[B] in [0, 1) (`row_uniforms`).
 
     Returns:
       int32[B].
     """
     batch, vocab = weights.shape
-    uniform = jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(row_keys)  # [B] in [0, 1)
     n_blocks = -(-vocab // CDF_BLOCK)
     blocks = jnp.pad(weights, ((0, 0), (0, n_blocks * CDF_BLOCK - vocab))).reshape(batch, n_blocks, CDF_BLOCK)
     block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, nb]
@@ -85,14 +89,25 @@ def _inverse_cdf_sample(weights: jax.Array, row_keys: jax.Array) -> jax.Array:
 def draw_tokens(
     logits: jax.Array, row_keys: jax.Array, params: SamplingParams
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Draws one token per row and returns it with its scores.
+    """`draw_tokens_with` the rows' uniforms drawn from `row_keys` ([B] PRNG keys; unused when greedy)."""
+    uniforms = None if params.greedy else row_uniforms(row_keys)
+    return draw_tokens_with(logits, uniforms, params)
+
+
+def draw_tokens_with(
+    logits: jax.Array, uniforms: jax.Array | None, params: SamplingParams
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Draws one token per row from its uniform and returns it with its scores.
+
+    Taking uniforms rather than keys lets a decode window draw all its steps' uniforms in one
+    vectorised call before its loop, instead of running the PRNG's rounds every step.
 
     One exp pass over the vocabulary gives the softmax normaliser, the
     entropy H = log Z - sum(e * (s - m)) / Z, and the weights sampled from.
 
     Args:
       logits: float[B, V] next-token logits (cast to float32 here).
-      row_keys: [B] PRNG keys, one per row; unused when greedy.
+      uniforms: float32[B] in [0, 1), one per row (`row_uniforms`); unused (may be None) when greedy.
       params: temperature, top-k, top-p, greedy.
 
     Returns:
@@ -117,7 +132,7 @@ def draw_tokens(
     if params.greedy:
         tokens = jnp.argmax(scaled, axis=-1).astype(jnp.int32)  # [B]
     else:
-        tokens = _inverse_cdf_sample(sample_weights, row_keys)  # [B]
+        tokens = _inverse_cdf_sample(sample_weights, uniforms)  # [B]
     picked = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0]  # [B]
     logp = picked - log_normaliser
     logp_truncated = picked - jnp.log(jnp.sum(sample_weights, axis=-1)) if params.truncates else logp

@@ -1,10 +1,12 @@
 """Per-row stopping, fresh keys, budgets, bucketing and bad input on the real tiny model."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.sampling.sampler import DECODE_WINDOW
 from tests.sampling.conftest import random_prompts
 
 SAMPLED = SamplingParams(temperature=1.0)
@@ -80,6 +82,31 @@ def test_fresh_key_per_call_and_row_unless_given(tiny_model):
     other = Sampler(graphdef, state, params=SAMPLED)  # a second sampler does not replay the first's stream
     _, third = other.generate(other.prefill([prompt, prompt]), 12)
     assert third.row_tokens(0) != first.row_tokens(0)
+
+
+def test_step_s_of_row_b_draws_with_the_uniform_of_fold_in_row_key_b_s(tiny_model, full_logits):
+    """The PRNG stream is fixed per (row, step), whatever the decode windows: row b's key is
+    split(key, batch)[b] and step s draws with uniform(fold_in(row key, s)). Checked against a plain
+    full forward and `draw_tokens` on those keys, over two windows (the window's uniforms are drawn
+    before its loop, so a wrong step offset or row order shows here)."""
+    from aepo_jax.sampling.token_distribution import draw_tokens
+
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SAMPLED)
+    prompts = random_prompts(21, [4, 9, 6])
+    steps = DECODE_WINDOW + 5
+    key = jax.random.key(5)
+    st = sampler.prefill(prompts)
+    _, out = sampler.generate(st, steps, rng=key)
+    row_keys = jax.random.split(key, st.batch_size)
+    for b, prompt in enumerate(prompts):
+        ids = list(prompt)
+        for s in range(steps):
+            logits = jnp.asarray(full_logits(ids)[-1:])  # [1, V]
+            step_key = jax.random.fold_in(row_keys[b], s)[None]
+            token = int(draw_tokens(logits, step_key, SAMPLED)[0][0])
+            assert out.tokens[b, s] == token, f"row {b} step {s}"
+            ids.append(token)
 
 
 def test_jit_cache_does_not_grow_within_a_bucket(tiny_model):

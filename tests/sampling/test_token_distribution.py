@@ -129,7 +129,11 @@ def test_bad_params_raise(kwargs):
 def test_two_level_inverse_cdf_picks_the_float64_searchsorted_index_and_never_a_zero_weight():
     """The blocked CDF search draws the same index as a flat float64 inverse CDF on the same uniforms,
     over a vocabulary that is not a multiple of the block, with zero-weight (truncated) entries."""
-    from aepo_jax.sampling.token_distribution import CDF_BLOCK, _inverse_cdf_sample
+    from aepo_jax.sampling.token_distribution import (
+        CDF_BLOCK,
+        _inverse_cdf_sample,
+        row_uniforms,
+    )
 
     rows, vocab = 512, 3 * CDF_BLOCK + 17
     rng = np.random.default_rng(3)
@@ -141,7 +145,7 @@ def test_two_level_inverse_cdf_picks_the_float64_searchsorted_index_and_never_a_
     weights[8:16, vocab - 1] = 2.0  # ... or ends the padded last block
     weights[np.arange(rows), rng.integers(0, vocab, rows)] += 0.5  # at least one positive per row
     keys = jax.random.split(jax.random.key(11), rows)
-    got = np.asarray(jax.jit(_inverse_cdf_sample)(jnp.asarray(weights), keys))
+    got = np.asarray(jax.jit(_inverse_cdf_sample)(jnp.asarray(weights), row_uniforms(keys)))
     uniform = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys), np.float64)
     cdf = np.cumsum(weights.astype(np.float64), axis=1)
     expected = [np.searchsorted(cdf[r], (1.0 - uniform[r]) * cdf[r, -1], side="left") for r in range(rows)]
