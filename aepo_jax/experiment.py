@@ -62,7 +62,8 @@ def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
                       schedule=str(r.get("schedule", LoopConfig.schedule)),
                       chunk_tokens=int(r.get("chunk_tokens", LoopConfig.chunk_tokens)),
                       min_generating_fraction=float(r.get("min_generating_fraction", LoopConfig.min_generating_fraction)),
-                      arrival_window_ms=float(r.get("arrival_window_ms", LoopConfig.arrival_window_ms)))
+                      arrival_window_ms=float(r.get("arrival_window_ms", LoopConfig.arrival_window_ms)),
+                      background_compile=str(r.get("background_compile", LoopConfig.background_compile)))
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,

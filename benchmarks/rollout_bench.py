@@ -33,6 +33,7 @@ from flax import nnx
 
 from aepo_jax.agent.forcing import ToolForcingGenerator
 from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig
+from aepo_jax.agent.loop_config import BACKGROUND_COMPILE
 from aepo_jax.agent.prompts import PromptConfig, render_prompts
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models import Decoder, get_preset
@@ -82,6 +83,8 @@ def main() -> None:
                         help="the continuous schedule's decode chunk")
     parser.add_argument("--arrival-window-ms", type=float, default=LoopConfig.arrival_window_ms,
                         help="continuous: results arriving within this of each other are folded in together")
+    parser.add_argument("--background-compile", default=LoopConfig.background_compile, choices=BACKGROUND_COMPILE,
+                        help="new shapes compile in the background (auto: under continuous only)")
     add_json_flag(parser)
     args = parser.parse_args()
     schedules = [x for x in args.schedules.split(",") if x]
@@ -96,12 +99,14 @@ def main() -> None:
     graphdef, params = nnx.split(model)
     loop_configs = {(branch_by, schedule): LoopConfig(
         max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by, schedule=schedule,
-        chunk_tokens=args.chunk_tokens, arrival_window_ms=args.arrival_window_ms) for branch_by in branch_modes for schedule in schedules}
-    # Built as training builds it (one cache length per rollout; the loops share their limits).
-    sampler = agent_sampler(graphdef, params, tok, next(iter(loop_configs.values())), SamplingParams(), seed=0)
+        chunk_tokens=args.chunk_tokens, arrival_window_ms=args.arrival_window_ms,
+        background_compile=args.background_compile) for branch_by in branch_modes for schedule in schedules}
+    # Built as training builds them (one cache length per rollout; the loops share their limits). One sampler per
+    # loop: whether it compiles in the background follows the loop's schedule. Compiled programs are shared.
+    samplers = {key: agent_sampler(graphdef, params, tok, config, SamplingParams(), seed=0)
+                for key, config in loop_configs.items()}
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    generator = ToolForcingGenerator(sampler, plan, free_tokens=args.free_tokens)
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,17 +118,19 @@ def main() -> None:
               PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
             registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
                                      "python": PythonTool(sandbox)}, max_workers=args.tool_concurrency)
-            loops = {key: AgentLoop(generator, tok, registry, config) for key, config in loop_configs.items()}
+            loops = {key: AgentLoop(ToolForcingGenerator(samplers[key], plan, free_tokens=args.free_tokens), tok, registry,
+                                    config) for key, config in loop_configs.items()}
             # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
             # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
             # still unseen fall on every schedule alike.
             for warmup in range(args.warmups):
-                for loop in loops.values():
-                    _timed_rollout(loop, sampler, prompts, args.k, 1000 + warmup)
+                for key, loop in loops.items():
+                    _timed_rollout(loop, samplers[key], prompts, args.k, 1000 + warmup)
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
-                    rows.append(_timed_rollout(loop, sampler, prompts, args.k, repeat, latency / 1000.0,
-                                           args.tool_concurrency) | {"schedule": schedule, "branch_by": branch_by})
+                    rows.append(_timed_rollout(loop, samplers[branch_by, schedule], prompts, args.k, repeat,
+                                               latency / 1000.0, args.tool_concurrency)
+                                | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
     low, high = args.free_tokens
@@ -140,15 +147,18 @@ def main() -> None:
               f"{r['trajectory_tokens_per_s']:10.1f} {r['ticks']:5d} {r['branches']:8d} {r['tool_calls']:5d} "
               f"{r['serial_tool_calls']:6d} {r['tool_bound_seconds']:7.2f}")
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
-              "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s)")
+              "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s;",
+              f"{r['background_compiles']} in the background, {r['fallback_calls']} calls ran a larger variant)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
         print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")
         rounds_rows = [r for r in rows if r["schedule"] == "rounds" and r["branch_by"] == branch_modes[0]]
-        ceiling = summary["rounds"]["seconds"] / max(r["tool_bound_seconds"] for r in rows)
-        summary["rounds"]["speedup_ceiling"] = ceiling
-        print(f"at most {ceiling:.2f}x for any schedule: rounds' mean seconds over the largest tool bound of "
-              f"all runs ({len(rounds_rows)} rounds runs)")
+        bound = max(r["tool_bound_seconds"] for r in rows)
+        if bound > 0:  # no tool latency: no tool bound
+            ceiling = summary["rounds"]["seconds"] / bound
+            summary["rounds"]["speedup_ceiling"] = ceiling
+            print(f"at most {ceiling:.2f}x for any schedule: rounds' mean seconds over the largest tool bound of "
+                  f"all runs ({len(rounds_rows)} rounds runs)")
     write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
 
 
@@ -176,6 +186,7 @@ def _timed_rollout(loop, sampler, prompts, k: int, repeat: int, latency_s: float
     """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
     them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound."""
     device_before = sampler.device_seconds
+    counters_before = sampler.compile_counters
     compile_before = _COMPILE_SECONDS[0]
     programs_before = sampler.compiled_programs()
     start = time.perf_counter()
@@ -195,7 +206,8 @@ def _timed_rollout(loop, sampler, prompts, k: int, repeat: int, latency_s: float
             "tool_calls": stats.tool_calls, "serial_tool_calls": stats.serial_tool_calls,
             "tool_bound_seconds": latency_s * max(stats.serial_tool_calls, stats.tool_calls / concurrency),
             "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before,
-            "compile_seconds": _COMPILE_SECONDS[0] - compile_before}
+            "compile_seconds": _COMPILE_SECONDS[0] - compile_before,
+            **{name: v - counters_before[name] for name, v in sampler.compile_counters.items()}}
 
 
 def _summaries(rows: list[dict], schedules: list[str], branch_by: str) -> dict:

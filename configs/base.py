@@ -105,6 +105,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.min_generating_fraction = LoopConfig.min_generating_fraction
     # continuous: results arriving within this many ms of each other resume together
     c.rollout.arrival_window_ms = LoopConfig.arrival_window_ms
+    # "auto" (on under continuous), "on" or "off": compile a rollout's new shapes off its critical path
+    c.rollout.background_compile = LoopConfig.background_compile
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 

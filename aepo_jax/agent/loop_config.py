@@ -20,6 +20,7 @@ from aepo_jax.agent.trajectory import Trajectory
 
 BRANCH_BY = ("fork", "prefill")
 SCHEDULES = ("rounds", "continuous")
+BACKGROUND_COMPILE = ("auto", "on", "off")
 
 
 class TextTokenizer(Protocol):
@@ -71,6 +72,15 @@ class LoopConfig:
     # finish a few ms apart; folding them in one tick keeps their rows in one chunk instead of splitting
     # them into groups that then take turns. 0 decodes as soon as enough rows can.
     arrival_window_ms: float = 10.0
+    # The rollout sampler's `compile_in_background` (a shape not compiled yet runs as a compiled larger
+    # variant while its own compiles on a background thread): "on", "off", or "auto" = on under the
+    # continuous schedule, whose results already depend on timing, off under rounds (bit-reproducible).
+    background_compile: str = "auto"
+
+    @property
+    def compiles_in_background(self) -> bool:
+        """Whether the rollout sampler compiles new shapes in the background (`background_compile`)."""
+        return self.background_compile == "on" or (self.background_compile == "auto" and self.schedule == "continuous")
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):
@@ -90,6 +100,8 @@ class LoopConfig:
             raise ValueError(f"min_generating_fraction must be in [0, 1], got {self.min_generating_fraction}")
         if self.arrival_window_ms < 0:
             raise ValueError(f"arrival_window_ms must be >= 0, got {self.arrival_window_ms}")
+        if self.background_compile not in BACKGROUND_COMPILE:
+            raise ValueError(f"unknown background_compile {self.background_compile!r}; choose from {BACKGROUND_COMPILE}")
         if self.chunk_tokens < self.entropy_tokens:
             raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
 

@@ -29,6 +29,7 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
         prefill on (a fixed length, so a rollout compiles each program for one cache length and
         never grows a cache; prefills, appends and decode windows still read only the span their
         rows fill).
+        `loop.background_compile` says whether new shapes compile in the background.
       sampling: temperature, top-k, top-p, greedy.
       seed: base of the sampler's PRNG keys.
       mesh: shard the cache's rows over this mesh (None: one device).
@@ -37,4 +38,5 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
     slots = cache_slots(loop, prompts)
     return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
                    stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
-                   max_cache_len=slots, mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH, min_cache_len=slots)
+                   max_cache_len=slots, mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH, min_cache_len=slots,
+                   compile_in_background=loop.compiles_in_background)

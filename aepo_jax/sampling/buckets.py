@@ -33,3 +33,12 @@ def attention_span(needed: int, n_slots: int, minimum: int) -> int:
     while span < needed:
         span = span * 3 // 2 if span & (span - 1) == 0 else span * 4 // 3
     return min(span, n_slots)
+
+
+def span_ladder(span: int, n_slots: int, minimum: int) -> list[int]:
+    """`span` (an `attention_span` bucket) and every larger bucket up to the cache's `n_slots`: the
+    spans a decode window that needs `span` slots may also read."""
+    spans = [span]
+    while spans[-1] < n_slots:
+        spans.append(attention_span(spans[-1] + 1, n_slots, minimum))
+    return spans

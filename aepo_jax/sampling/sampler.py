@@ -24,12 +24,18 @@ import numpy as np
 from flax import nnx
 
 from aepo_jax.parallel import shard_state
-from aepo_jax.sampling.buckets import attention_span, bucket_batch, bucket_length
+from aepo_jax.sampling.buckets import (
+    attention_span,
+    bucket_batch,
+    bucket_length,
+    span_ladder,
+)
 from aepo_jax.sampling.cache_sharding import (
     DecodeSharding,
     empty_program,
     place_rows,
 )
+from aepo_jax.sampling.compile_ahead import BackgroundCompiler
 from aepo_jax.sampling.jitted import (
     PROGRAMS,
     block_program,
@@ -102,6 +108,11 @@ class Sampler:
       min_batch: every decode state holds at least this many rows (its batch bucket is that of
         max(rows, min_batch)), so states of a few rows share the programs of one batch size
         instead of compiling their own for 1, 2, 4, ... rows.
+      compile_in_background: a block or decode window whose exact shape is not compiled yet runs as
+        a compiled variant that holds it (a longer span, block or window) while the exact one
+        compiles on a background thread (`compile_ahead.py`), so a call waits for a compile only
+        when no variant is compiled. Results then depend on compile timing up to float rounding,
+        so it is off by default (every call runs its exact shape: bit-reproducible).
     """
 
     def __init__(
@@ -122,6 +133,7 @@ class Sampler:
         min_batch: int = 1,
         min_cache_len: int = MIN_CACHE_SLOTS,
         half_batch_decode: bool | None = None,
+        compile_in_background: bool = False,
     ):
         if min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {min_batch}")
@@ -153,6 +165,7 @@ class Sampler:
         self.half_batch_decode = on_cpu if half_batch_decode is None else bool(half_batch_decode)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self.last_decode_spans: list[int] = []  # cache slots each window of the last generate read
+        self._compiles = BackgroundCompiler(compile_in_background, self._mesh_context)
         self._check_ids([self.pad_id, *eos_ids, *(t for s in stop_sequences for t in s)], "sampler token ids")
 
     # ----------------------------------------------------------------- public API
@@ -169,6 +182,17 @@ class Sampler:
         ready. Their sum over a rollout's wall time is the device-busy fraction
         (`benchmarks/rollout_bench.py`); the first call of a shape includes its compilation."""
         return dict(self._device_seconds)
+
+    @property
+    def compile_counters(self) -> dict[str, int]:
+        """`compile_in_background`'s counters: calls that ran a larger compiled variant than they needed
+        (`fallback_calls`) and exact variants compiled on the background thread (`background_compiles`)."""
+        return {"fallback_calls": self._compiles.fallback_calls,
+                "background_compiles": self._compiles.background_compiles}
+
+    def wait_for_compiles(self) -> None:
+        """Blocks until the background compiles under way have finished (a no-op when there are none)."""
+        self._compiles.wait()
 
     @staticmethod
     def compiled_programs() -> int:
@@ -250,7 +274,8 @@ class Sampler:
         state = self._ensure_room(state, [len(t) for t in token_lists])
         state, (logp, entropy) = self._run_block(state, token_lists, block, "append", score_temperature=temperature)
         self._counters["append_tokens"] += sum(len(t) for t in token_lists)
-        rows = [(logp[r, block - len(t):], entropy[r, block - len(t):]) for r, t in enumerate(token_lists)]
+        width = logp.shape[1]  # the block may have run as a longer compiled variant
+        rows = [(logp[r, width - len(t):], entropy[r, width - len(t):]) for r, t in enumerate(token_lists)]
         return state, [lp for lp, _ in rows], [h for _, h in rows]
 
     def generate(
@@ -316,17 +341,26 @@ class Sampler:
         n, width = state.num_rows, max(longest, 0)
         num_tokens = np.zeros((n,), np.int32)
         while True:
-            # One window: its span holds every row's tokens up to the window's end.
+            # One window: its span holds every row's tokens up to the window's end. Variants that do not
+            # need compiling now: longer spans, then the longest window (the budgets stop rows in time).
             steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
-            span = attention_span(int((cursors + num_tokens).max(initial=0)) + steps, state.cache_length, MIN_SPAN)
-            arrays, out, progress = self._call(
-                "decode", decode_program, self._graphdef, self._params_state, arrays, row_keys, budget,
-                self._stop_table, progress, max_steps=steps, sampling=sampling, pad_id=self.pad_id,
-                num_top_logprobs=int(top_logprobs), layout=self.layout, span=span,
-                layer_params=self._layerwise_weights(),
-            )
+            end = int((cursors + num_tokens).max(initial=0))
+            variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
+                        for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
+            keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
+                    for w, s in variants]
+            pick = self._compiles.choose(keys)
+            args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
+            options = {"sampling": sampling, "pad_id": self.pad_id, "num_top_logprobs": int(top_logprobs),
+                       "layout": self.layout, "layer_params": self._layerwise_weights()}
+            if pick:
+                self._compiles.compile_later(keys[0], decode_program, args,
+                                             {**options, "max_steps": variants[0][0], "span": variants[0][1]})
+            arrays, out, progress = self._call("decode", decode_program, *args, max_steps=variants[pick][0],
+                                               span=variants[pick][1], **options)
+            self._compiles.ran(keys[pick])
             windows.append(out)
-            self.last_decode_spans.append(span)
+            self.last_decode_spans.append(variants[pick][1])
             done = jax.device_get((progress.num_tokens, progress.stop_reason))
             num_tokens = np.asarray(done[0][:n])
             if not (np.asarray(done[1][:n]) == NOT_STOPPED).any() or int(num_tokens.max(initial=0)) >= longest:
@@ -474,7 +508,25 @@ class Sampler:
             token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
         else:
             rows = dst = None
-        tokens = np.full((len(token_lists) if rows is not None else state.batch_size, block), self.pad_id, np.int32)
+        n_rows = len(token_lists) if rows is not None else state.batch_size
+        program = (block_program if score_temperature is None else scored_block_program) if rows is None else \
+            (rows_block_program if score_temperature is None else rows_scored_block_program)
+        extra = () if score_temperature is None else (score_temperature,)
+        # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer blocks.
+        lengths = [block] if block > self.max_block_tokens else \
+            [block << i for i in range((self.max_block_tokens // block).bit_length())]
+        variants = [(t, s) for t in lengths for s in self._block_spans(state, span)]
+        keys = [(program.__name__, n_rows, state.cache_length, t, s, *extra) for t, s in variants]
+        pick = self._compiles.choose(keys)
+        row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
+        if pick:
+            exact, exact_span = variants[0]
+            blank = place_rows(self.layout, np.zeros((n_rows, exact), np.int32))
+            self._compiles.compile_later(keys[0], program, (
+                self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
+                self.layout, exact_span, *extra), {})
+        block, span = variants[pick]
+        tokens = np.full((n_rows, block), self.pad_id, np.int32)
         valid = np.zeros(tokens.shape, bool)
         for row, ids in enumerate(token_lists):
             if len(ids):
@@ -487,30 +539,34 @@ class Sampler:
         chunk = min(block, self.max_block_tokens)
         scores = []
         for start in range(0, block, chunk):
-            chunk_inputs = (place_rows(self.layout, tokens[:, start:start + chunk]),
-                            place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span)
-            if rows is None:
-                inputs = (self._graphdef, self._params_state, arrays, *chunk_inputs)
-                programs = (block_program, scored_block_program)
-            else:
-                inputs = (self._graphdef, self._params_state, arrays, place_rows(self.layout, rows),
-                          place_rows(self.layout, dst), *chunk_inputs)
-                programs = (rows_block_program, rows_scored_block_program)
+            inputs = (self._graphdef, self._params_state, arrays, *row_inputs,
+                      place_rows(self.layout, tokens[:, start:start + chunk]),
+                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span, *extra)
             if score_temperature is None:
-                arrays = self._call(kind, programs[0], *inputs)
+                arrays = self._call(kind, program, *inputs)
             else:
-                arrays, chunk_scores = self._call(kind, programs[1], *inputs, score_temperature)
+                arrays, chunk_scores = self._call(kind, program, *inputs)
                 scores.append(jax.device_get(chunk_scores))
+        self._compiles.ran(keys[pick])
         state = DecodeState(arrays, state.num_rows)
         if score_temperature is None:
             return state
         per_entry = [np.concatenate([s[i] for s in scores], axis=1) for i in range(2)]
         if rows is not None:  # back to one row per batch row (zero where nothing was appended)
-            full = [np.zeros((state.batch_size, block), np.float32) for _ in per_entry]
+            full = [np.zeros((state.batch_size, p.shape[1]), np.float32) for p in per_entry]
             for f, p in zip(full, per_entry, strict=True):
                 f[receiving] = p[: len(receiving)]
             per_entry = full
         return state, tuple(per_entry)
+
+    @staticmethod
+    def _block_spans(state: DecodeState, span: int | None) -> list[int | None]:
+        """`span` (`_block_span`) and every larger one a block may also read, up to the whole cache (None)."""
+        spans: list[int | None] = []
+        while span is not None:
+            spans.append(span)
+            span = None if 2 * span >= state.cache_length else 2 * span
+        return [*spans, None]
 
     def _block_span(self, state: DecodeState, counts: Sequence[int]) -> int | None:
         """Leading cache slots a block of `counts[i]` tokens per row reads: as many as a cache grown by

@@ -1,0 +1,103 @@
+"""Compiles off the caller's path: a shape variant of a sampler program that is not compiled yet
+runs as a compiled variant that holds it (a longer attention span, block or decode window), while
+the exact variant compiles on a background thread and is used from the first call after it is ready.
+
+A rollout meets new shapes now and then (a batch, block or span bucket it has not met before); on
+this 2-core CPU each costs 0.5-0.9 s of XLA compile, on a TPU slice at the paper's scale minutes, and
+without this the whole rollout waits for it. A larger variant gives the same tokens up to float
+rounding (it attends over, or feeds, more masked entries), so a run that uses this is reproducible
+only up to that rounding: `Sampler(compile_in_background=...)` says whether it is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import jax
+
+
+def abstract_arrays(tree: Any) -> Any:
+    """`tree` with every array replaced by its shape and dtype (and its sharding when that is a mesh's),
+    so a program can be lowered without holding (or racing a donation of) the arrays themselves.
+
+    A single-device array's sharding is left out: a committed single-device sharding in the
+    abstract arguments lowers to a program the later call does not find in the compile cache."""
+
+    def abstract(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        sharding = x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else None
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
+
+    return jax.tree.map(abstract, tree)
+
+
+class BackgroundCompiler:
+    """Which shape variants a sampler has compiled, and background compiles of the ones it lacks.
+
+    Variants are named by hashable keys that identify a compiled program (program, batch, cache
+    length, block or window length, span, static options). With `enabled=False` every call runs its
+    exact variant (`choose` returns 0) and nothing compiles in the background.
+    """
+
+    def __init__(self, enabled: bool, context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        self.enabled = bool(enabled)
+        self._context = context  # entered around each background lowering (the sampler's mesh)
+        self._ready: set[Hashable] = set()
+        self._pending: dict[Hashable, Future] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self.fallback_calls = 0  # calls that ran a larger compiled variant than they needed
+        self.background_compiles = 0  # exact variants compiled on the background thread
+
+    def choose(self, keys: Sequence[Hashable]) -> int:
+        """Index of the variant to run among `keys` (the exact one first, then larger ones in order of
+        preference): the exact one when it is compiled; else the first compiled larger one; else
+        the exact one (compiled on the spot, after a background compile of it already under way)."""
+        self._collect()
+        if not self.enabled or keys[0] in self._ready:
+            return 0
+        for index, key in enumerate(keys[1:], 1):
+            if key in self._ready:
+                self.fallback_calls += 1
+                return index
+        pending = self._pending.pop(keys[0], None)
+        if pending is not None and pending.exception() is None:  # waits for it rather than compiling twice
+            self._ready.add(keys[0])
+        return 0
+
+    def ran(self, key: Hashable) -> None:
+        """Records that the variant `key` ran (so it is compiled)."""
+        self._ready.add(key)
+
+    def compile_later(self, key: Hashable, program: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Compiles `program(*args, **kwargs)` (the variant `key`) on the background thread, unless it is
+        compiled or under way. Arrays are read for their shapes only, here, before this returns."""
+        if not self.enabled or key in self._ready or key in self._pending:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler-compile")
+        abstract_args, abstract_kwargs = abstract_arrays(tuple(args)), abstract_arrays(dict(kwargs))
+        self._pending[key] = self._executor.submit(self._compile, program, abstract_args, abstract_kwargs)
+
+    def wait(self) -> None:
+        """Blocks until every background compile has finished (they are then ready)."""
+        for future in list(self._pending.values()):
+            future.exception()
+        self._collect()
+
+    def _compile(self, program: Any, args: tuple, kwargs: dict) -> None:
+        with self._context():
+            program.lower(*args, **kwargs).compile()
+        self.background_compiles += 1
+
+    def _collect(self) -> None:
+        """Moves finished background compiles to the ready set (a failed one is dropped: the exact
+        variant then compiles on the spot, where its error surfaces)."""
+        for key, future in list(self._pending.items()):
+            if future.done():
+                del self._pending[key]
+                if future.exception() is None:
+                    self._ready.add(key)

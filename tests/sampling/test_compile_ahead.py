@@ -1,0 +1,143 @@
+"""`Sampler(compile_in_background=True)`: a shape not compiled yet runs as a compiled larger variant
+while the exact one compiles on a background thread, which the next call then uses without compiling.
+
+Each test builds its own model (a fresh graphdef), so no program it needs was compiled by another test.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.sampling.sampler import DECODE_WINDOW, MIN_SPAN
+from tests.sampling.conftest import random_prompts
+
+GREEDY = SamplingParams(greedy=True)
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_COMPILES: list[float] = []
+
+
+def _count(event: str, seconds: float, **_) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        _COMPILES.append(seconds)
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def _fresh_model(seed: int):
+    """A tiny decoder of its own (a graphdef no other test compiled programs for)."""
+    model = Decoder(get_preset("tiny", d_model=64 + 16 * seed), rngs=nnx.Rngs(seed))
+    return nnx.split(model)
+
+
+def _samplers(seed: int, mesh=None):
+    graphdef, state = _fresh_model(seed)
+    make = lambda background: Sampler(graphdef, state, params=GREEDY, max_cache_len=512, min_cache_len=512,
+                                      compile_in_background=background, mesh=mesh)
+    return make(True), make(False)
+
+
+def test_a_new_decode_span_runs_as_a_compiled_longer_one_then_as_its_own_once_compiled():
+    sampler, plain = _samplers(1)
+    long_prompts, short_prompts = random_prompts(1, [150, 9]), random_prompts(2, [5, 12])
+    sampler.generate(sampler.prefill(long_prompts), 20)  # compiles a window of 32 steps over 192 slots
+    assert sampler.last_decode_spans == [192]
+    _, out = sampler.generate(sampler.prefill(short_prompts), 20)  # needs 64 slots: not compiled yet
+    assert sampler.last_decode_spans == [192]
+    assert sampler.compile_counters["fallback_calls"] >= 1
+    _, expected = plain.generate(plain.prefill(short_prompts), 20)
+    assert out.tokens.tolist() == expected.tokens.tolist()
+    np.testing.assert_allclose(out.logp, expected.logp, rtol=1e-5, atol=1e-6)
+    sampler.wait_for_compiles()
+    before = len(_COMPILES)
+    _, again = sampler.generate(sampler.prefill(short_prompts), 20)
+    assert sampler.last_decode_spans == [MIN_SPAN]
+    assert len(_COMPILES) == before, "the background compile was not the program the call then ran"
+    assert sampler.compile_counters["background_compiles"] >= 1
+    assert again.tokens.tolist() == expected.tokens.tolist()
+
+
+def test_without_the_option_every_window_runs_its_exact_span():
+    _, plain = _samplers(2)
+    plain.generate(plain.prefill(random_prompts(3, [150])), 20)
+    plain.generate(plain.prefill(random_prompts(4, [5])), 20)
+    assert plain.last_decode_spans == [MIN_SPAN]
+    assert plain.compile_counters == {"fallback_calls": 0, "background_compiles": 0}
+
+
+def test_a_new_block_length_runs_as_a_compiled_longer_block_with_the_same_scores():
+    sampler, plain = _samplers(3)
+    prompts = random_prompts(5, [6, 3, 9])
+    long_results, short_results = random_prompts(6, [40, 2, 17]), random_prompts(7, [5, 0, 3])
+    outputs = []
+    for s in (sampler, plain):
+        st = s.prefill(prompts)
+        st, _, _ = s.score_append(st, long_results)  # a 64-token block
+        st, logp, entropy = s.score_append(st, short_results)  # an 8-token block: runs as 64 in the first
+        st, out = s.generate(st, DECODE_WINDOW // 2)
+        outputs.append((logp, entropy, out, np.asarray(st.cursors)))
+    (logp_a, entropy_a, out_a, cursors_a), (logp_b, entropy_b, out_b, cursors_b) = outputs
+    assert sampler.compile_counters["fallback_calls"] >= 1
+    assert [len(x) for x in logp_a] == [5, 0, 3]
+    for a, b in zip(logp_a + entropy_a, logp_b + entropy_b, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert cursors_a.tolist() == cursors_b.tolist()
+    assert out_a.tokens.tolist() == out_b.tokens.tolist()
+
+
+def test_background_compiles_on_a_mesh_are_the_programs_the_calls_then_run():
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    from aepo_jax.parallel import make_mesh
+
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sampler, _ = _samplers(4, mesh=mesh)
+    prompts = random_prompts(8, [7, 3, 11, 5])
+    st = sampler.prefill(prompts)
+    st, _, _ = sampler.score_append(st, random_prompts(9, [40, 1, 9, 2]))
+    sampler.generate(sampler.prefill(random_prompts(10, [150])), 20)
+    st = sampler.prefill(prompts)
+    st, _, _ = sampler.score_append(st, random_prompts(11, [3, 1, 2, 4]))  # falls back to the 64-token block
+    sampler.generate(st, 20)  # falls back to the 192-slot window
+    assert sampler.compile_counters["fallback_calls"] >= 2
+    sampler.wait_for_compiles()
+    before = len(_COMPILES)
+    st = sampler.prefill(prompts)
+    st, _, _ = sampler.score_append(st, random_prompts(12, [2, 3, 1, 4]))
+    sampler.generate(st, 20)
+    assert sampler.last_decode_spans == [MIN_SPAN]
+    assert len(_COMPILES) == before
+
+
+SINGLE_DEVICE_SCRIPT = """
+import json
+from tests.sampling.test_compile_ahead import _COMPILES, _samplers, random_prompts
+sampler, _ = _samplers(5)
+sampler.generate(sampler.prefill(random_prompts(1, [150, 9])), 20)
+short = random_prompts(2, [5, 12])
+sampler.generate(sampler.prefill(short), 20)
+fell_back = sampler.last_decode_spans
+sampler.wait_for_compiles()
+before = len(_COMPILES)
+sampler.generate(sampler.prefill(short), 20)
+print(json.dumps({"fell_back": fell_back, "exact": sampler.last_decode_spans, "compiles": len(_COMPILES) - before}))
+"""
+
+
+def test_on_one_device_without_a_compile_cache_the_background_compile_is_the_one_the_call_runs():
+    """As a user runs it: one CPU device and no persistent compile cache (which would hide a program the
+    call lowers differently from the background compile and then compiles again)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.child_process import child_env
+
+    done = subprocess.run([sys.executable, "-c", SINGLE_DEVICE_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env=child_env(1, JAX_ENABLE_COMPILATION_CACHE="false"), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"fell_back": [192], "exact": [MIN_SPAN], "compiles": 0}
