@@ -135,8 +135,12 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     from aepo_jax.sampling.buckets import bucket_batch, bucket_length
     from aepo_jax.sampling.cache_sharding import DecodeSharding, _empty_arrays
     from aepo_jax.sampling.jitted import sampler_programs
+    from aepo_jax.sampling.program_runs import (
+        DECODE_WINDOW,
+        MAX_BLOCK_TOKENS,
+        MIN_BLOCK,
+    )
     from aepo_jax.sampling.programs import start_progress
-    from aepo_jax.sampling.sampler import DECODE_WINDOW, MAX_BLOCK_TOKENS, MIN_BLOCK
     from aepo_jax.sampling.stopping import build_stop_table
     from aepo_jax.training.build import abstract_model
 

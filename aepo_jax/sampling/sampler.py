@@ -1,6 +1,7 @@
 """The host-side Sampler: token ids in, tokens with log-probs and entropies out.
 
-It calls the jitted programs of `jitted.py` (one compile per shape bucket) and
+It calls the jitted programs of `jitted.py` (one compile per shape bucket; the block and
+decode-window calls are in `program_runs.py`) and
 does the bookkeeping around them: bucketing, padding rows, cache growth, PRNG
 keys, counters. All arithmetic happens in `programs.py`, `layout.py` and
 `token_distribution.py`.
@@ -25,50 +26,34 @@ from flax import nnx
 
 from aepo_jax.parallel import shard_state
 from aepo_jax.sampling.buckets import (
-    attention_span,
     bucket_batch,
     bucket_length,
-    span_ladder,
 )
 from aepo_jax.sampling.cache_sharding import (
     DecodeSharding,
     empty_program,
-    place_rows,
 )
 from aepo_jax.sampling.compile_ahead import BackgroundCompiler
 from aepo_jax.sampling.jitted import (
     PROGRAMS,
-    block_program,
-    decode_program,
     grow_program,
     place_program,
-    rows_block_program,
-    rows_scored_block_program,
-    scored_block_program,
     split_layers_program,
-    start_program,
     take_program,
 )
 from aepo_jax.sampling.params import SamplingParams
+from aepo_jax.sampling.program_runs import (
+    MAX_BLOCK_TOKENS,
+    MIN_BLOCK,
+    MIN_CACHE_SLOTS,
+    ProgramRuns,
+    _padded_rows,
+)
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
-from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, build_stop_table
-
-MIN_CACHE_SLOTS = 128  # smallest cache bucket
-MIN_BLOCK = 8  # smallest prompt / append block bucket
-MIN_NEW_TOKENS = 16  # smallest decode window
-# Decode runs in windows of at most this many steps; each window's attention reads only the leading
-# cache slots that hold every row's tokens by its end (`attention_span`, at least MIN_SPAN), not
-# the whole cache.
-DECODE_WINDOW = 32
-MIN_SPAN = 64
-# Longest block one forward writes: a longer prefill, repack or append runs as successive
-# chunks of this many tokens, so the dense attention scores of a cached block
-# ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
-MAX_BLOCK_TOKENS = 256
-SUB_BATCH_FRACTION = 4  # an append to at most batch / 4 rows runs on a sub-batch of that size
+from aepo_jax.sampling.stopping import build_stop_table
 
 
-class Sampler:
+class Sampler(ProgramRuns):
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
 
     Args:
@@ -329,60 +314,6 @@ class Sampler:
         state = self.place(state, rows, inner, range(len(rows)))
         return state, out.spread(rows, state.num_rows, self.pad_id)
 
-    def _decode(self, state: DecodeState, budgets: np.ndarray, row_keys: jax.Array, sampling: SamplingParams,
-                top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
-        """The decode windows of `generate` over every row of `state` (budgets int32[batch])."""
-        longest = int(budgets.max())
-        row_keys = place_rows(self.layout, row_keys)
-        budget = place_rows(self.layout, jnp.asarray(budgets))
-        progress = self._call("decode", start_program, budget, self._stop_table)
-        arrays, cursors, windows = state.arrays, state.cursors, []
-        self.last_decode_spans = []
-        n, width = state.num_rows, max(longest, 0)
-        num_tokens = np.zeros((n,), np.int32)
-        while True:
-            # One window: its span holds every row's tokens up to the window's end. Variants that do not
-            # need compiling now: longer spans, then the longest window (the budgets stop rows in time).
-            steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
-            end = int((cursors + num_tokens).max(initial=0))
-            variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
-                        for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
-            keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
-                    for w, s in variants]
-            pick = self._compiles.choose(keys)
-            args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
-            options = {"sampling": sampling, "pad_id": self.pad_id, "num_top_logprobs": int(top_logprobs),
-                       "layout": self.layout, "layer_params": self._layerwise_weights()}
-            if pick:
-                self._compiles.compile_later(keys[0], decode_program, args,
-                                             {**options, "max_steps": variants[0][0], "span": variants[0][1]})
-            arrays, out, progress = self._call("decode", decode_program, *args, max_steps=variants[pick][0],
-                                               span=variants[pick][1], **options)
-            self._compiles.ran(keys[pick])
-            windows.append(out)
-            self.last_decode_spans.append(variants[pick][1])
-            done = jax.device_get((progress.num_tokens, progress.stop_reason))
-            num_tokens = np.asarray(done[0][:n])
-            if not (np.asarray(done[1][:n]) == NOT_STOPPED).any() or int(num_tokens.max(initial=0)) >= longest:
-                break
-        out = jax.device_get(windows)
-        stop_reason, stop_sequence_index = jax.device_get((progress.stop_reason, progress.stop_sequence_index))
-        joined = lambda name: None if getattr(out[0], name) is None else \
-            np.concatenate([getattr(w, name) for w in out], axis=1)[:n, :width]
-        result = SampleOutput(
-            tokens=joined("tokens"),
-            logp=joined("logp"),
-            logp_truncated=joined("logp_truncated"),
-            entropy=joined("entropy"),
-            num_tokens=num_tokens,
-            stop_reason=[STOP_REASON_NAMES[int(r)] for r in stop_reason[:n]],
-            stop_sequence_index=stop_sequence_index[:n],
-            top_logprobs=joined("top_logprobs"),
-            top_ids=joined("top_ids"),
-        )
-        self._counters["decode_tokens"] += int(result.num_tokens.sum())
-        return DecodeState(arrays, n), result
-
     def fork(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
         """A new state whose row i is a copy of row rows[i] (same prefix, same cursor)."""
         rows = [int(r) for r in rows]
@@ -484,98 +415,6 @@ class Sampler:
         index = _padded_rows(rows, self._batch_for(len(rows)))
         return self._call("reshape", take_program, arrays, index, self.layout)
 
-    def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
-                   score_temperature: float | None = None):
-        """Feeds right-aligned ragged token lists in chunks of at most `max_block_tokens`; returns the
-        state, and with `score_temperature` also the host (logp, entropy) `[B, block]` of every entry.
-
-        When the rows that receive tokens fit in a quarter of the batch, only a quarter of the batch
-        runs the forward (`rows_block_program`): those rows' cache rows are gathered, written and put
-        back (an append of a few tool results to a large batch costs a quarter of the batch's forward).
-        """
-        for row, ids in enumerate(token_lists):
-            self._check_ids(ids, f"row {row}")
-        span = self._block_span(state, [len(t) for t in token_lists])
-        receiving = [row for row, ids in enumerate(token_lists) if len(ids)]
-        # One sub-batch size per batch (a quarter of it), not one per count of receiving rows: each
-        # size is another compiled program for every block and cache length.
-        shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
-        sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
-        if receiving and len(receiving) <= sub_batch < state.batch_size:
-            rows = _padded_rows(receiving, sub_batch)
-            dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
-            dst[: len(receiving)] = receiving
-            token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
-        else:
-            rows = dst = None
-        n_rows = len(token_lists) if rows is not None else state.batch_size
-        program = (block_program if score_temperature is None else scored_block_program) if rows is None else \
-            (rows_block_program if score_temperature is None else rows_scored_block_program)
-        extra = () if score_temperature is None else (score_temperature,)
-        # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer blocks.
-        lengths = [block] if block > self.max_block_tokens else \
-            [block << i for i in range((self.max_block_tokens // block).bit_length())]
-        variants = [(t, s) for t in lengths for s in self._block_spans(state, span)]
-        keys = [(program.__name__, n_rows, state.cache_length, t, s, *extra) for t, s in variants]
-        pick = self._compiles.choose(keys)
-        row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
-        if pick:
-            exact, exact_span = variants[0]
-            blank = place_rows(self.layout, np.zeros((n_rows, exact), np.int32))
-            self._compiles.compile_later(keys[0], program, (
-                self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
-                self.layout, exact_span, *extra), {})
-        block, span = variants[pick]
-        tokens = np.full((n_rows, block), self.pad_id, np.int32)
-        valid = np.zeros(tokens.shape, bool)
-        for row, ids in enumerate(token_lists):
-            if len(ids):
-                tokens[row, block - len(ids):] = ids
-                valid[row, block - len(ids):] = True
-        arrays = state.arrays
-        # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
-        # A block's attention reads the slots a cache grown by buckets would hold (`_block_span`): the whole
-        # cache unless `min_cache_len` made it longer.
-        chunk = min(block, self.max_block_tokens)
-        scores = []
-        for start in range(0, block, chunk):
-            inputs = (self._graphdef, self._params_state, arrays, *row_inputs,
-                      place_rows(self.layout, tokens[:, start:start + chunk]),
-                      place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span, *extra)
-            if score_temperature is None:
-                arrays = self._call(kind, program, *inputs)
-            else:
-                arrays, chunk_scores = self._call(kind, program, *inputs)
-                scores.append(jax.device_get(chunk_scores))
-        self._compiles.ran(keys[pick])
-        state = DecodeState(arrays, state.num_rows)
-        if score_temperature is None:
-            return state
-        per_entry = [np.concatenate([s[i] for s in scores], axis=1) for i in range(2)]
-        if rows is not None:  # back to one row per batch row (zero where nothing was appended)
-            full = [np.zeros((state.batch_size, p.shape[1]), np.float32) for p in per_entry]
-            for f, p in zip(full, per_entry, strict=True):
-                f[receiving] = p[: len(receiving)]
-            per_entry = full
-        return state, tuple(per_entry)
-
-    @staticmethod
-    def _block_spans(state: DecodeState, span: int | None) -> list[int | None]:
-        """`span` (`_block_span`) and every larger one a block may also read, up to the whole cache (None)."""
-        spans: list[int | None] = []
-        while span is not None:
-            spans.append(span)
-            span = None if 2 * span >= state.cache_length else 2 * span
-        return [*spans, None]
-
-    def _block_span(self, state: DecodeState, counts: Sequence[int]) -> int | None:
-        """Leading cache slots a block of `counts[i]` tokens per row reads: as many as a cache grown by
-        buckets would hold (the power of two, at least MIN_CACHE_SLOTS, of the rows' furthest end), so
-        a longer cache (`min_cache_len`) costs a block no more than a grown one; None: the whole cache."""
-        end = int(np.max(state.cursors + np.asarray(counts, np.int64), initial=1))
-        span = bucket_length(end, MIN_CACHE_SLOTS)
-        return None if span >= state.cache_length else span
-
     def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
         """Grows the cache (to the next bucket) when some row's `needed[i]` more slots do not fit
         after its own cursor."""
@@ -612,9 +451,3 @@ class Sampler:
         bad = [int(t) for t in ids if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"{what}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-
-
-def _padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
-    """int32[size]: `rows`, then copies of the first to fill a batch of `size` rows."""
-    rows = list(rows)
-    return np.asarray(rows + [rows[0]] * (size - len(rows)), np.int32)

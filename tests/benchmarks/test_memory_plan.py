@@ -50,7 +50,7 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
         assert row["rows"] == 16 and row["cache_slots"] == 512
         # K and V of this device's 16 / 8 rows: the cache is split over the data axis.
         assert row["argument_bytes"] > 2 * (16 // 8) * 512 * cfg_kv_bytes_per_slot(cfg)
-    from aepo_jax.sampling.sampler import DECODE_WINDOW
+    from aepo_jax.sampling.program_runs import DECODE_WINDOW
 
     assert prefill["seq_len"] == 256 and decode["seq_len"] == DECODE_WINDOW
     assert decode["output_bytes"] < decode["argument_bytes"]  # the cache is donated: it aliases its output

@@ -11,7 +11,7 @@ from flax import nnx
 
 from aepo_jax.models import Decoder, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
-from aepo_jax.sampling.sampler import DECODE_WINDOW, MIN_SPAN
+from aepo_jax.sampling.program_runs import DECODE_WINDOW, MIN_SPAN
 from tests.sampling.conftest import random_prompts
 
 GREEDY = SamplingParams(greedy=True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aepo_jax.sampling import Sampler, SamplingParams
-from aepo_jax.sampling.sampler import DECODE_WINDOW
+from aepo_jax.sampling.program_runs import DECODE_WINDOW
 from tests.sampling.conftest import random_prompts
 
 SAMPLED = SamplingParams(temperature=1.0)

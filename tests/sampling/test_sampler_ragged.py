@@ -7,7 +7,7 @@ import pytest
 
 from aepo_jax.sampling import SamplingParams
 from aepo_jax.sampling.buckets import attention_span
-from aepo_jax.sampling.sampler import DECODE_WINDOW, MIN_SPAN
+from aepo_jax.sampling.program_runs import DECODE_WINDOW, MIN_SPAN
 from tests.sampling.conftest import random_prompts
 
 GREEDY = SamplingParams(greedy=True)
