@@ -6,7 +6,7 @@ A rollout meets new shapes now and then (a batch, block or span bucket it has no
 this 2-core CPU each costs 0.5-0.9 s of XLA compile, on a TPU slice at the paper's scale minutes, and
 without this the whole rollout waits for it. A larger variant gives the same tokens up to float
 rounding (it attends over, or feeds, more masked entries), so a run that uses this is reproducible
-only up to that rounding: `Sampler(compile_in_background=...)` says whether it is on.
+only up to that rounding: the sampler's `compile_in_background` option says whether it is on.
 """
 
 from __future__ import annotations
