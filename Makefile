@@ -53,10 +53,11 @@ LIBTPU := libtpu==0.0.42.1
 
 .PHONY: memory-plan
 
-$(TPU_VENV)/.installed: setup.py constraints.txt
+$(TPU_VENV)/.installed: setup.py constraints.txt Makefile
 	$(PYTHON) -m venv $(TPU_VENV)
 	$(TPU_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TPU_VENV)/bin/python -m pip install -q -c constraints.txt -e . $(LIBTPU)
+	# [server]: the plan builds the run's objects through aepo_jax.experiment, which imports the tools (bs4, bm25s)
+	$(TPU_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[server]' $(LIBTPU)
 	touch $@
 
 memory-plan: $(TPU_VENV)/.installed

@@ -525,3 +525,25 @@ def test_continuous_schedule_resumes_results_that_arrive_together_in_one_tick():
 def test_arrival_window_is_checked():
     with pytest.raises(ValueError, match="arrival_window_ms"):
         LoopConfig(arrival_window_ms=-1.0)
+
+
+def test_background_compile_is_on_under_continuous_by_default_and_reaches_the_rollout_sampler():
+    """`LoopConfig.background_compile`: "auto" turns the rollout sampler's background compiles on under the
+    continuous schedule only (rounds stays bit-reproducible); "on" / "off" force it; anything else is refused."""
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.rollout.agent_sampler import agent_sampler
+    from aepo_jax.sampling import SamplingParams
+
+    tok = ByteTokenizer()
+    graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
+    expected = {("rounds", "auto"): False, ("continuous", "auto"): True, ("rounds", "on"): True,
+                ("continuous", "off"): False}
+    for (schedule, mode), on in expected.items():
+        loop = LoopConfig(max_context_len=256, max_response_tokens=128, schedule=schedule, background_compile=mode)
+        assert loop.compiles_in_background is on
+        sampler = agent_sampler(graphdef, params, tok, loop, SamplingParams(), seed=0)
+        assert sampler._compiles.enabled is on
+    with pytest.raises(ValueError, match="background_compile"):
+        LoopConfig(background_compile="sometimes")
