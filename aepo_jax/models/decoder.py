@@ -126,7 +126,6 @@ class Decoder(nnx.Module):
         return_hidden: bool = False,
         cache_write_slots: jax.Array | None = None,
         layer_params: Sequence[nnx.State] | None = None,
-        head: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache | LayerKV]:
         """Logits `[B, T, V]` (and the updated cache when `kv_cache` is given).
 
@@ -149,10 +148,6 @@ class Decoder(nnx.Module):
         per parameter update and its decode windows copy the cache's live slots per
         layer, so no step copies a layer's weights or slots out of a stack (XLA:CPU
         copies every dynamic slice of the scan).
-
-        `head` (`[D, V]`) is used as the output projection instead of `self.head()`:
-        the sampler passes a contiguous copy of a tied embedding's transpose, made
-        once per parameter update, so no decode step multiplies by a transposed view.
         """
         config = self.config
         batch, length = input_ids.shape
@@ -192,9 +187,7 @@ class Decoder(nnx.Module):
         if return_hidden:
             out = x  # [B, T, D]
         else:
-            if head is not None and head.shape != (config.d_model, config.vocab_size):
-                raise ValueError(f"head must be [D, V] = {(config.d_model, config.vocab_size)}, got {head.shape}")
-            out = project_to_vocab(x, self.head() if head is None else head, config.dtype)  # [B, T or 1, V]
+            out = project_to_vocab(x, self.head(), config.dtype)  # [B, T, V] ([B, 1, V] with last_logits_only)
         if kv_cache is None:
             return out
         return out, kv_cache if cache_write_slots is not None else kv_cache.replace(index=offset + length)

@@ -28,8 +28,7 @@ from aepo_jax.sampling.programs import (
 )
 
 
-def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots, layer_params=None,
-                  head=None):
+def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots, layer_params=None):
     """The model's cached forward for ragged rows as a pure function of its parameter state.
 
     Returns logits [B, 1, V] of the block's last position only: blocks are
@@ -38,7 +37,7 @@ def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache
     """
     model = nnx.merge(graphdef, params)
     return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
-                 cache_write_slots=write_slots, layer_params=layer_params, head=head)
+                 cache_write_slots=write_slots, layer_params=layer_params)
 
 
 def model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
@@ -93,10 +92,10 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
                    donate_argnums=(2,))
 def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
                     pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
-    """One decode window. With `layer_params` (`split_layers_program(graphdef, params)`: the per-layer
-    parameters and the output projection) the window runs on those and on per-layer copies of the
-    cache's first `span` slots (`LayerKV`, made before its steps and written back after), the layers
-    unrolled; otherwise every step scans the stacked layers and reads the span out of the stacked cache."""
+    """One decode window. With `layer_params` (`split_layers_program(params)`) the window runs on
+    those per-layer parameters and on per-layer copies of the cache's first `span` slots (`LayerKV`,
+    made before its steps and written back after), the layers unrolled; otherwise every step scans
+    the stacked layers and reads the span out of the stacked cache."""
     loop = functools.partial(decode_loop, max_steps=max_steps, sampling=sampling, pad_id=pad_id,
                              num_top_logprobs=num_top_logprobs)
     if layer_params is None:
@@ -105,21 +104,16 @@ def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progr
         return constrain(layout, arrays), out, progress
     span = arrays.slot_valid.shape[1] if span is None else span
     window = arrays.replace(cache=LayerKV.from_stacked(arrays.cache, span), slot_valid=arrays.slot_valid[:, :span])
-    layers, head = layer_params
-    forward = functools.partial(model_forward, graphdef, layer_params=layers, head=head)
+    forward = functools.partial(model_forward, graphdef, layer_params=layer_params)
     window, out, progress = loop(forward, params, window, row_keys, budget, stop_table, progress)
     arrays = window.replace(cache=window.cache.into_stacked(arrays.cache),
                             slot_valid=jax.lax.dynamic_update_slice(arrays.slot_valid, window.slot_valid, (0, 0)))
     return constrain(layout, arrays), out, progress
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def split_layers_program(graphdef, params):
-    """The layerwise decode's weights: the stacked block parameters split per layer, and a contiguous
-    `[D, V]` copy of a tied embedding's transpose (None when the model has its own `[D, V]` head).
-    On CPU a step's vocabulary matmul against the transposed view costs about twice as much."""
-    model = nnx.merge(graphdef, params)
-    return split_layer_params(params), model.head() if model.lm_head is None else None
+@jax.jit
+def split_layers_program(params):
+    return split_layer_params(params)
 
 
 @jax.jit

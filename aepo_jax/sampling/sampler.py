@@ -384,7 +384,7 @@ class Sampler(ProgramRuns):
         if not self.layerwise_decode:
             return None
         if self._layer_params is None:
-            self._layer_params = self._call("reshape", split_layers_program, self._graphdef, self._params_state)
+            self._layer_params = self._call("reshape", split_layers_program, self._params_state)
         return self._layer_params
 
     def _mesh_context(self):
