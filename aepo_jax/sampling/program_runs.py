@@ -137,7 +137,7 @@ class ProgramRuns:
         keys = [(program.__name__, n_rows, state.cache_length, t, s, *extra) for t, s in variants]
         pick = self._compiles.choose(keys)
         row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
-        for i in [*([0] if pick else []), *ahead_of(variants, pick)]:  # as for decode windows
+        for i in [*([0] if pick else []), *ahead_of(variants, pick, every_span=True)]:  # as for decode windows
             blank = place_rows(self.layout, np.zeros((n_rows, variants[i][0]), np.int32))
             self._compiles.compile_later(keys[i], program, (
                 self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
@@ -194,10 +194,12 @@ class ProgramRuns:
         return None if span >= state.cache_length else span
 
 
-def ahead_of(variants: Sequence[tuple[int, int | None]], pick: int) -> list[int]:
-    """Index of the variant with the same length as `variants[pick]` and the next longer span, if any."""
-    following = pick + 1
-    return [following] if following < len(variants) and variants[following][0] == variants[pick][0] else []
+def ahead_of(variants: Sequence[tuple[int, int | None]], pick: int, every_span: bool = False) -> list[int]:
+    """Indices of the variants with the same length as `variants[pick]` and a longer span: the next one,
+    or with `every_span` all of them (a block's span can jump several buckets between two calls, after a
+    long decode; a decode window's grows one bucket at a time)."""
+    longer = [i for i in range(pick + 1, len(variants)) if variants[i][0] == variants[pick][0]]
+    return longer if every_span else longer[:1]
 
 
 def _padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
