@@ -71,11 +71,9 @@ class ProgramRuns:
             args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
             options = {"sampling": sampling, "pad_id": self.pad_id, "num_top_logprobs": int(top_logprobs),
                        "layout": self.layout, "layer_params": self._layerwise_weights()}
-            # In the background: the exact variant if it is not the one that runs, and the next span up
-            # (rows only grow, so that is the next one a rollout needs).
-            for i in [*([0] if pick else []), *ahead_of(variants, pick)]:
-                self._compiles.compile_later(keys[i], decode_program, args,
-                                             {**options, "max_steps": variants[i][0], "span": variants[i][1]})
+            if pick:
+                self._compiles.compile_later(keys[0], decode_program, args,
+                                             {**options, "max_steps": variants[0][0], "span": variants[0][1]})
             arrays, out, progress = self._call("decode", decode_program, *args, max_steps=variants[pick][0],
                                                span=variants[pick][1], **options)
             self._compiles.ran(keys[pick])
@@ -137,11 +135,12 @@ class ProgramRuns:
         keys = [(program.__name__, n_rows, state.cache_length, t, s, *extra) for t, s in variants]
         pick = self._compiles.choose(keys)
         row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
-        for i in [*([0] if pick else []), *ahead_of(variants, pick, every_span=True)]:  # as for decode windows
-            blank = place_rows(self.layout, np.zeros((n_rows, variants[i][0]), np.int32))
-            self._compiles.compile_later(keys[i], program, (
+        if pick:
+            exact, exact_span = variants[0]
+            blank = place_rows(self.layout, np.zeros((n_rows, exact), np.int32))
+            self._compiles.compile_later(keys[0], program, (
                 self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
-                self.layout, variants[i][1], *extra), {})
+                self.layout, exact_span, *extra), {})
         block, span = variants[pick]
         tokens = np.full((n_rows, block), self.pad_id, np.int32)
         valid = np.zeros(tokens.shape, bool)
@@ -192,14 +191,6 @@ class ProgramRuns:
         end = int(np.max(state.cursors + np.asarray(counts, np.int64), initial=1))
         span = bucket_length(end, MIN_CACHE_SLOTS)
         return None if span >= state.cache_length else span
-
-
-def ahead_of(variants: Sequence[tuple[int, int | None]], pick: int, every_span: bool = False) -> list[int]:
-    """Indices of the variants with the same length as `variants[pick]` and a longer span: the next one,
-    or with `every_span` all of them (a block's span can jump several buckets between two calls, after a
-    long decode; a decode window's grows one bucket at a time)."""
-    longer = [i for i in range(pick + 1, len(variants)) if variants[i][0] == variants[pick][0]]
-    return longer if every_span else longer[:1]
 
 
 def _padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
