@@ -100,6 +100,7 @@ class ProgramRuns:
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
         return DecodeState(arrays, n), result
+
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
                    score_temperature: float | None = None):
         """Feeds right-aligned ragged token lists in chunks of at most `max_block_tokens`; returns the
@@ -118,7 +119,7 @@ class ProgramRuns:
         shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
         sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
         if receiving and len(receiving) <= sub_batch < state.batch_size:
-            rows = _padded_rows(receiving, sub_batch)
+            rows = padded_rows(receiving, sub_batch)
             dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
             dst[: len(receiving)] = receiving
             token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
@@ -136,8 +137,8 @@ class ProgramRuns:
         pick = self._compiles.choose(keys)
         row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
         if pick:
-            exact, exact_span = variants[0]
-            blank = place_rows(self.layout, np.zeros((n_rows, exact), np.int32))
+            exact, exact_span = variants[0]  # a block longer than max_block_tokens runs in chunks of that length
+            blank = place_rows(self.layout, np.zeros((n_rows, min(exact, self.max_block_tokens)), np.int32))
             self._compiles.compile_later(keys[0], program, (
                 self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
                 self.layout, exact_span, *extra), {})
@@ -193,7 +194,7 @@ class ProgramRuns:
         return None if span >= state.cache_length else span
 
 
-def _padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
+def padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
     """int32[size]: `rows`, then copies of the first to fill a batch of `size` rows."""
     rows = list(rows)
     return np.asarray(rows + [rows[0]] * (size - len(rows)), np.int32)

@@ -47,7 +47,7 @@ from aepo_jax.sampling.program_runs import (
     MIN_BLOCK,
     MIN_CACHE_SLOTS,
     ProgramRuns,
-    _padded_rows,
+    padded_rows,
 )
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
 from aepo_jax.sampling.stopping import build_stop_table
@@ -306,7 +306,7 @@ class Sampler(ProgramRuns):
         batch per batch, not one per count of budgeted rows: each size is another decode program for
         every span and window."""
         rows = active.tolist()
-        index = _padded_rows(rows, state.batch_size // 2)
+        index = padded_rows(rows, state.batch_size // 2)
         inner = DecodeState(self._call("reshape", take_program, state.arrays, index, self.layout), len(rows))
         inner_budgets = np.zeros((inner.batch_size,), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
@@ -412,7 +412,7 @@ class Sampler(ProgramRuns):
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""
-        index = _padded_rows(rows, self._batch_for(len(rows)))
+        index = padded_rows(rows, self._batch_for(len(rows)))
         return self._call("reshape", take_program, arrays, index, self.layout)
 
     def _ensure_room(self, state: DecodeState, needed: Sequence[int] | np.ndarray) -> DecodeState:
