@@ -151,7 +151,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # Cold-start SFT (`python -m launch.sft`, the demo's SFT stage): scripted tool-using
     # trajectories executed with the real tools, or a JSONL of {"question", "response"} texts.
     # The optimiser and length keys left None take the RL run's value (train.* / optim.*);
-    # `aepo_jax.experiment.sft_config_from` resolves them.
+    # `aepo_jax.experiment_sft.sft_config_from` resolves them.
     c.sft = ml_collections.ConfigDict()
     c.sft.path = ""
     c.sft.num_sequences = 256  # scripted questions used (at most the task's training questions)

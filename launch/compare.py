@@ -80,7 +80,8 @@ def format_markdown(sft: dict[str, float], table: dict, seeds: list[int]) -> str
 def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], progress: bool = True,
                 log=print) -> dict[str, Any]:
     """SFT once, then RL + held-out evaluation for every (algorithm, seed); writes compare.json/.md."""
-    from aepo_jax.experiment import evaluate_policy, train_rl, train_sft
+    from aepo_jax.experiment import evaluate_policy, train_rl
+    from aepo_jax.experiment_sft import train_sft
     from configs.demo import with_algorithm
     from launch.demo import fresh_environment
 

@@ -67,7 +67,8 @@ def fresh_environment(cfg, workdir: str, search_url: str = "", stages: tuple[str
 
 def run_demo(cfg, workdir: str, search_url: str = "", progress: bool = True, log=print) -> dict[str, Any]:
     """All five stages; returns the report (also written to WORKDIR/report.json)."""
-    from aepo_jax.experiment import evaluate_policy, train_rl, train_sft
+    from aepo_jax.experiment import evaluate_policy, train_rl
+    from aepo_jax.experiment_sft import train_sft
     from launch.plot_metrics import plot_run
 
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ Data: `sft.path` (JSONL of {"question", "response"} with tool results as
 the real tools (`aepo_jax.envs.facts_sft`). Steps, optimiser and lengths
 come from `sft.*` where set (the demo's SFT stage: `python -m launch.sft
 --config configs/demo.py`), else from `train.*` / `optim.*`
-(`aepo_jax.experiment.sft_config_from`). The resolved config is printed
+(`aepo_jax.experiment_sft.sft_config_from`). The resolved config is printed
 and saved; unknown override keys are refused. The final parameters are in
 WORKDIR/checkpoints (orbax); point an RL run at them with `--resume` on a copy
 or load them with `aepo_jax.training.checkpoint.Checkpointer`.
@@ -27,8 +27,8 @@ _CONFIG, _WORKDIR, _RESUME = define_run_flags()
 
 
 def make_sft_trainer(cfg, env, process_index: int, process_count: int):
-    """An `SFTTrainer` over the scripted or `sft.path` records (`aepo_jax.experiment.sft_trainer_from`)."""
-    from aepo_jax.experiment import sft_trainer_from
+    """An `SFTTrainer` over the scripted or `sft.path` records (`aepo_jax.experiment_sft.sft_trainer_from`)."""
+    from aepo_jax.experiment_sft import sft_trainer_from
 
     return sft_trainer_from(cfg, env, _WORKDIR.value, process_index=process_index)
 
@@ -36,7 +36,7 @@ def make_sft_trainer(cfg, env, process_index: int, process_count: int):
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from aepo_jax.experiment import sft_config_from
+    from aepo_jax.experiment_sft import sft_config_from
     from launch.run_setup import run_training
 
     return run_training(sft_config_from(_CONFIG.value), _WORKDIR.value, _RESUME.value, make_sft_trainer)

@@ -33,7 +33,8 @@ _CHILD = "AEPO_SMOLLM2_CHILD"  # set in the one-device child process that runs t
 
 def _pipeline_checks(workdir: str) -> None:
     from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
-    from aepo_jax.experiment import environment_from, train_sft
+    from aepo_jax.experiment import environment_from
+    from aepo_jax.experiment_sft import train_sft
     from configs.aepo_smollm2 import get_config
 
     cfg = get_config()

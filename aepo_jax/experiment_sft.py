@@ -1,0 +1,88 @@
+"""The SFT stage of a run, built from its config: the SFT run config, its token records, the trainer,
+and the demo's whole SFT stage. Part of the composition root (`aepo_jax.experiment` builds the model,
+the environment and the run files it uses)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from aepo_jax.experiment import Environment, model_from, parameter_count, save_run_files
+
+
+def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The run config of the SFT stage: `sft.*` values replace the RL run's steps, optimiser and lengths
+    (an `sft` key left None keeps the `train` / `optim` value)."""
+    out = cfg.copy_and_resolve_references()
+    s = out.sft
+    with out.unlocked():
+        for key, (section, name) in {"steps": ("train", "total_steps"), "lr": ("optim", "lr"),
+                                     "warmup_steps": ("optim", "warmup_steps"), "schedule": ("optim", "schedule"),
+                                     "final_lr_fraction": ("optim", "final_lr_fraction"),
+                                     "max_seq_len": ("train", "max_seq_len"),
+                                     "length_bucket": ("train", "length_bucket")}.items():
+            if s.get(key) is not None:
+                out[section][name] = s[key]
+        if "total_steps" in out:
+            out.total_steps = out.train.total_steps
+    return out
+
+
+def sft_records_from(cfg: ml_collections.ConfigDict, env: Environment) -> list[dict]:
+    """Token records (`tokens`, `mask`) for SFT from `sft.path`, or scripted solutions of the generated
+    task executed with the real tools (`envs.facts_sft`)."""
+    from aepo_jax.training.sft_trainer import text_record_to_tokens
+
+    if cfg.sft.path:
+        with open(cfg.sft.path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [text_record_to_tokens(env.encode_prompt(row), row["response"], env.tokenizer.encode,
+                                      env.tokenizer.eos_id) for row in rows]
+    if env.task is None:
+        raise ValueError("set sft.path: scripted SFT data exists only for the generated tasks")
+    from aepo_jax.envs.facts_sft import build_sft_sequences
+
+    towns = {t.name: t for t in env.task.towns}
+    questions = list(env.task.train)[: int(cfg.sft.num_sequences)]
+    sequences = build_sft_sequences(
+        questions, towns, env.tokenizer, env.tools, lambda q: env.encode_prompt({"question": q}),
+        np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob),
+        script=getattr(env.task, "script", None))
+    return [s.as_row() for s in sequences]
+
+
+def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
+                     params: Any = None, process_index: int = 0, records: Sequence[dict] | None = None):
+    """An `SFTTrainer` over `sft_records_from` (every process reads the same records); `cfg` is the
+    SFT run's config (`sft_config_from`)."""
+    from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
+
+    records = sft_records_from(cfg, env) if records is None else records
+    if graphdef is None:
+        graphdef, params = model_from(cfg, env)
+    return SFTTrainer(cfg, workdir, batches=SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed)),
+                      graphdef=graphdef, params=params, pad_id=int(env.tokenizer.pad_id), process_index=process_index)
+
+
+def train_sft(cfg: ml_collections.ConfigDict, env: Environment, env_dir: str, run_dir: str, progress: bool = True,
+              log: Callable[[str], None] = print) -> tuple[Any, Any, list[dict]]:
+    """The demo's SFT stage: scripted trajectories -> `SFTTrainer` from `model_from`; returns
+    (graphdef, params, records). RUN_DIR gets checkpoints, metrics and the run files."""
+    sft_cfg = sft_config_from(cfg)
+    t0 = time.perf_counter()
+    records = sft_records_from(sft_cfg, env)
+    log(f"  {len(records)} scripted trajectories executed with the real tools in {time.perf_counter() - t0:.1f}s")
+    graphdef, params = model_from(sft_cfg, env)
+    log(f"  model: {parameter_count(params):,} parameters, vocabulary {env.tokenizer.vocab_size}")
+    save_run_files(sft_cfg, run_dir, env, env_dir)
+    trainer = sft_trainer_from(sft_cfg, env, run_dir, graphdef, params, records=records)
+    try:
+        history = trainer.train(progress=progress)
+        return graphdef, trainer.state.params, history
+    finally:
+        trainer.close()
