@@ -77,6 +77,7 @@ def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = N
         branch_threshold=float(r.branch_threshold), branch_width=int(r.branch_width),
         entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
         dynamic_budget=bool(r.dynamic_budget), beta=float(r.beta), premonitor_reuse=bool(r.premonitor_reuse),
+        premonitor_overlap=bool(r.premonitor_overlap),
         penalty_slope=float(r.penalty_slope), penalty_scope=r.penalty_scope,
     )
 

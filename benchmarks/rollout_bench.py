@@ -85,6 +85,8 @@ def main() -> None:
                         help="continuous: results arriving within this of each other are folded in together")
     parser.add_argument("--background-compile", default=LoopConfig.background_compile, choices=BACKGROUND_COMPILE,
                         help="new shapes compile in the background (auto: under continuous only)")
+    parser.add_argument("--premonitor-overlap", default="on", choices=("on", "off"),
+                        help="continuous: each prompt's rollout starts once its own pre-monitoring sample ends")
     add_json_flag(parser)
     args = parser.parse_args()
     schedules = [x for x in args.schedules.split(",") if x]
@@ -108,6 +110,7 @@ def main() -> None:
     plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
             tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
     prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
+    rollout_config = RolloutConfig(strategy="aepo", premonitor_overlap=args.premonitor_overlap == "on")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
@@ -125,10 +128,10 @@ def main() -> None:
             # still unseen fall on every schedule alike.
             for warmup in range(args.warmups):
                 for key, loop in loops.items():
-                    _timed_rollout(loop, samplers[key], prompts, args.k, 1000 + warmup)
+                    _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup)
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
-                    rows.append(_timed_rollout(loop, samplers[branch_by, schedule], prompts, args.k, repeat,
+                    rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
                                                latency / 1000.0, args.tool_concurrency)
                                 | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
@@ -136,7 +139,8 @@ def main() -> None:
     low, high = args.free_tokens
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
           f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, "
-          f"free tokens per segment {low if low == high else f'{low}-{high}'}, device={jax.devices()[0].platform}")
+          f"free tokens per segment {low if low == high else f'{low}-{high}'}, "
+          f"pre-monitoring overlap {args.premonitor_overlap}, device={jax.devices()[0].platform}")
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8} {'calls':>5} {'serial':>6} "
           f"{'bound s':>7}")
@@ -182,7 +186,8 @@ def _count_compile(event: str, seconds: float, **_) -> None:
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
-def _timed_rollout(loop, sampler, prompts, k: int, repeat: int, latency_s: float = 0.0, concurrency: int = 1) -> dict:
+def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat: int, latency_s: float = 0.0,
+                   concurrency: int = 1) -> dict:
     """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
     them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound."""
     device_before = sampler.device_seconds
@@ -190,7 +195,7 @@ def _timed_rollout(loop, sampler, prompts, k: int, repeat: int, latency_s: float
     compile_before = _COMPILE_SECONDS[0]
     programs_before = sampler.compiled_programs()
     start = time.perf_counter()
-    groups, stats = rollout(prompts, k, loop=loop, config=RolloutConfig(strategy="aepo"),
+    groups, stats = rollout(prompts, k, loop=loop, config=config,
                             rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
     seconds = time.perf_counter() - start
     device = {kind: v - device_before[kind] for kind, v in sampler.device_seconds.items()}

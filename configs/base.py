@@ -78,6 +78,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.initial_rollouts = 6  # m global samples (paper 6 / 8); AEPO recomputes it when dynamic_budget
     c.rollout.dynamic_budget = True  # AEPO entropy pre-monitoring (§2.3)
     c.rollout.premonitor_reuse = True
+    # Continuous schedule: each prompt's rollout starts once its own pre-monitoring sample ends (with reuse).
+    c.rollout.premonitor_overlap = True
     c.rollout.branch_width = 2  # Z
     c.rollout.branch_threshold = 0.5  # tau
     c.rollout.entropy_weight = 0.2  # gamma

@@ -17,7 +17,7 @@ from aepo_jax.agent.trajectory import Trajectory
 
 class BranchDecisions:
     """The branch-decision methods of the loop's per-run state (`loop._Run`), which provides rows,
-    pending, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, _pauses and _active."""
+    pending, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, _pauses, _active and _replay_step."""
 
     def _decide_branches(self, outputs: list[tuple[list[int], str]]
                          ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
@@ -34,7 +34,7 @@ class BranchDecisions:
         by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
         prefilled: list[Trajectory] = []
         for traj in self._due_replays():
-            prefilled += self._decide(traj, traj.tool_steps[self.round - 2].result_end)
+            prefilled += self._decide(traj, traj.tool_steps[self._replay_step(traj)].result_end)
         waiting: dict[int, tuple[Any, int]] = {}
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
@@ -67,7 +67,7 @@ class BranchDecisions:
 
     def _due_replays(self) -> list[Trajectory]:
         """Reused finished globals whose (round - 1)-th tool result is decided this round."""
-        return [t for t in self.replays if 0 <= self.round - 2 < len(t.tool_steps)]
+        return [t for t in self.replays if 0 <= self._replay_step(t) < len(t.tool_steps)]
 
     def _decide(self, traj: Trajectory, branch_point: int) -> list[Trajectory]:
         """Ask the policy at `traj`'s tool result ending at `branch_point`; returns the new branches."""

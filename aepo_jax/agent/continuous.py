@@ -63,7 +63,7 @@ class ContinuousSchedule:
             if self.policy is not None:
                 new_per_prompt = [0] * len(self.prompts)
                 for e in self.events:
-                    if e.round == self.round:
+                    if e.round == self.round and e.kind in ("branch", "topup"):  # as a lockstep round counts
                         new_per_prompt[e.prompt_index] += 1
                 self.policy.end_round(new_per_prompt)
 

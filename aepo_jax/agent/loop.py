@@ -28,7 +28,7 @@ arrived. Step 2 lives in `aepo_jax.agent.branching`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -92,6 +92,7 @@ class AgentLoop:
         key: jax.Array,
         policy: BranchPolicy | None = None,
         existing: Sequence[Sequence[Trajectory]] | None = None,
+        premonitor: Callable[[Trajectory], int] | None = None,
     ) -> LoopResult:
         """Roll out until every prompt has `k` finished trajectories.
 
@@ -108,6 +109,13 @@ class AgentLoop:
             result is drawn in round j + 1, when a global started in round 1
             makes its own, and a branch is re-prefilled from the shared prefix
             (their decode state is gone).
+          premonitor: AEPO's entropy pre-monitoring inside this run, per prompt (needs a policy,
+            `initial` 1 and no `existing`): each prompt starts with one trajectory, which makes no
+            branch decisions; once it finishes, `premonitor(it)` says how many more initial globals
+            the prompt gets, started at once, and it stays in the group as a reused global that
+            branches like `existing` ones (its first decision is drawn in the second round of the
+            prompt's globals, as theirs can be at the earliest).
+            A prompt's rollout so never waits for another prompt's pre-monitoring sample.
         """
         num = len(prompts)
         ks = _per_prompt(k, num, "k")
@@ -124,8 +132,10 @@ class AgentLoop:
         for i in range(num):
             if len(groups[i]) + inits[i] > ks[i]:
                 raise ValueError(f"prompt {i}: {len(groups[i])} existing + {inits[i]} initial exceeds k={ks[i]}")
+        if premonitor is not None and (policy is None or existing is not None or any(n != 1 for n in inits)):
+            raise ValueError("premonitor needs a policy, initial=1 for every prompt and no existing trajectories")
         start_id = 1 + max((t.traj_id for g in groups for t in g), default=-1)
-        run = _Run(self, prompts, ks, groups, policy, rng, key, itertools.count(start_id))
+        run = _Run(self, prompts, ks, groups, policy, rng, key, itertools.count(start_id), premonitor)
         return run.execute(inits)
 
 
@@ -139,7 +149,7 @@ def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
 class _Run(ContinuousSchedule, BranchDecisions):
     """State of one `AgentLoop.run` call; the continuous schedule's methods come from `ContinuousSchedule`."""
 
-    def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids) -> None:
+    def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids, premonitor=None) -> None:
         self.loop, self.gen, self.cfg = loop, loop.generator, loop.config
         self.prompts, self.ks, self.groups, self.policy = prompts, ks, groups, policy
         self.rng, self.key, self.ids = rng, key, ids
@@ -153,6 +163,10 @@ class _Run(ContinuousSchedule, BranchDecisions):
         self.pending: dict[int, tuple[Any, int]] = {}
         # Reused finished globals that still branch (only under a policy).
         self.replays = [t for g in groups for t in g if t.tool_steps] if policy is not None else []
+        self.replay_start = {t.traj_id: 1 for t in self.replays}  # the round that is a replay's round 1
+        # In-run pre-monitoring (`AgentLoop.run`'s premonitor): prompt -> its sample, until that finishes.
+        self.premonitor = premonitor
+        self.premonitoring: dict[int, Trajectory] = {}
         self.segment_tops: dict[int, np.ndarray] = {}  # top log-probs of segments shorter than K so far
         self.counters_start = dict(self.gen.counters)
         self.repacks = 0
@@ -172,7 +186,11 @@ class _Run(ContinuousSchedule, BranchDecisions):
 
     def _replay_left(self, traj: Trajectory) -> bool:
         """True while a reused global has a tool result whose decision comes in a later round."""
-        return self.round - 1 < len(traj.tool_steps)
+        return self.round - self.replay_start[traj.traj_id] < len(traj.tool_steps)
+
+    def _replay_step(self, traj: Trajectory) -> int:
+        """The tool step of a reused global whose decision is drawn this round (its round j + 1 decides step j - 1)."""
+        return self.round - 1 - self.replay_start[traj.traj_id]
 
     def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
         if not prompt_indices:
@@ -221,7 +239,10 @@ class _Run(ContinuousSchedule, BranchDecisions):
 
     # ----- one round -----------------------------------------------------------------------
     def execute(self, inits: list[int]) -> LoopResult:
-        self._new_globals([p for p, n in enumerate(inits) for _ in range(n)], "initial")
+        self._new_globals([p for p, n in enumerate(inits) for _ in range(n)],
+                          "premonitor" if self.premonitor is not None else "initial")
+        if self.premonitor is not None:
+            self.premonitoring = {p: self.groups[p][0] for p in range(len(self.prompts))}
         self._top_up()
         if self.cfg.schedule == "continuous":
             # As many threads as the tool runner runs calls at once: its limit, not this pool, caps them.
@@ -440,10 +461,12 @@ class _Run(ContinuousSchedule, BranchDecisions):
             block = next_power_of_two(max(len(to_append[i]) for i in appended))
             self._repack_if_needed([len(t) if ragged else block for t in to_append])
             self.state = self.gen.append(self.state, self._by_slot(to_append, []))
-            if self.policy is not None:
-                snapshot = self.gen.fork(self.state, [self.slots[i] for i in appended]) \
+            sampling = {t.traj_id for t in self.premonitoring.values()}  # they make no branch decisions
+            deciding = [i for i in appended if self.rows[i].traj_id not in sampling]
+            if self.policy is not None and deciding:
+                snapshot = self.gen.fork(self.state, [self.slots[i] for i in deciding]) \
                     if self.cfg.branch_by == "fork" else None
-                self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(appended)})
+                self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(deciding)})
 
     def _compact(self) -> None:
         """Drop finished rows (and rows with no budget left) from the decode state. A row waiting on a
@@ -466,8 +489,27 @@ class _Run(ContinuousSchedule, BranchDecisions):
 
     def _top_up(self) -> None:
         """One new global per prompt with no active trajectory and fewer than k (spec 2.2 step 4)."""
+        self._end_premonitoring()
         short = [p for p in range(len(self.prompts)) if self._active(p) == 0 and len(self.groups[p]) < self.ks[p]]
         self._new_globals(short, "topup")
+
+
+    def _end_premonitoring(self) -> None:
+        """Prompts whose pre-monitoring sample has finished get their initial globals (`premonitor`), and the
+        sample replays its branch decisions from the next round on."""
+        starts: list[int] = []
+        for p, traj in list(self.premonitoring.items()):
+            if not traj.finished:
+                continue
+            del self.premonitoring[p]
+            more = int(self.premonitor(traj))
+            if more < 0 or len(self.groups[p]) + more > self.ks[p]:
+                raise ValueError(f"premonitor asked for {more} more globals for prompt {p} with k={self.ks[p]}")
+            if traj.tool_steps:
+                self.replays.append(traj)
+                self.replay_start[traj.traj_id] = self.round + 1
+            starts += [p] * more
+        self._new_globals(starts, "initial")
 
 
 def _ends_with_answer(text: str) -> bool:

@@ -113,7 +113,7 @@ class RolloutEvent:
     round: int
     prompt_index: int
     traj_id: int
-    kind: str  # "initial", "branch" or "topup"
+    kind: str  # "premonitor" (AEPO's sample, in-run pre-monitoring), "initial", "branch" or "topup"
     active_before: int  # active trajectories of that prompt when it was created
 
 

@@ -4,7 +4,9 @@ A call can start only once the segment before it is decoded, so the calls
 along a trajectory run one after another; a branch continues its parent's
 chain from the tool result it was forked at; a top-up starts only when every
 earlier trajectory of its prompt has finished (spec 2.2 step 4); and AEPO's
-main run starts after the pre-monitoring run. With every call taking L seconds
+main run starts after the pre-monitoring run (in-run pre-monitoring: a prompt's
+initial globals, and the branches of its pre-monitoring sample, start once
+that sample has finished). With every call taking L seconds
 and at most N in flight, no schedule of the agent loop finishes a rollout
 sooner than max(serial * L, total * L / N): what hiding tool latency could
 gain at best (`benchmarks/rollout_bench.py`). The count is optimistic where
@@ -49,6 +51,7 @@ def run_tool_path(result: LoopResult) -> ToolCallPath:
     start: dict[int, int] = {}
     end: dict[int, int] = {}
     prompt_end: dict[int, int] = {}  # latest chain end among each prompt's trajectories so far
+    sampled: dict[int, int] = {}  # in-run pre-monitoring: chain end of each prompt's sample
     total = 0
     for traj in trajs:
         event = created.get(traj.traj_id)
@@ -57,16 +60,21 @@ def run_tool_path(result: LoopResult) -> ToolCallPath:
             continue
         if event.kind == "branch":
             parent = by_id[traj.parent_id]
-            made_by_parent = _calls_before(parent, traj.branch_point) if parent.traj_id in created else 0
-            start[traj.traj_id] = start[parent.traj_id] + made_by_parent
+            if created.get(parent.traj_id) is not None and created[parent.traj_id].kind == "premonitor":
+                start[traj.traj_id] = end[parent.traj_id]  # decided once the whole sample had finished
+            else:
+                made_by_parent = _calls_before(parent, traj.branch_point) if parent.traj_id in created else 0
+                start[traj.traj_id] = start[parent.traj_id] + made_by_parent
         elif event.kind == "topup":  # every earlier trajectory of the prompt has finished
             start[traj.traj_id] = prompt_end.get(traj.prompt_index, 0)
-        else:
-            start[traj.traj_id] = 0
+        else:  # "initial" (after the prompt's sample, with in-run pre-monitoring) or "premonitor"
+            start[traj.traj_id] = sampled.get(traj.prompt_index, 0)
         calls = own_calls(traj)
         total += calls
         end[traj.traj_id] = start[traj.traj_id] + calls
         prompt_end[traj.prompt_index] = max(prompt_end.get(traj.prompt_index, 0), end[traj.traj_id])
+        if event.kind == "premonitor":
+            sampled[traj.prompt_index] = end[traj.traj_id]
     return ToolCallPath(serial=max(end.values(), default=0), total=total)
 
 

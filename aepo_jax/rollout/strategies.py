@@ -43,6 +43,9 @@ class RolloutConfig:
     dynamic_budget: bool = True  # AEPO entropy pre-monitoring
     beta: float = 0.5
     premonitor_reuse: bool = True  # keep the pre-monitoring sample as the first global (it branches too)
+    # Under the continuous schedule (with reuse), each prompt's rollout starts as soon as its own
+    # pre-monitoring sample ends, inside one loop run; off, or under rounds: all samples first, then the rest.
+    premonitor_overlap: bool = True
     penalty_slope: float = 0.05
     penalty_scope: str = "lineage"  # or "prompt" (released code)
 
@@ -164,6 +167,15 @@ def rollout(
         scope = config.penalty_scope if config.strategy == "aepo" else "lineage"
         policy = EntropyBranchPolicy(num, config.entropy_weight, config.branch_threshold, config.branch_width, slope, scope)
         initial = [config.initial_for(k)] * num
+        if config.strategy == "aepo" and config.dynamic_budget and overlaps_premonitoring(config, loop):
+            budget_of: dict[int, int] = {}
+
+            def more_globals(sample: Trajectory) -> int:
+                budget_of[sample.prompt_index] = premonitor_budget(sample, k, config.beta)
+                return budget_of[sample.prompt_index] - 1
+
+            main = loop.run(prompts, k, 1, rng=rng, key=key, policy=policy, premonitor=more_globals)
+            return _finish(main.groups, [main], k, [budget_of[i] for i in range(num)], policy)
         if config.strategy == "aepo" and config.dynamic_budget:
             key, sub = jax.random.split(key)
             pre = loop.run(prompts, 1, 1, rng=rng, key=sub)
@@ -176,11 +188,21 @@ def rollout(
                 initial = list(budgets)
     main = loop.run(prompts, k, initial, rng=rng, key=key, policy=policy, existing=existing)
     runs.append(main)
-    for i, group in enumerate(main.groups):
+    return _finish(main.groups, runs, k, budgets, policy)
+
+
+def overlaps_premonitoring(config: RolloutConfig, loop: AgentLoop) -> bool:
+    """True when AEPO's pre-monitoring runs inside the main loop run, per prompt (`premonitor_overlap`)."""
+    return config.premonitor_overlap and config.premonitor_reuse and loop.config.schedule == "continuous"
+
+
+def _finish(groups: list[list[Trajectory]], runs: list[LoopResult], k: int, budgets: list[int] | None,
+            policy: EntropyBranchPolicy | None) -> tuple[list[list[Trajectory]], RolloutStats]:
+    """Checks every group holds k finished trajectories; the rollout's statistics."""
+    for i, group in enumerate(groups):
         if len(group) != k or not all(t.finished for t in group):
             raise RuntimeError(f"prompt {i} ended with {len(group)} trajectories, expected {k} finished ones")
-    stats = compute_stats(main.groups, runs, global_budgets=budgets, decisions=getattr(policy, "log", None))
-    return main.groups, stats
+    return groups, compute_stats(groups, runs, global_budgets=budgets, decisions=getattr(policy, "log", None))
 
 
 def premonitor_budget(traj: Trajectory, k: int, beta: float) -> int:
