@@ -58,11 +58,14 @@ class ProgramRuns:
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
         num_tokens = np.zeros((n,), np.int32)
+        decoding = budgets[:n] > 0  # rows with no budget (waiting on a tool, free slots) write nothing
         while True:
-            # One window: its span holds every row's tokens up to the window's end. Variants that do not
-            # need compiling now: longer spans, then the longest window (the budgets stop rows in time).
+            # One window: its span holds every decoding row's tokens up to the window's end (a row
+            # with no budget may be longer: it writes nothing, and its outputs are discarded). Variants
+            # that do not need compiling now: longer spans, then the longest window (the budgets stop
+            # rows in time).
             steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
-            end = int((cursors + num_tokens).max(initial=0))
+            end = int((cursors + num_tokens)[decoding].max(initial=0))
             variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
                         for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
             keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
@@ -187,9 +190,11 @@ class ProgramRuns:
 
     def _block_span(self, state: DecodeState, counts: Sequence[int]) -> int | None:
         """Leading cache slots a block of `counts[i]` tokens per row reads: as many as a cache grown by
-        buckets would hold (the power of two, at least MIN_CACHE_SLOTS, of the rows' furthest end), so
-        a longer cache (`min_cache_len`) costs a block no more than a grown one; None: the whole cache."""
-        end = int(np.max(state.cursors + np.asarray(counts, np.int64), initial=1))
+        buckets would hold (the power of two, at least MIN_CACHE_SLOTS, of the receiving rows' furthest
+        end; a row that receives nothing writes nothing, and its outputs are discarded), so a longer
+        cache (`min_cache_len`) costs a block no more than a grown one; None: the whole cache."""
+        counts = np.asarray(counts, np.int64)
+        end = int(np.max((state.cursors + counts)[counts > 0], initial=1))
         span = bucket_length(end, MIN_CACHE_SLOTS)
         return None if span >= state.cache_length else span
 

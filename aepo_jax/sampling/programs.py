@@ -56,8 +56,9 @@ def forward_block(
       arrays: the decode arrays; row b's n_b real tokens go to slots [cursor[b], cursor[b] + n_b).
       tokens: int32[B, T] ids; rows with fewer real tokens are padded on the left.
       token_valid: bool[B, T] which block entries are real tokens.
-      span: static number of leading slots attention reads (default: all); every row's
-        cursor + n_b must be <= span, which the Sampler guarantees.
+      span: static number of leading slots attention reads (default: all); every receiving row's
+        cursor + n_b must be <= span, which the Sampler guarantees (a row that receives nothing may
+        be longer: it writes nothing and keeps its last_logits).
 
     Returns:
       Updated arrays; a row's last_logits, position and cursor change only if it received a token.
@@ -195,7 +196,7 @@ def decode_loop(
         log-probs of the distribution it was drawn from, and their ids
         (`top_logprobs`). 0 (default) adds nothing to the program.
       span: static number of leading cache slots attention reads; it must hold every
-        row's cursor plus W.
+        row's cursor plus W, except for rows with no budget (they write nothing).
     """
     batch = budget.shape[0]
     zeros_f = jnp.zeros((batch, max_steps), jnp.float32)

@@ -4,6 +4,7 @@ read only the leading span of the cache that holds the live rows."""
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from aepo_jax.sampling import SamplingParams
 from aepo_jax.sampling.buckets import attention_span
@@ -55,6 +56,41 @@ def test_decode_over_a_large_cache_reads_a_span_and_matches_a_small_cache(greedy
     assert sampler.last_decode_spans == [MIN_SPAN, MIN_SPAN]  # windows of 32 and 16 steps from cursors 4 and 10
     assert big_out.tokens.tolist() == small_out.tokens.tolist()
     np.testing.assert_allclose(big_out.logp, small_out.logp, rtol=1e-5, atol=1e-6)
+
+
+def test_an_idle_long_row_does_not_widen_the_span_short_rows_read(greedy_sampler, tiny_model):
+    """A row with no budget (waiting on a tool, a free slot) may be far longer than the rows that
+    decode or receive an append: the span follows only the rows that write, and the long row is left
+    exactly as it was. Three of four rows decode, so the whole batch runs (no half-batch decode)."""
+    sampler = greedy_sampler
+    prompts = random_prompts(23, [140, 150, 145])  # longer than the smallest block span (MIN_CACHE_SLOTS)
+    _, small_out = sampler.generate(sampler.prefill(prompts), 40)
+    long_state, _ = sampler.generate(sampler.prefill(random_prompts(24, [5])), 300)
+    big = sampler.concat([sampler.prefill(prompts), long_state])
+    long_before = jax.device_get(sampler.fork(big, [3]).arrays)  # a copy of the long row
+    assert big.cursors[3] == 305 and big.cache_length >= 512 and big.batch_size == 4
+    big, big_out = sampler.generate(big, [40, 40, 40, 0])
+    # Two windows from cursors <= 150, whose rows end by slot 190: spans sized by them, not by the idle 305.
+    assert len(sampler.last_decode_spans) == 2 and max(sampler.last_decode_spans) <= attention_span(190 + 16, 512, MIN_SPAN) < 305
+    assert big_out.tokens[:3].tolist() == small_out.tokens.tolist() and big_out.num_tokens[3] == 0
+    np.testing.assert_allclose(big_out.logp[:3], small_out.logp, rtol=1e-5, atol=1e-6)
+    results = random_prompts(25, [6, 3, 5])
+    big = sampler.append(big, [results[0], [], [], []])  # a block that only row 0 receives
+    big = sampler.append(big, [results[0][:2], results[1], results[2], []])  # three rows: the whole batch runs
+    received = [[*results[0], *results[0][:2]], results[1], results[2]]
+    _, graphdef, params = tiny_model
+    reference = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))  # plain causal forward, no cache
+    for row in range(3):
+        ids = prompts[row] + big_out.row_tokens(row) + received[row]
+        padded = np.zeros((1, 256), np.int32)
+        padded[0, : len(ids)] = ids
+        expected = np.asarray(reference(params, padded)[0, len(ids) - 1])
+        np.testing.assert_allclose(np.asarray(big.last_logits[row]), expected, rtol=1e-5,
+                                   atol=1e-5 * np.abs(expected).max())
+        assert big.cursors[row] == len(ids)
+    long_after = jax.device_get(sampler.fork(big, [3]).arrays)  # untouched, bit for bit
+    for now, before in zip(jax.tree.leaves(long_after), jax.tree.leaves(long_before), strict=True):
+        np.testing.assert_array_equal(now, before)
 
 
 def test_window_boundaries_do_not_change_sampled_tokens_or_stop_sequences(tiny_model):
