@@ -121,31 +121,35 @@ class ProgramRuns:
         # size is another compiled program for every block and cache length.
         shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
         sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
-        if receiving and len(receiving) <= sub_batch < state.batch_size:
+        extra = () if score_temperature is None else (score_temperature,)
+        # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer
+        # blocks; then the same over the whole batch when the exact one runs on a sub-batch.
+        lengths = [block] if block > self.max_block_tokens else \
+            [block << i for i in range((self.max_block_tokens // block).bit_length())]
+        paths = [True, False] if receiving and len(receiving) <= sub_batch < state.batch_size else [False]
+        variants = [(on_rows, t, s) for on_rows in paths for t in lengths for s in self._block_spans(state, span)]
+        keys = [(_block_program(on_rows, score_temperature).__name__, sub_batch if on_rows else state.batch_size,
+                 state.cache_length, t, s, *extra) for on_rows, t, s in variants]
+        pick = self._compiles.choose(keys)
+        if pick:
+            on_rows, exact, exact_span = variants[0]  # a block longer than max_block_tokens runs in chunks
+            n_rows = sub_batch if on_rows else state.batch_size
+            blank = place_rows(self.layout, np.zeros((n_rows, min(exact, self.max_block_tokens)), np.int32))
+            row_inputs = (place_rows(self.layout, np.zeros((n_rows,), np.int32)),) * 2 if on_rows else ()
+            self._compiles.compile_later(keys[0], _block_program(on_rows, score_temperature), (
+                self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
+                self.layout, exact_span, *extra), {})
+        on_rows, block, span = variants[pick]
+        program = _block_program(on_rows, score_temperature)
+        if on_rows:
             rows = padded_rows(receiving, sub_batch)
             dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
             dst[: len(receiving)] = receiving
             token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
+            row_inputs = (place_rows(self.layout, rows), place_rows(self.layout, dst))
         else:
-            rows = dst = None
+            rows, row_inputs = None, ()
         n_rows = len(token_lists) if rows is not None else state.batch_size
-        program = (block_program if score_temperature is None else scored_block_program) if rows is None else \
-            (rows_block_program if score_temperature is None else rows_scored_block_program)
-        extra = () if score_temperature is None else (score_temperature,)
-        # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer blocks.
-        lengths = [block] if block > self.max_block_tokens else \
-            [block << i for i in range((self.max_block_tokens // block).bit_length())]
-        variants = [(t, s) for t in lengths for s in self._block_spans(state, span)]
-        keys = [(program.__name__, n_rows, state.cache_length, t, s, *extra) for t, s in variants]
-        pick = self._compiles.choose(keys)
-        row_inputs = () if rows is None else (place_rows(self.layout, rows), place_rows(self.layout, dst))
-        if pick:
-            exact, exact_span = variants[0]  # a block longer than max_block_tokens runs in chunks of that length
-            blank = place_rows(self.layout, np.zeros((n_rows, min(exact, self.max_block_tokens)), np.int32))
-            self._compiles.compile_later(keys[0], program, (
-                self._graphdef, self._params_state, state.arrays, *row_inputs, blank, blank.astype(bool),
-                self.layout, exact_span, *extra), {})
-        block, span = variants[pick]
         tokens = np.full((n_rows, block), self.pad_id, np.int32)
         valid = np.zeros(tokens.shape, bool)
         for row, ids in enumerate(token_lists):
@@ -197,6 +201,13 @@ class ProgramRuns:
         end = int(np.max((state.cursors + counts)[counts > 0], initial=1))
         span = bucket_length(end, MIN_CACHE_SLOTS)
         return None if span >= state.cache_length else span
+
+
+def _block_program(on_rows: bool, score_temperature: float | None):
+    """The jitted block program: over a sub-batch of receiving rows or the whole batch, scored or not."""
+    if on_rows:
+        return rows_block_program if score_temperature is None else rows_scored_block_program
+    return block_program if score_temperature is None else scored_block_program
 
 
 def padded_rows(rows: Sequence[int], size: int) -> np.ndarray:

@@ -91,6 +91,34 @@ def test_a_new_block_length_runs_as_a_compiled_longer_block_with_the_same_scores
     assert out_a.tokens.tolist() == out_b.tokens.tolist()
 
 
+def test_an_append_to_a_few_rows_runs_over_the_whole_batch_while_its_sub_batch_program_compiles():
+    """Two of 16 rows receive tokens: that is a sub-batch append (a quarter of the batch), whose program
+    no call compiled yet; it runs as the compiled whole-batch block, with the same scores, and once
+    the sub-batch program is compiled in the background the next such append runs it, compiling nothing."""
+    sampler, plain = _samplers(5)
+    prompts = random_prompts(12, [6 + r % 5 for r in range(16)])
+    few = [random_prompts(13, [5])[0] if r in (3, 11) else [] for r in range(16)]
+    outputs = []
+    for s in (sampler, plain):
+        st = s.prefill(prompts)
+        st, _, _ = s.score_append(st, random_prompts(14, [40] * 16))  # every row: the whole-batch 64-token block
+        st, logp, entropy = s.score_append(st, few)
+        outputs.append((logp, entropy, np.asarray(st.cursors), np.asarray(st.last_logits[:16])))
+    assert sampler.compile_counters["fallback_calls"] == 1
+    for a, b in zip(outputs[0][0] + outputs[0][1], outputs[1][0] + outputs[1][1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert [len(x) for x in outputs[0][0]] == [len(x) for x in few]
+    assert outputs[0][2].tolist() == outputs[1][2].tolist()
+    np.testing.assert_allclose(outputs[0][3], outputs[1][3], rtol=1e-5, atol=1e-5)
+    sampler.wait_for_compiles()
+    before = len(_COMPILES)
+    st = sampler.prefill(prompts)
+    st, _, _ = sampler.score_append(st, random_prompts(14, [40] * 16))
+    sampler.score_append(st, few)
+    assert len(_COMPILES) == before, "the sub-batch append compiled on the spot"
+    assert sampler.compile_counters["fallback_calls"] == 1
+
+
 def test_background_compiles_on_a_mesh_are_the_programs_the_calls_then_run():
     if jax.device_count() < 8:
         pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
