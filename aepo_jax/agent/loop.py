@@ -22,7 +22,8 @@ tokenised tool results; nothing is re-tokenised.
 `"continuous"` (`aepo_jax.agent.continuous`) takes tools off the critical path:
 decode in chunks; a row waiting on its tool call stays in place, decoding
 nothing, and its result is appended at the first chunk boundary after it
-arrived. Step 2 lives in `aepo_jax.agent.branching`.
+arrived. Step 2 lives in `aepo_jax.agent.branching`, the tool steps of step 3 in
+`aepo_jax.agent.tool_steps`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from aepo_jax.agent import tags
 from aepo_jax.agent.branching import BranchDecisions
 from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
@@ -58,15 +58,11 @@ from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's
     cache_slots,
     next_power_of_two,
 )
-from aepo_jax.agent.protocol import ToolCall, format_tool_result, parse_last_tool_call
+from aepo_jax.agent.tool_steps import ToolSteps
 from aepo_jax.agent.trajectory import (
-    END_ANSWER,
     END_CONTEXT,
-    END_EOS,
     END_LENGTH,
-    END_TOOL_LIMIT,
     Segment,
-    ToolStep,
     Trajectory,
 )
 
@@ -146,7 +142,7 @@ def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
     return values
 
 
-class _Run(ContinuousSchedule, BranchDecisions):
+class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
     """State of one `AgentLoop.run` call; the continuous schedule's methods come from `ContinuousSchedule`."""
 
     def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids, premonitor=None) -> None:
@@ -388,86 +384,6 @@ class _Run(ContinuousSchedule, BranchDecisions):
                              "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
-    def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
-        """Classify each row's stop, run the tool calls concurrently, append their results."""
-        calls, malformed = self._classify(outputs)
-        results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
-        done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
-        for (i, call), res in zip(calls, results, strict=True):
-            done[i] = (call, str(res.text), bool(res.ok))
-        self._append_results(done)
-
-    def _classify(self, outputs: list[tuple[list[int], str] | None]
-                  ) -> tuple[list[tuple[int, ToolCall]], dict[int, str]]:
-        """Ends, pauses or finds the tool call of each row that decoded (None: a row that did not);
-        returns (row, call) pairs and the error text of rows that stopped at a closing tag without a
-        complete call."""
-        calls: list[tuple[int, ToolCall]] = []
-        malformed: dict[int, str] = {}
-        for i, output in enumerate(outputs):
-            if output is None:
-                continue
-            ids, stop = output
-            traj = self.rows[i]
-            text = self.loop.tokenizer.decode(ids)
-            if stop == "eos":
-                traj.stop_reason = END_ANSWER if tags.ANSWER_CLOSE in text else END_EOS
-            elif stop == "length":
-                if self._pauses(i, stop):  # paused before a stop (segment chunk, cache room): continues next round
-                    self.paused.add(traj.traj_id)
-                else:
-                    # No budget left, or no cache room even after a repack: a row that cannot
-                    # make progress ends here instead of pausing forever.
-                    traj.stop_reason = END_LENGTH if len(traj.response_ids) >= self.cfg.max_response_tokens else END_CONTEXT
-            elif stop != "stop":
-                raise ValueError(f"generator returned unknown stop_reason {stop!r}")
-            elif _ends_with_answer(text):
-                traj.stop_reason = END_ANSWER
-            elif traj.num_tool_calls >= self.cfg.max_tool_calls:
-                traj.stop_reason = END_TOOL_LIMIT
-            else:
-                call = parse_last_tool_call(text)
-                if call is None:
-                    malformed[i] = "error: the segment ended at a tool closing tag without a complete tool call"
-                else:
-                    calls.append((i, call))
-        return calls, malformed
-
-    def _append_results(self, done: dict[int, tuple[ToolCall | None, str, bool]]) -> None:
-        """Append each row's tool result (mask 0) in one `append`, or end the row when it does not fit;
-        under a policy, snapshot the appended rows for their branch decisions."""
-        to_append: list[list[int]] = [[] for _ in self.rows]
-        appended: list[int] = []
-        for i in sorted(done):
-            call, result_text, ok = done[i]
-            traj = self.rows[i]
-            result_ids = list(self.loop.tokenizer.encode(format_tool_result(result_text)))
-            if len(traj.response_ids) + len(result_ids) >= self.cfg.max_response_tokens:
-                traj.stop_reason = END_LENGTH
-                continue
-            if traj.total_length + len(result_ids) >= self.cfg.max_context_len:
-                traj.stop_reason = END_CONTEXT
-                continue
-            start = len(traj.response_ids)
-            traj.add_tool_result(result_ids)
-            tag = call.tag if call is not None else "invalid"
-            content = call.content if call is not None else ""
-            traj.tool_steps.append(ToolStep(tag, content, result_text, ok, start, start + len(result_ids)))
-            to_append[i] = result_ids
-            appended.append(i)
-        if appended:
-            # A shared cursor advances by the whole (power-of-two) block; ragged rows by their own tokens.
-            ragged = getattr(self.state, "cursors", None) is not None
-            block = next_power_of_two(max(len(to_append[i]) for i in appended))
-            self._repack_if_needed([len(t) if ragged else block for t in to_append])
-            self.state = self.gen.append(self.state, self._by_slot(to_append, []))
-            sampling = {t.traj_id for t in self.premonitoring.values()}  # they make no branch decisions
-            deciding = [i for i in appended if self.rows[i].traj_id not in sampling]
-            if self.policy is not None and deciding:
-                snapshot = self.gen.fork(self.state, [self.slots[i] for i in deciding]) \
-                    if self.cfg.branch_by == "fork" else None
-                self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(deciding)})
-
     def _compact(self) -> None:
         """Drop finished rows (and rows with no budget left) from the decode state. A row waiting on a
         tool result stays: appending the result decides whether it still fits (as in a round)."""
@@ -510,8 +426,3 @@ class _Run(ContinuousSchedule, BranchDecisions):
                 self.replay_start[traj.traj_id] = self.round + 1
             starts += [p] * more
         self._new_globals(starts, "initial")
-
-
-def _ends_with_answer(text: str) -> bool:
-    """True when the last tag of the segment closes an answer (a stop at `</answer>`)."""
-    return text.rstrip().endswith(tags.ANSWER_CLOSE)

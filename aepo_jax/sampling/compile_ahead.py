@@ -12,11 +12,18 @@ only up to that rounding: the sampler's `compile_in_background` option says whet
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
+
+# Niceness of the background compile thread (Linux: per thread): it compiles on CPU time the rollout
+# leaves idle (while it waits on tools) instead of taking cores from the rollout's own programs.
+COMPILE_THREAD_NICENESS = 19
 
 
 def abstract_arrays(tree: Any) -> Any:
@@ -78,7 +85,8 @@ class BackgroundCompiler:
         if not self.enabled or key in self._ready or key in self._pending:
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler-compile")
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler-compile",
+                                                initializer=lower_thread_priority)
         abstract_args, abstract_kwargs = abstract_arrays(tuple(args)), abstract_arrays(dict(kwargs))
         self._pending[key] = self._executor.submit(self._compile, program, abstract_args, abstract_kwargs)
 
@@ -101,3 +109,16 @@ class BackgroundCompiler:
                 del self._pending[key]
                 if future.exception() is None:
                     self._ready.add(key)
+
+
+def lower_thread_priority(niceness: int = COMPILE_THREAD_NICENESS) -> bool:
+    """Makes the calling thread yield the CPU to the process's other threads (Linux, where niceness
+    is per thread); returns whether it did. Elsewhere it changes nothing, since setting it there
+    would lower the whole process."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except OSError:
+        return False
+    return True

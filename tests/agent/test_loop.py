@@ -28,6 +28,7 @@ from aepo_jax.agent.trajectory import (
     ToolStep,
     Trajectory,
 )
+from aepo_jax.rollout.strategies import EntropyBranchPolicy
 from aepo_jax.tokenizers import CHATML, train_sentencepiece
 
 TOK = ByteTokenizer()
@@ -312,6 +313,32 @@ def test_no_branch_decision_is_drawn_without_budget():
     assert len(policy.asked) == 1
     assert all(len(t.decisions) == 1 for t in result.groups[0])  # the branch decision only
     assert rng.bit_generator.state == _after_draws(0, 1)  # one alpha drawn in total
+
+
+class ForkLog(ScriptedGenerator):
+    """Records the rows of every `fork` (snapshots for branch decisions, compactions)."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.forks = []
+
+    def fork(self, state, rows):
+        self.forks.append(list(rows))
+        return super().fork(state, rows)
+
+
+@pytest.mark.parametrize(("initial", "snapshots"), [(2, 0), (1, 3)])
+def test_a_tool_result_is_snapshotted_only_while_its_prompt_has_branch_budget(initial, snapshots):
+    """k = 2, every row makes three calls and the policy never branches (tau too high): with both
+    globals started there is no budget, so no tool result needs a snapshot for a decision; with one,
+    each of its three results does. No row finishes before the last round, so no compaction forks."""
+    gen = ForkLog(ramp_script(3))
+    policy = EntropyBranchPolicy(1, 0.2, 100.0, 2)
+    loop = AgentLoop(gen, TOK, RecordingTools(), LoopConfig(max_tool_calls=6))
+    result = loop.run([TOK.encode("q0")], 2, initial, rng=np.random.default_rng(0), key=jax.random.key(0),
+                      policy=policy)
+    assert len(gen.forks) == snapshots
+    assert len(policy.log) == snapshots and sum(len(t.decisions) for t in result.groups[0]) == snapshots
 
 
 def _after_draws(seed: int, draws: int) -> dict:

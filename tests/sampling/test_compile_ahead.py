@@ -4,6 +4,8 @@ while the exact one compiles on a background thread, which the next call then us
 Each test builds its own model (a fresh graphdef), so no program it needs was compiled by another test.
 """
 
+import os
+import sys
 import threading
 
 import jax
@@ -13,6 +15,7 @@ from flax import nnx
 
 from aepo_jax.models import Decoder, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.sampling.compile_ahead import COMPILE_THREAD_NICENESS, BackgroundCompiler
 from aepo_jax.sampling.program_runs import DECODE_WINDOW, MIN_SPAN
 from tests.sampling.conftest import random_prompts
 
@@ -117,6 +120,27 @@ def test_an_append_to_a_few_rows_runs_over_the_whole_batch_while_its_sub_batch_p
     sampler.score_append(st, few)
     assert len(_COMPILES) == before, "the sub-batch append compiled on the spot"
     assert sampler.compile_counters["fallback_calls"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_compile_thread_runs_at_a_lower_priority_and_the_process_does_not():
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen = []
+
+    @jax.jit
+    def probe(x):
+        seen.append(niceness())  # runs while the program is traced: on the compiling thread
+        return x + 1
+
+    main_before, process_before = niceness(), os.getpriority(os.PRIO_PROCESS, 0)
+    compiler = BackgroundCompiler(True)
+    compiler.compile_later("probe", probe, (np.ones(3, np.float32),), {})
+    compiler.wait()
+    assert seen == [COMPILE_THREAD_NICENESS] and COMPILE_THREAD_NICENESS > main_before
+    assert compiler.background_compiles == 1
+    assert (niceness(), os.getpriority(os.PRIO_PROCESS, 0)) == (main_before, process_before)
 
 
 def test_background_compiles_on_a_mesh_are_the_programs_the_calls_then_run():
