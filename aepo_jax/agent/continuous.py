@@ -2,7 +2,8 @@
 
 Each tick decodes the generating rows for at most `LoopConfig.chunk_tokens`
 tokens, while at least `LoopConfig.min_generating_fraction` of the live rows
-are generating (fewer: it waits for tool results first, and once one arrives it
+are generating or the tool runner has idle workers (fewer rows, and every worker
+busy: it waits for tool results first, and once one arrives it
 keeps collecting those that follow within `LoopConfig.arrival_window_ms` of
 each other, so calls started together resume together). A row that stops at a
 tool call has the call submitted to a thread pool at once and stays where it is in the decode state: rows are ragged (each
@@ -78,8 +79,12 @@ class ContinuousSchedule:
                 return
 
     def _too_few_generating(self) -> bool:
+        """No row can decode, or few can while the tool runner is busy: wait for results first."""
         generating = sum(1 for t in self.rows if t.traj_id not in self.waiting)
-        return generating == 0 or generating < self.cfg.min_generating_fraction * len(self.rows)
+        if generating == 0:
+            return True
+        unfinished = sum(1 for future in self.waiting.values() if not future.done())
+        return generating < self.cfg.min_generating_fraction * len(self.rows) and unfinished >= self.tool_threads
 
     def _call_tool(self, call: ToolCall) -> tuple[ToolCall, str, bool]:
         (result,) = self.loop.tools.run_many([call])

@@ -173,6 +173,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         # no slots) until their result is appended in place.
         self.waiting: dict[int, Future] = {}
         self.pool: ThreadPoolExecutor | None = None
+        self.tool_threads = TOOL_THREADS  # calls the tool runner runs at once (continuous)
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
@@ -242,8 +243,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         self._top_up()
         if self.cfg.schedule == "continuous":
             # As many threads as the tool runner runs calls at once: its limit, not this pool, caps them.
-            threads = int(getattr(self.loop.tools, "max_workers", None) or TOOL_THREADS)
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agent-tool") as self.pool:
+            self.tool_threads = int(getattr(self.loop.tools, "max_workers", None) or TOOL_THREADS)
+            with ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="agent-tool") as self.pool:
                 self._run_continuous()
         else:
             self._run_rounds()

@@ -64,8 +64,9 @@ class LoopConfig:
     schedule: str = "rounds"
     chunk_tokens: int = 64  # continuous: tokens a row decodes between two looks at the arrived tool results
     # continuous: decode a chunk only while at least this fraction of the live rows is generating (not
-    # waiting on a tool); below it, wait for results first, so a chunk is not a full-batch forward for a
-    # few rows. 0 decodes whenever any row can.
+    # waiting on a tool), or while the tool runner has idle workers (fewer calls in flight than it runs
+    # at once: the rows that decode may fill them); otherwise wait for results first, so a chunk is not
+    # a full-batch forward for a few rows. 0 decodes whenever any row can.
     min_generating_fraction: float = 0.5
     # continuous: once a tool result arrives while the loop waits, it keeps collecting the results that
     # follow within this many milliseconds of the previous one before it decodes. Calls started together

@@ -410,6 +410,32 @@ def test_continuous_schedule_runs_tools_while_other_rows_decode(schedule):
         assert last_python_start > search_end
 
 
+def three_slow_one_fast_script(ids, rng):
+    """Prompts "q0"-"q2" make one slow search, "q3" three fast python calls; then each answers."""
+    n = ids.count(RESULT)
+    if TOK.decode(ids).startswith("q3"):
+        text = f"<python>print({n})</python>" if n < 3 else "<answer>\\boxed{1}</answer>"
+    else:
+        text = "<search>slow</search>" if n == 0 else "<answer>\\boxed{0}</answer>"
+    tokens = TOK.encode("<think>x</think>" + text)
+    return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+
+def test_continuous_schedule_decodes_a_few_rows_while_tool_workers_are_idle():
+    """One row of four is generating (below min_generating_fraction = 0.5) while three wait on slow
+    searches, but the tool runner has idle workers: the loop decodes that row rather than waiting, so
+    all its calls run during the searches (regression: it waited for the searches first)."""
+    tools = TimedTools(slow_seconds=0.5)
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=2000, max_context_len=4000, schedule="continuous",
+                        min_generating_fraction=0.5)
+    loop = AgentLoop(ScriptedGenerator(three_slow_one_fast_script), TOK, tools, config)
+    result = loop.run([TOK.encode(f"q{i}") for i in range(4)], 1, 1, rng=np.random.default_rng(0),
+                      key=jax.random.key(0))
+    assert [len(g[0].tool_steps) for g in result.groups] == [1, 1, 1, 3]
+    first_search_end = min(end for tag, _, _, end in tools.calls if tag == "search")
+    assert max(start for tag, _, start, _ in tools.calls if tag == "python") < first_search_end
+
+
 class PlacingGenerator(ScriptedGenerator):
     """Records `place` calls and the largest decode state a generate call saw."""
 
