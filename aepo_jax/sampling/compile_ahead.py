@@ -75,11 +75,6 @@ class BackgroundCompiler:
             self._ready.add(keys[0])
         return 0
 
-    def any_ready(self, predicate: Callable[[Hashable], bool]) -> bool:
-        """True when some compiled variant's key satisfies `predicate`."""
-        self._collect()
-        return any(predicate(key) for key in self._ready)
-
     def ran(self, key: Hashable) -> None:
         """Records that the variant `key` ran (so it is compiled)."""
         self._ready.add(key)

@@ -23,9 +23,7 @@ from aepo_jax.sampling.jitted import (
     scored_block_program,
     start_program,
 )
-from aepo_jax.sampling.layout import take_rows
 from aepo_jax.sampling.params import SamplingParams
-from aepo_jax.sampling.programs import start_progress
 from aepo_jax.sampling.state import DecodeState, SampleOutput
 from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES
 
@@ -105,37 +103,6 @@ class ProgramRuns:
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
         return DecodeState(arrays, n), result
-
-    def _half_batch_ready(self, state: DecodeState, row_keys: jax.Array, sampling: SamplingParams,
-                          top_logprobs: int) -> bool:
-        """Whether a decode of at most half the rows should run on a half-size batch (`_generate_rows`).
-
-        With background compiles, not while no decode window is compiled for the half batch (at this
-        cache length) but one is for the whole batch: the call then decodes the whole batch, and the
-        half batch's longest window (span = the whole cache) compiles in the background, so that every
-        later half-batch decode has a compiled variant to run while its own one compiles.
-        """
-        if not self._compiles.enabled:
-            return True
-        half, tail = state.batch_size // 2, (sampling, int(top_logprobs))
-
-        def compiled(batch: int):
-            return lambda key: key[:3] == ("decode", batch, state.cache_length) and key[5:] == tail
-
-        if self._compiles.any_ready(compiled(half)) or not self._compiles.any_ready(compiled(state.batch_size)):
-            return True
-        # Shapes only: slicing or building device arrays here would compile programs of their own.
-        arrays = jax.eval_shape(take_rows, state.arrays, jax.ShapeDtypeStruct((half,), jnp.int32))
-        budget = jax.ShapeDtypeStruct((half,), jnp.int32)
-        progress = jax.eval_shape(start_progress, budget, self._stop_table)
-        key = ("decode", half, state.cache_length, DECODE_WINDOW, state.cache_length, *tail)
-        key_shapes = jax.ShapeDtypeStruct((half,), row_keys.dtype)
-        args = (self._graphdef, self._params_state, arrays, key_shapes, budget, self._stop_table, progress)
-        self._compiles.compile_later(key, decode_program, args, {
-            "max_steps": DECODE_WINDOW, "span": state.cache_length, "sampling": sampling, "pad_id": self.pad_id,
-            "num_top_logprobs": int(top_logprobs), "layout": self.layout, "layer_params": self._layerwise_weights()})
-        self._compiles.fallback_calls += 1
-        return False
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
                    score_temperature: float | None = None):

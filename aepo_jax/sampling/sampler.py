@@ -294,7 +294,7 @@ class Sampler(ProgramRuns):
         active = np.flatnonzero(budgets[: state.num_rows] > 0)
         half = state.batch_size // 2
         if (self.half_batch_decode and len(active) and len(active) <= half and half % self._data_size == 0
-                and half >= self.min_batch and self._half_batch_ready(state, row_keys, sampling, int(top_logprobs))):
+                and half >= self.min_batch):
             return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
         return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
 

@@ -122,32 +122,6 @@ def test_an_append_to_a_few_rows_runs_over_the_whole_batch_while_its_sub_batch_p
     assert sampler.compile_counters["fallback_calls"] == 1
 
 
-def test_a_decode_of_few_rows_runs_on_the_whole_batch_until_a_half_batch_window_is_compiled():
-    """Two of eight rows decode: a half-batch decode, for which no window is compiled yet, while the
-    whole batch's is. The call decodes the whole batch (same tokens), compiling nothing on the spot,
-    and the half batch's longest window compiles in the background; the next such call runs on the
-    half batch, that window standing in for its own."""
-    sampler, plain = _samplers(7)
-    prompts = random_prompts(17, [5 + r for r in range(8)])
-    budgets = [20, 0, 0, 20, 0, 0, 0, 0]
-    results = []
-    for s in (sampler, plain):
-        st, _ = s.generate(s.prefill(prompts), 20)  # every row: the whole batch's windows compile
-        before = len(_COMPILES)
-        _, out = s.generate(st, budgets)
-        results.append((out, len(_COMPILES) - before))
-    (out, compiled_now), (expected, plain_compiled) = results
-    assert compiled_now == 0 < plain_compiled  # the plain sampler compiled the half-batch programs on the spot
-    assert out.tokens.tolist() == expected.tokens.tolist() and out.num_tokens.tolist() == expected.num_tokens.tolist()
-    np.testing.assert_allclose(out.logp, expected.logp, rtol=1e-5, atol=1e-6)
-    assert sampler.compile_counters["fallback_calls"] == 1
-    sampler.wait_for_compiles()
-    st, _ = sampler.generate(sampler.prefill(prompts), 20)
-    _, again = sampler.generate(st, budgets)
-    assert again.tokens.tolist() == expected.tokens.tolist()
-    assert sampler.compile_counters["fallback_calls"] == 2  # the half batch ran its compiled longest window
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 def test_the_compile_thread_runs_at_a_lower_priority_and_the_process_does_not():
     def niceness() -> int:
