@@ -71,7 +71,9 @@ class BackgroundCompiler:
                 self.fallback_calls += 1
                 return index
         pending = self._pending.pop(keys[0], None)
-        if pending is not None and pending.exception() is None:  # waits for it rather than compiling twice
+        # A background compile of it that has not started is dropped (it compiles here, not after the
+        # compiles queued before it); one under way is waited for rather than compiled twice.
+        if pending is not None and not pending.cancel() and pending.exception() is None:
             self._ready.add(keys[0])
         return 0
 

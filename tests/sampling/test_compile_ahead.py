@@ -122,6 +122,31 @@ def test_an_append_to_a_few_rows_runs_over_the_whole_batch_while_its_sub_batch_p
     assert sampler.compile_counters["fallback_calls"] == 1
 
 
+def test_a_call_does_not_wait_behind_background_compiles_queued_before_its_own():
+    """The compile thread is busy with one program and another's compile is queued behind it; a call
+    that needs the queued one drops it from the queue and goes on (compiling on the spot) instead of
+    waiting for the busy one to finish first."""
+    gate = threading.Event()
+
+    @jax.jit
+    def busy(x):
+        gate.wait(30)  # holds the compile thread while it traces
+        return x * 2
+
+    @jax.jit
+    def queued(x):
+        return x + 3
+
+    compiler = BackgroundCompiler(True)
+    compiler.compile_later("busy", busy, (np.ones(2, np.float32),), {})
+    compiler.compile_later("queued", queued, (np.ones(2, np.float32),), {})
+    assert compiler.choose(["queued"]) == 0
+    assert compiler.background_compiles == 0 and not gate.is_set()  # it did not wait for "busy"
+    gate.set()
+    compiler.wait()
+    assert compiler.background_compiles == 1  # "busy" only: "queued" left the queue
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 def test_the_compile_thread_runs_at_a_lower_priority_and_the_process_does_not():
     def niceness() -> int:
