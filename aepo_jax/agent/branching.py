@@ -69,10 +69,14 @@ class BranchDecisions:
         """Reused finished globals whose (round - 1)-th tool result is decided this round."""
         return [t for t in self.replays if 0 <= self._replay_step(t) < len(t.tool_steps)]
 
+    def branch_budget(self, prompt: int) -> int:
+        """Trajectories `prompt` may still get (spec 2.2 budget); groups only grow, so once 0 it stays 0."""
+        return self.ks[prompt] - len(self.groups[prompt])
+
     def _decide(self, traj: Trajectory, branch_point: int) -> list[Trajectory]:
         """Ask the policy at `traj`'s tool result ending at `branch_point`; returns the new branches."""
         prompt = traj.prompt_index
-        budget = self.ks[prompt] - len(self.groups[prompt])
+        budget = self.branch_budget(prompt)
         segment = next((s for s in traj.segments if s.start == branch_point), None)
         if budget <= 0 or segment is None:
             return []  # no budget (or nothing generated after the result): no decision to draw

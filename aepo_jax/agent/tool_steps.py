@@ -18,8 +18,8 @@ from aepo_jax.agent.trajectory import (
 
 class ToolSteps:
     """The tool-step methods of the loop's per-run state (`loop._Run`), which provides rows, slots,
-    state, gen, loop, cfg, policy, groups, ks, pending, paused, premonitoring, _pauses, _by_slot and
-    _repack_if_needed."""
+    state, gen, loop, cfg, policy, pending, paused, premonitoring, branch_budget, _pauses, _by_slot
+    and _repack_if_needed."""
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
@@ -95,10 +95,10 @@ class ToolSteps:
             self._repack_if_needed([len(t) if ragged else block for t in to_append])
             self.state = self.gen.append(self.state, self._by_slot(to_append, []))
             # A pre-monitoring sample makes no branch decision, nor does a row whose prompt has no budget
-            # left (groups only grow): no snapshot for them.
+            # left: no snapshot for them.
             sampling = {t.traj_id for t in self.premonitoring.values()}
             deciding = [i for i in appended if self.rows[i].traj_id not in sampling
-                        and len(self.groups[self.rows[i].prompt_index]) < self.ks[self.rows[i].prompt_index]]
+                        and self.branch_budget(self.rows[i].prompt_index) > 0]
             if self.policy is not None and deciding:
                 snapshot = self.gen.fork(self.state, [self.slots[i] for i in deciding]) \
                     if self.cfg.branch_by == "fork" else None

@@ -60,7 +60,7 @@ def run_tool_path(result: LoopResult) -> ToolCallPath:
             continue
         if event.kind == "branch":
             parent = by_id[traj.parent_id]
-            if created.get(parent.traj_id) is not None and created[parent.traj_id].kind == "premonitor":
+            if getattr(created.get(parent.traj_id), "kind", None) == "premonitor":
                 start[traj.traj_id] = end[parent.traj_id]  # decided once the whole sample had finished
             else:
                 made_by_parent = _calls_before(parent, traj.branch_point) if parent.traj_id in created else 0
