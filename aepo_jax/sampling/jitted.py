@@ -28,21 +28,49 @@ from aepo_jax.sampling.programs import (
 )
 
 
-def model_forward(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots, layer_params=None):
+class HashedGraphDef:
+    """A GraphDef as a static argument whose hash is computed once.
+
+    jit hashes (and, on a hit, compares) its static arguments on every call; an nnx
+    GraphDef hashes its whole module tree each time (about 80 us for a two-layer model,
+    several times per generate). Two wrappers of equal GraphDefs are equal, so
+    Samplers of the same model still share compiled programs.
+    """
+
+    __slots__ = ("_hash", "graphdef")
+
+    def __init__(self, graphdef: nnx.GraphDef):
+        self.graphdef = graphdef
+        self._hash = hash(graphdef)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, HashedGraphDef) and self._hash == other._hash
+                                 and self.graphdef == other.graphdef)
+
+
+def _merge(graphdef: nnx.GraphDef | HashedGraphDef, params):
+    return nnx.merge(graphdef.graphdef if isinstance(graphdef, HashedGraphDef) else graphdef, params)
+
+
+def model_forward(graphdef: nnx.GraphDef | HashedGraphDef, params, tokens, positions, mask, cache, write_slots,
+                  layer_params=None):
     """The model's cached forward for ragged rows as a pure function of its parameter state.
 
     Returns logits [B, 1, V] of the block's last position only: blocks are
     right-aligned, so that is every receiving row's last real token, and the
     [B, T, V] projection of the other positions would be thrown away.
     """
-    model = nnx.merge(graphdef, params)
+    model = _merge(graphdef, params)
     return model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, last_logits_only=True,
                  cache_write_slots=write_slots, layer_params=layer_params)
 
 
-def model_hidden(graphdef: nnx.GraphDef, params, tokens, positions, mask, cache, write_slots):
+def model_hidden(graphdef: nnx.GraphDef | HashedGraphDef, params, tokens, positions, mask, cache, write_slots):
     """The cached forward for ragged rows returning final hidden states [B, T, D], the LM head and the cache."""
-    model = nnx.merge(graphdef, params)
+    model = _merge(graphdef, params)
     hidden, cache = model(tokens, positions=positions, attention_mask=mask, kv_cache=cache, return_hidden=True,
                           cache_write_slots=write_slots)
     return hidden, model.head(), cache

@@ -36,6 +36,7 @@ from aepo_jax.sampling.cache_sharding import (
 from aepo_jax.sampling.compile_ahead import BackgroundCompiler
 from aepo_jax.sampling.jitted import (
     PROGRAMS,
+    HashedGraphDef,
     grow_program,
     place_program,
     split_layers_program,
@@ -130,7 +131,7 @@ class Sampler(ProgramRuns):
         if max_block_tokens < MIN_BLOCK or max_block_tokens & (max_block_tokens - 1):
             raise ValueError(f"max_block_tokens must be a power of two >= {MIN_BLOCK}, got {max_block_tokens}")
         self.max_block_tokens = int(max_block_tokens)
-        self._graphdef = graphdef
+        self._graphdef = HashedGraphDef(graphdef)  # a static argument of every program: hashed once
         self.mesh = mesh
         self._params_state = self._shard_params(state)
         self._layer_params = None  # the parameters split per layer, made on the first layerwise decode

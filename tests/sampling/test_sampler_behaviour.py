@@ -204,3 +204,27 @@ def test_prefill_of_left_padded_array_equals_ragged_lists(greedy_sampler):
     assert from_array.tokens.tolist() == from_lists.tokens.tolist()
     with pytest.raises(ValueError, match="lengths"):
         greedy_sampler.prefill(padded, lengths=[0, 6])
+
+
+def test_samplers_of_equal_models_share_programs_and_hash_the_graph_once(tiny_model):
+    """Programs take the graph as a static argument hashed once per Sampler (`HashedGraphDef`); a
+    Sampler of an equal model split on its own still finds every program the first one compiled."""
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.sampling.jitted import HashedGraphDef
+
+    _, graphdef, state = tiny_model
+    prompts = random_prompts(22, [4, 7])
+    first = Sampler(graphdef, state, params=SamplingParams(greedy=True))
+    _, expected = first.generate(first.prefill(prompts), 6)
+    compiled = first.compiled_programs()
+    other_graphdef, _ = nnx.split(Decoder(get_preset("tiny"), rngs=nnx.Rngs(1)))
+    second = Sampler(other_graphdef, state, params=SamplingParams(greedy=True))
+    _, again = second.generate(second.prefill(prompts), 6)
+    assert again.row_tokens(1) == expected.row_tokens(1)
+    assert second.compiled_programs() == compiled
+    wrapped = HashedGraphDef(graphdef)
+    assert wrapped == HashedGraphDef(other_graphdef) and hash(wrapped) == hash(graphdef)
+    different, _ = nnx.split(Decoder(get_preset("tiny").replace(n_layers=1), rngs=nnx.Rngs(0)))
+    assert wrapped != HashedGraphDef(different) and wrapped != graphdef
