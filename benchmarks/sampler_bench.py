@@ -16,6 +16,10 @@ Floors of one decode step, both measured in this run:
     live KV slots (prompt + tokens so far, averaged over the decode); the copy
     bandwidth is measured on a buffer of that size (so it is the cache level the
     working set lives in), the matmul peak on 512^3 float32 matmuls.
+  * `step_products_*`: what the step's weight products cost at their own
+    shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
+    part of the step no sampler on this backend can remove, and how far it is
+    from the peak the physical floor assumes.
 
 `--peer tunix` runs `../shared/bench/tunix_sampler_bench.py` (tunix's vanilla
 sampler on a random Qwen3 of the same shapes) in `--peer-python`'s venv,
@@ -26,7 +30,9 @@ google-tunix is never a project dependency.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
 import os
 import platform
 import statistics
@@ -214,6 +220,69 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
             "flops_per_step": int(flops), "copy_gb_per_s": bandwidth / 1e9}
 
 
+def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
+    """(rows, K, N) of every weight product one decode step runs, contracted as the model does.
+
+    Each layer's q / k / v and gate / up matrices read the residual stream
+    (their `embed` axis first), o and down write it (`embed` last), and the
+    tied embedding is the LM head (contracts `embed`, yields `vocab`).
+    """
+    products = []
+    for variable in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        shape = variable[...].shape
+        axes = variable.get_metadata().get("out_sharding") or (None,) * len(shape)
+        sizes = {a: n for a, n in zip(axes, shape, strict=True)}
+        per_layer = [(a, n) for a, n in zip(axes, shape, strict=True) if a != "layers"]
+        if len(per_layer) < 2:
+            continue
+        if "embed" not in sizes:
+            raise ValueError(f"a weight matrix without an embed axis: {axes}")
+        rest = math.prod(n for a, n in per_layer if a != "embed")
+        if "vocab" in sizes or per_layer[0][0] == "embed":
+            k, n = sizes["embed"], rest
+        else:
+            k, n = rest, sizes["embed"]
+        products += [(batch, k, n)] * sizes.get("layers", 1)
+    return products
+
+
+def step_products_time(products: list[tuple[int, int, int]], repeats: int = 32) -> dict:
+    """Seconds one step's weight products take at their own shapes: XLA's dot and numpy's BLAS.
+
+    The physical floor's compute term assumes the 512^3 matmul peak; a decode
+    step's products are [B, K] x [K, N] with B the batch, which neither
+    library runs at that rate on a CPU. XLA: a jitted loop of `repeats`
+    dependent products (each followed by a [B, K] add that feeds the next, so
+    an upper bound); numpy: the same products called back to back. Both are
+    medians of 7 runs and sum over the step's products.
+    """
+    xla_s, numpy_s = 0.0, 0.0
+    for shape, count in collections.Counter(products).items():
+        rows, k, n = shape
+        x = jnp.ones((rows, k), jnp.float32)
+        w = jnp.full((k, n), 1e-3, jnp.float32)
+
+        def body(_, x, w=w):
+            (y,) = jax.lax.optimization_barrier((x @ w,))  # keeps the slice below out of the product
+            return x + y[:, :1]
+
+        chain = jax.jit(lambda x, body=body: jax.lax.fori_loop(0, repeats, body, x))
+        jax.block_until_ready(chain(x))
+        xla_s += count * statistics.median(_timed(lambda c=chain, x=x: jax.block_until_ready(c(x)))
+                                           for _ in range(7)) / repeats
+        xn, wn = np.ones((rows, k), np.float32), np.full((k, n), 1e-3, np.float32)
+
+        def loop(xn=xn, wn=wn):
+            for _ in range(repeats):
+                xn @ wn
+
+        loop()
+        numpy_s += count * statistics.median(_timed(loop) for _ in range(7)) / repeats
+    flops = sum(2 * r * k * n for r, k, n in products)
+    return {"step_products_xla_ms": 1e3 * xla_s, "step_products_numpy_ms": 1e3 * numpy_s,
+            "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}
+
+
 def run_peer(args: argparse.Namespace) -> dict:
     """One run of the peer's driver on this benchmark's shapes (its own compile, warm-up and timing)."""
     if not args.peer_python:
@@ -258,6 +327,8 @@ def main() -> None:
     result = dict(ours[-1])
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
     result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
+    result.update(step_products_time(weight_products(model, args.batch)))
+    result["step_over_xla_products"] = result["step_ms_best"] / result["step_products_xla_ms"]
     if peers:
         ours_tps = [r["tokens_per_s_mean"] for r in ours]
         peer_tps = [r["tokens_per_s"] for r in peers]
@@ -288,6 +359,11 @@ def main() -> None:
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
         ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
         ("matmul GFLOP/s (median, lower = busier CPU)", f"{r['matmul_gflops']:.0f}"),
+        ("step's weight products, XLA ms (GFLOP/s)",
+         f"{r['step_products_xla_ms']:.4f} ({r['step_products_xla_gflops']:.0f})"),
+        ("same products, numpy BLAS ms (GFLOP/s)",
+         f"{r['step_products_numpy_ms']:.4f} ({r['step_products_numpy_gflops']:.0f})"),
+        ("best step / XLA's weight products", f"{r['step_over_xla_products']:.1f}"),
         (f"load average 1 min (max of start/end, {r['cpu_count']} CPUs)", f"{r['load_average_1min']:.1f}"),
     ]
     if peers:
