@@ -262,13 +262,16 @@ def step_products_time(products: list[tuple[int, int, int]], repeats: int = 32) 
         x = jnp.ones((rows, k), jnp.float32)
         w = jnp.full((k, n), 1e-3, jnp.float32)
 
-        def body(_, x, w=w):
-            (y,) = jax.lax.optimization_barrier((x @ w,))  # keeps the slice below out of the product
-            return x + y[:, :1]
+        def chain(x, w):  # w is an argument, not a constant XLA could fold into the product
+            def body(_, x):
+                (y,) = jax.lax.optimization_barrier((x @ w,))  # keeps the slice below out of the product
+                return x + y[:, :1]
 
-        chain = jax.jit(lambda x, body=body: jax.lax.fori_loop(0, repeats, body, x))
-        jax.block_until_ready(chain(x))
-        xla_s += count * statistics.median(_timed(lambda c=chain, x=x: jax.block_until_ready(c(x)))
+            return jax.lax.fori_loop(0, repeats, body, x)
+
+        chain = jax.jit(chain)
+        jax.block_until_ready(chain(x, w))
+        xla_s += count * statistics.median(_timed(lambda c=chain, x=x, w=w: jax.block_until_ready(c(x, w)))
                                            for _ in range(7)) / repeats
         xn, wn = np.ones((rows, k), np.float32), np.full((k, n), 1e-3, np.float32)
 
