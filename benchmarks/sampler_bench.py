@@ -192,6 +192,18 @@ def copy_bandwidth(n_bytes: int, repeats: int = 64) -> float:
     return 2 * x.size * 4 * repeats / seconds
 
 
+def parameter_axes(model: Decoder) -> list[tuple[tuple, tuple[int, ...], int]]:
+    """(logical axes, shape, item size) of every parameter; axes are None where a parameter names none."""
+    variables = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return [(tuple(v.get_metadata().get("out_sharding") or (None,) * v[...].ndim), v[...].shape,
+             v[...].dtype.itemsize) for v in variables]
+
+
+def _is_matrix(axes: tuple) -> bool:
+    """A weight matrix: two or more axes per layer (the scanned layers add a leading "layers" axis)."""
+    return sum(1 for a in axes if a != "layers") >= 2
+
+
 def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int, matmul_flops: float) -> dict:
     """max(bytes read per decode step / copy bandwidth, step FLOPs / matmul peak), averaged over the decode.
 
@@ -201,14 +213,9 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
     weighted sum over the live slots.
     """
     c = model.config
-    variables = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
-    param_bytes = sum(x[...].size * x[...].dtype.itemsize for x in variables)
-
-    def is_matrix(variable: nnx.Variable) -> bool:  # per layer: the scanned layers add a leading "layers" axis
-        axes = variable.get_metadata().get("out_sharding") or (None,) * variable[...].ndim
-        return sum(1 for a in axes if a != "layers") >= 2
-
-    matrix_entries = sum(x[...].size for x in variables if is_matrix(x))
+    params = parameter_axes(model)
+    param_bytes = sum(math.prod(shape) * itemsize for _, shape, itemsize in params)
+    matrix_entries = sum(math.prod(shape) for axes, shape, _ in params if _is_matrix(axes))
     live = prompt_len + (new_tokens - 1) / 2  # mean slots attended over the decode
     itemsize = jnp.dtype(c.dtype).itemsize
     kv_bytes = 2 * c.n_layers * batch * live * c.n_kv_heads * c.head_dim * itemsize
@@ -228,13 +235,11 @@ def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
     tied embedding is the LM head (contracts `embed`, yields `vocab`).
     """
     products = []
-    for variable in jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable)):
-        shape = variable[...].shape
-        axes = variable.get_metadata().get("out_sharding") or (None,) * len(shape)
-        sizes = {a: n for a, n in zip(axes, shape, strict=True)}
-        per_layer = [(a, n) for a, n in zip(axes, shape, strict=True) if a != "layers"]
-        if len(per_layer) < 2:
+    for axes, shape, _ in parameter_axes(model):
+        if not _is_matrix(axes):
             continue
+        sizes = dict(zip(axes, shape, strict=True))
+        per_layer = [(a, n) for a, n in zip(axes, shape, strict=True) if a != "layers"]
         if "embed" not in sizes:
             raise ValueError(f"a weight matrix without an embed axis: {axes}")
         rest = math.prod(n for a, n in per_layer if a != "embed")
@@ -246,41 +251,52 @@ def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
     return products
 
 
-def step_products_time(products: list[tuple[int, int, int]], repeats: int = 32) -> dict:
-    """Seconds one step's weight products take at their own shapes: XLA's dot and numpy's BLAS.
+def xla_product_seconds(rows: int, k: int, n: int, repeats: int = 32) -> float:
+    """Seconds of one `[rows, k] x [k, n]` product with XLA's dot: the median of 7 runs of a jitted
+    loop of `repeats` dependent products, each followed by a `[rows, k]` add (so an upper bound)."""
+    x = jnp.ones((rows, k), jnp.float32)
+    w = jnp.full((k, n), 1e-3, jnp.float32)
+
+    @jax.jit
+    def chain(x, w):  # w is an argument, not a constant XLA could fold into the product
+        def body(_, x):
+            (y,) = jax.lax.optimization_barrier((x @ w,))  # keeps the slice below out of the product
+            return x + y[:, :1]
+
+        return jax.lax.fori_loop(0, repeats, body, x)
+
+    jax.block_until_ready(chain(x, w))
+    return statistics.median(_timed(lambda: jax.block_until_ready(chain(x, w))) for _ in range(7)) / repeats
+
+
+def numpy_product_seconds(rows: int, k: int, n: int, repeats: int = 32) -> float:
+    """Seconds of one `[rows, k] x [k, n]` product with numpy's BLAS: the median of 7 runs of
+    `repeats` products called back to back."""
+    x, w = np.ones((rows, k), np.float32), np.full((k, n), 1e-3, np.float32)
+
+    def loop() -> None:
+        for _ in range(repeats):
+            x @ w
+
+    loop()
+    return statistics.median(_timed(loop) for _ in range(7)) / repeats
+
+
+ProductTimer = Callable[[int, int, int], float]
+
+
+def step_products_time(products: list[tuple[int, int, int]], xla: ProductTimer = xla_product_seconds,
+                       numpy: ProductTimer = numpy_product_seconds) -> dict:
+    """What one step's weight products take at their own shapes, with XLA's dot and numpy's BLAS.
 
     The physical floor's compute term assumes the 512^3 matmul peak; a decode
     step's products are [B, K] x [K, N] with B the batch, which neither
-    library runs at that rate on a CPU. XLA: a jitted loop of `repeats`
-    dependent products (each followed by a [B, K] add that feeds the next, so
-    an upper bound); numpy: the same products called back to back. Both are
-    medians of 7 runs and sum over the step's products.
+    library runs at that rate on a CPU. Each distinct shape is timed once and
+    counted as often as the step runs it.
     """
-    xla_s, numpy_s = 0.0, 0.0
-    for shape, count in collections.Counter(products).items():
-        rows, k, n = shape
-        x = jnp.ones((rows, k), jnp.float32)
-        w = jnp.full((k, n), 1e-3, jnp.float32)
-
-        def chain(x, w):  # w is an argument, not a constant XLA could fold into the product
-            def body(_, x):
-                (y,) = jax.lax.optimization_barrier((x @ w,))  # keeps the slice below out of the product
-                return x + y[:, :1]
-
-            return jax.lax.fori_loop(0, repeats, body, x)
-
-        chain = jax.jit(chain)
-        jax.block_until_ready(chain(x, w))
-        xla_s += count * statistics.median(_timed(lambda c=chain, x=x, w=w: jax.block_until_ready(c(x, w)))
-                                           for _ in range(7)) / repeats
-        xn, wn = np.ones((rows, k), np.float32), np.full((k, n), 1e-3, np.float32)
-
-        def loop(xn=xn, wn=wn):
-            for _ in range(repeats):
-                xn @ wn
-
-        loop()
-        numpy_s += count * statistics.median(_timed(loop) for _ in range(7)) / repeats
+    counts = collections.Counter(products)
+    xla_s = sum(count * xla(*shape) for shape, count in counts.items())
+    numpy_s = sum(count * numpy(*shape) for shape, count in counts.items())
     flops = sum(2 * r * k * n for r, k, n in products)
     return {"step_products_xla_ms": 1e3 * xla_s, "step_products_numpy_ms": 1e3 * numpy_s,
             "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}

@@ -8,9 +8,11 @@ import pytest
 
 from benchmarks.sampler_bench import (
     build_model,
+    numpy_product_seconds,
     physical_floor,
     step_products_time,
     weight_products,
+    xla_product_seconds,
 )
 
 
@@ -43,11 +45,16 @@ def test_weight_products_are_the_steps_matrix_products_contracted_as_the_model_d
     assert sorted(products) == sorted(per_layer * 3 + [(5, d, v)])  # the tied embedding is the LM head
 
 
-def test_step_products_time_reports_both_libraries_over_the_same_flops():
+def test_step_products_time_counts_each_shape_as_often_as_the_step_runs_it():
     products = [(4, 16, 32), (4, 16, 32), (4, 32, 16)]
-    timed = step_products_time(products, repeats=4)
-    flops = 3 * 2 * 4 * 16 * 32
-    for library in ("xla", "numpy"):
-        assert timed[f"step_products_{library}_ms"] > 0
-        assert timed[f"step_products_{library}_gflops"] == pytest.approx(
-            flops / (timed[f"step_products_{library}_ms"] / 1e3) / 1e9)
+    per_shape = {(4, 16, 32): 2e-3, (4, 32, 16): 5e-3}  # seconds, as timers would report them
+    timed = step_products_time(products, xla=lambda *s: per_shape[s], numpy=lambda *s: 10 * per_shape[s])
+    assert timed["step_products_xla_ms"] == pytest.approx(1e3 * (2 * 2e-3 + 5e-3))
+    assert timed["step_products_numpy_ms"] == pytest.approx(1e4 * (2 * 2e-3 + 5e-3))
+    assert timed["step_products_xla_gflops"] == pytest.approx(3 * 2 * 4 * 16 * 32 / (2 * 2e-3 + 5e-3) / 1e9)
+
+
+def test_product_timers_time_a_real_product():
+    for timer in (xla_product_seconds, numpy_product_seconds):
+        small, large = timer(4, 16, 32, repeats=4), timer(64, 512, 512, repeats=4)
+        assert 0 < small < large  # 4096x the FLOPs cannot run faster
