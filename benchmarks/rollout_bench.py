@@ -10,6 +10,10 @@ inside the sampler's jitted programs (each call timed until its results are read
 the sampler's appends, `Sampler.score_append`). Prints a table; `--json OUT` writes
 `{"schedules": {"rounds": {...}, "continuous": {...}}, "rows": [...]}`.
 
+Compiles: background compiles (under `continuous`) that the warm-ups queued, or that a timed run
+leaves unfinished, are waited for between runs, outside their time (`compile_drain_seconds`), so no
+run is slowed by compiles another run queued; compiles within a run count in its time (`compile_seconds`).
+
 Tool bound (`aepo_jax/rollout/critical_path.py`): each run's trees make `tool_calls` calls, of which
 `serial_tool_calls` must follow one another, so with L seconds per call and N in flight no schedule
 finishes that rollout sooner than max(serial * L, calls * L / N) (`tool_bound_seconds`). Rounds'
@@ -56,7 +60,7 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's mo
 
 SUMMARY_KEYS = ("seconds", "trajectories_per_s", "device_busy_fraction",
                 "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches",
-                "compile_seconds", "tool_calls", "serial_tool_calls", "tool_bound_seconds")
+                "compile_seconds", "compile_drain_seconds", "tool_calls", "serial_tool_calls", "tool_bound_seconds")
 
 
 TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
@@ -129,6 +133,8 @@ def main() -> None:
             for warmup in range(args.warmups):
                 for key, loop in loops.items():
                     _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup)
+            for sampler in samplers.values():  # what the warm-ups queued compiles before the timed runs, not in them
+                sampler.wait_for_compiles()
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
                     rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
@@ -152,6 +158,7 @@ def main() -> None:
               f"{r['serial_tool_calls']:6d} {r['tool_bound_seconds']:7.2f}")
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s;",
+              f"after the run: {r['compile_drain_seconds']:.2f} s;",
               f"{r['background_compiles']} in the background, {r['fallback_calls']} calls ran a larger variant)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
@@ -198,6 +205,12 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
     groups, stats = rollout(prompts, k, loop=loop, config=config,
                             rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
     seconds = time.perf_counter() - start
+    compile_seconds = _COMPILE_SECONDS[0] - compile_before
+    # Background compiles this run queued and did not finish: finished here, outside its time, so they do
+    # not run during (and slow) the next timed run, which may be another schedule's.
+    drain_start = time.perf_counter()
+    sampler.wait_for_compiles()
+    drain_seconds = time.perf_counter() - drain_start
     device = {kind: v - device_before[kind] for kind, v in sampler.device_seconds.items()}
     trajectories = sum(len(g) for g in groups)
     return {"repeat": repeat, "seconds": seconds, "trajectories": trajectories,
@@ -211,7 +224,7 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
             "tool_calls": stats.tool_calls, "serial_tool_calls": stats.serial_tool_calls,
             "tool_bound_seconds": latency_s * max(stats.serial_tool_calls, stats.tool_calls / concurrency),
             "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before,
-            "compile_seconds": _COMPILE_SECONDS[0] - compile_before,
+            "compile_seconds": compile_seconds, "compile_drain_seconds": drain_seconds,
             **{name: v - counters_before[name] for name, v in sampler.compile_counters.items()}}
 
 
