@@ -133,7 +133,7 @@ def main() -> None:
             for warmup in range(args.warmups):
                 for key, loop in loops.items():
                     _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup)
-            for sampler in samplers.values():  # what the warm-ups queued compiles before the timed runs, not in them
+            for sampler in samplers.values():  # the warm-ups' queued compiles finish here, not inside a timed run
                 sampler.wait_for_compiles()
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
