@@ -13,6 +13,8 @@ the sampler's appends, `Sampler.score_append`). Prints a table; `--json OUT` wri
 Compiles: background compiles (under `continuous`) that the warm-ups queued, or that a timed run
 leaves unfinished, are waited for between runs, outside their time (`compile_drain_seconds`), so no
 run is slowed by compiles another run queued; compiles within a run count in its time (`compile_seconds`).
+Under `--background-compile auto` (the default) a continuous run holds the compiles it asks for until it
+ends (`after_run`), so they are among the drained ones (`held_compiles` counts them).
 
 Tool bound (`aepo_jax/rollout/critical_path.py`): each run's trees make `tool_calls` calls, of which
 `serial_tool_calls` must follow one another, so with L seconds per call and N in flight no schedule
@@ -159,7 +161,8 @@ def main() -> None:
         print("    device seconds:", {k: round(v, 2) for k, v in r["device_seconds"].items()},
               "new compiled programs:", r["new_compiled_programs"], f"(compile {r['compile_seconds']:.2f} s;",
               f"after the run: {r['compile_drain_seconds']:.2f} s;",
-              f"{r['background_compiles']} in the background, {r['fallback_calls']} calls ran a larger variant)")
+              f"{r['background_compiles']} in the background, of which {r['held_compiles']} held until the run "
+              f"ended; {r['fallback_calls']} calls ran a larger variant)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
         print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")

@@ -107,7 +107,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.min_generating_fraction = LoopConfig.min_generating_fraction
     # continuous: results arriving within this many ms of each other resume together
     c.rollout.arrival_window_ms = LoopConfig.arrival_window_ms
-    # "auto" (on under continuous), "on" or "off": compile a rollout's new shapes off its critical path
+    # compile a rollout's new shapes off its critical path: "on" (at once), "after_run" (when the loop run
+    # ends), "off", or "auto" ("after_run" under continuous, "off" under rounds)
     c.rollout.background_compile = LoopConfig.background_compile
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)

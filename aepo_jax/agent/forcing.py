@@ -15,6 +15,7 @@ For end-to-end tests and benchmarks only; training uses the `Sampler` itself.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,10 @@ class ToolForcingGenerator:
     @property
     def max_cache_len(self) -> int:
         return self.sampler.max_cache_len
+
+    def compiles_held(self) -> contextlib.AbstractContextManager:
+        held = getattr(self.sampler, "compiles_held", None)
+        return contextlib.nullcontext() if held is None else held()
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> ForcedState:
         return ForcedState(self.sampler.prefill(prompts), [list(map(int, p)) for p in prompts], [0] * len(prompts),

@@ -28,6 +28,7 @@ arrived. Step 2 lives in `aepo_jax.agent.branching`, the tool steps of step 3 in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -132,7 +133,13 @@ class AgentLoop:
             raise ValueError("premonitor needs a policy, initial=1 for every prompt and no existing trajectories")
         start_id = 1 + max((t.traj_id for g in groups for t in g), default=-1)
         run = _Run(self, prompts, ks, groups, policy, rng, key, itertools.count(start_id), premonitor)
-        return run.execute(inits)
+        with self._compiles_held():
+            return run.execute(inits)
+
+    def _compiles_held(self) -> contextlib.AbstractContextManager:
+        """The generator's `compiles_held()` block when the config holds compiles for a run, else nothing."""
+        held = getattr(self.generator, "compiles_held", None)
+        return held() if held is not None and self.config.compiles_after_run else contextlib.nullcontext()
 
 
 def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:

@@ -20,7 +20,7 @@ from aepo_jax.agent.trajectory import Trajectory
 
 BRANCH_BY = ("fork", "prefill")
 SCHEDULES = ("rounds", "continuous")
-BACKGROUND_COMPILE = ("auto", "on", "off")
+BACKGROUND_COMPILE = ("auto", "on", "after_run", "off")
 
 
 class TextTokenizer(Protocol):
@@ -74,14 +74,23 @@ class LoopConfig:
     # them into groups that then take turns. 0 decodes as soon as enough rows can.
     arrival_window_ms: float = 10.0
     # The rollout sampler's `compile_in_background` (a shape not compiled yet runs as a compiled larger
-    # variant while its own compiles on a background thread): "on", "off", or "auto" = on under the
-    # continuous schedule, whose results already depend on timing, off under rounds (bit-reproducible).
+    # variant while its own compiles on a background thread): "on" (its compile starts at once),
+    # "after_run" (its compile starts when the loop run ends: XLA's compiles run at normal priority and
+    # would take the run's cores), "off", or "auto" = "after_run" under the continuous schedule, whose
+    # results already depend on timing, "off" under rounds (bit-reproducible).
     background_compile: str = "auto"
 
     @property
     def compiles_in_background(self) -> bool:
         """Whether the rollout sampler compiles new shapes in the background (`background_compile`)."""
-        return self.background_compile == "on" or (self.background_compile == "auto" and self.schedule == "continuous")
+        return self.background_compile in ("on", "after_run") or (
+            self.background_compile == "auto" and self.schedule == "continuous")
+
+    @property
+    def compiles_after_run(self) -> bool:
+        """Whether a loop run holds its background compiles until it ends (`background_compile`)."""
+        return self.background_compile == "after_run" or (
+            self.background_compile == "auto" and self.schedule == "continuous")
 
     def __post_init__(self) -> None:
         for name in ("max_response_tokens", "max_context_len", "entropy_tokens"):

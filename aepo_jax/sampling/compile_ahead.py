@@ -7,6 +7,13 @@ this 2-core CPU each costs 0.5-0.9 s of XLA compile, on a TPU slice at the paper
 without this the whole rollout waits for it. A larger variant gives the same tokens up to float
 rounding (it attends over, or feeds, more masked entries), so a run that uses this is reproducible
 only up to that rounding: the sampler's `compile_in_background` option says whether it is on.
+
+XLA compiles on its client's own thread pool, at the process's priority, whichever thread asks (on
+a 2-core CPU host, about 3% of a background compile's CPU time ran on the lowered-priority thread),
+so a background compile takes cores from a rollout's own programs. `held()` therefore queues the
+exact variants a block of calls lacks and starts compiling them when the block ends: the agent loop
+holds them for a whole run (`LoopConfig.background_compile`), so they compile after it, for
+instance while a training step keeps an accelerator busy and the host idle.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from typing import Any
 
 import jax
 
-# Niceness of the background compile thread (Linux: per thread): it compiles on CPU time the rollout
-# leaves idle (while it waits on tools) instead of taking cores from the rollout's own programs.
+# Niceness of the background compile thread (Linux: per thread). It covers what runs on that thread:
+# tracing and lowering to StableHLO. XLA's own compile runs on XLA's thread pool, at normal priority.
 COMPILE_THREAD_NICENESS = 19
 
 
@@ -47,7 +54,8 @@ class BackgroundCompiler:
 
     Variants are named by hashable keys that identify a compiled program (program, batch, cache
     length, block or window length, span, static options). With `enabled=False` every call runs its
-    exact variant (`choose` returns 0) and nothing compiles in the background.
+    exact variant (`choose` returns 0) and nothing compiles in the background. Inside `held()`, the
+    compiles asked for wait in a queue until the outermost `held()` block ends.
     """
 
     def __init__(self, enabled: bool, context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
@@ -56,8 +64,11 @@ class BackgroundCompiler:
         self._ready: set[Hashable] = set()
         self._pending: dict[Hashable, Future] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._held: dict[Hashable, tuple[Any, tuple, dict]] = {}  # compiles asked for inside `held()`
+        self._hold_depth = 0
         self.fallback_calls = 0  # calls that ran a larger compiled variant than they needed
         self.background_compiles = 0  # exact variants compiled on the background thread
+        self.held_compiles = 0  # compiles asked for inside `held()` and started when it ended
 
     def choose(self, keys: Sequence[Hashable]) -> int:
         """Index of the variant to run among `keys` (the exact one first, then larger ones in order of
@@ -70,6 +81,7 @@ class BackgroundCompiler:
             if key in self._ready:
                 self.fallback_calls += 1
                 return index
+        self._held.pop(keys[0], None)  # it compiles here instead
         pending = self._pending.pop(keys[0], None)
         # A background compile of it that has not started is dropped (it compiles here, not after the
         # compiles queued before it); one under way is waited for rather than compiled twice.
@@ -84,12 +96,35 @@ class BackgroundCompiler:
     def compile_later(self, key: Hashable, program: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """Compiles `program(*args, **kwargs)` (the variant `key`) on the background thread, unless it is
         compiled or under way. Arrays are read for their shapes only, here, before this returns."""
-        if not self.enabled or key in self._ready or key in self._pending:
+        if not self.enabled or key in self._ready or key in self._pending or key in self._held:
             return
+        abstract_args, abstract_kwargs = abstract_arrays(tuple(args)), abstract_arrays(dict(kwargs))
+        if self._hold_depth:
+            self._held[key] = (program, abstract_args, abstract_kwargs)
+            return
+        self._submit(key, program, abstract_args, abstract_kwargs)
+
+    @contextlib.contextmanager
+    def held(self):
+        """Within this block, compiles asked for wait in a queue (calls meanwhile run a compiled larger
+        variant, or compile on the spot where there is none); they start in the background when the
+        outermost block ends, even if it ends with an error."""
+        self._hold_depth += 1
+        try:
+            yield self
+        finally:
+            self._hold_depth -= 1
+            if not self._hold_depth:
+                while self._held:
+                    key, (program, args, kwargs) = next(iter(self._held.items()))
+                    del self._held[key]
+                    self.held_compiles += 1
+                    self._submit(key, program, args, kwargs)
+
+    def _submit(self, key: Hashable, program: Any, abstract_args: tuple, abstract_kwargs: dict) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler-compile",
                                                 initializer=lower_thread_priority)
-        abstract_args, abstract_kwargs = abstract_arrays(tuple(args)), abstract_arrays(dict(kwargs))
         self._pending[key] = self._executor.submit(self._compile, program, abstract_args, abstract_kwargs)
 
     def wait(self) -> None:

@@ -172,9 +172,17 @@ class Sampler(ProgramRuns):
     @property
     def compile_counters(self) -> dict[str, int]:
         """`compile_in_background`'s counters: calls that ran a larger compiled variant than they needed
-        (`fallback_calls`) and exact variants compiled on the background thread (`background_compiles`)."""
+        (`fallback_calls`), exact variants compiled on the background thread (`background_compiles`)
+        and, of those, the ones asked for inside `compiles_held()` (`held_compiles`, counted when they start)."""
         return {"fallback_calls": self._compiles.fallback_calls,
-                "background_compiles": self._compiles.background_compiles}
+                "background_compiles": self._compiles.background_compiles,
+                "held_compiles": self._compiles.held_compiles}
+
+    def compiles_held(self) -> contextlib.AbstractContextManager:
+        """A block whose calls compile nothing in the background: a shape not compiled yet runs as a
+        compiled larger variant (or compiles on the spot where there is none), and its own program
+        starts compiling in the background when the block ends (`compile_ahead.py` says why)."""
+        return self._compiles.held()
 
     def wait_for_compiles(self) -> None:
         """Blocks until the background compiles under way have finished (a no-op when there are none)."""

@@ -78,3 +78,14 @@ def test_forks_places_and_concats_carry_each_rows_remaining_free_tokens(sampler)
     placed = gen.place(both, [1], fork, [0])
     assert placed.free_left == [left[0], left[2], left[2], left[3], left[2], left[0]]
     assert np.array_equal(placed.ids[1], state.ids[2])
+
+
+def test_the_wrapper_holds_its_samplers_background_compiles(sampler):
+    """`compiles_held()` is the wrapped sampler's block (so a loop run over forced segments holds its
+    compiles as one over the sampler would), and a block that does nothing for a sampler without one."""
+    gen = ToolForcingGenerator(sampler, PLAN, free_tokens=2)
+    with gen.compiles_held():
+        assert sampler._compiles._hold_depth == 1
+    assert sampler._compiles._hold_depth == 0
+    with ToolForcingGenerator(object(), PLAN).compiles_held():
+        pass

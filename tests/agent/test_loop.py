@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import jax
@@ -591,12 +592,51 @@ def test_background_compile_is_on_under_continuous_by_default_and_reaches_the_ro
 
     tok = ByteTokenizer()
     graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
-    expected = {("rounds", "auto"): False, ("continuous", "auto"): True, ("rounds", "on"): True,
-                ("continuous", "off"): False}
-    for (schedule, mode), on in expected.items():
+    # (schedule, mode): (compiles in the background, holds them until the run ends)
+    expected = {("rounds", "auto"): (False, False), ("continuous", "auto"): (True, True),
+                ("rounds", "on"): (True, False), ("continuous", "on"): (True, False),
+                ("rounds", "after_run"): (True, True), ("continuous", "off"): (False, False)}
+    for (schedule, mode), (on, after_run) in expected.items():
         loop = LoopConfig(max_context_len=256, max_response_tokens=128, schedule=schedule, background_compile=mode)
-        assert loop.compiles_in_background is on
+        assert (loop.compiles_in_background, loop.compiles_after_run) == (on, after_run), (schedule, mode)
         sampler = agent_sampler(graphdef, params, tok, loop, SamplingParams(), seed=0)
         assert sampler._compiles.enabled is on
     with pytest.raises(ValueError, match="background_compile"):
         LoopConfig(background_compile="sometimes")
+
+
+class HoldLog(ScriptedGenerator):
+    """Has `compiles_held()`; records, per generate call, how many such blocks were open, and how many ended."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.open, self.ended, self.open_at_generate = 0, 0, []
+
+    @contextlib.contextmanager
+    def compiles_held(self):
+        self.open += 1
+        try:
+            yield
+        finally:
+            self.open -= 1
+            self.ended += 1
+
+    def generate(self, state, max_new_tokens, rng=None):
+        self.open_at_generate.append(self.open)
+        return super().generate(state, max_new_tokens, rng)
+
+
+@pytest.mark.parametrize(("schedule", "mode", "held"), [("continuous", "auto", True), ("rounds", "auto", False),
+                                                        ("rounds", "after_run", True), ("continuous", "on", False)])
+def test_a_run_holds_the_generators_background_compiles_until_it_ends(schedule, mode, held):
+    """With `compiles_after_run`, one `compiles_held()` block spans the whole run: every generate call of the
+    run is inside it, and it has ended when `run` returns; otherwise the loop never opens one."""
+    gen = HoldLog(segments_script(["<search>q</search>", "<answer>\\boxed{1}</answer>"]))
+    config = LoopConfig(max_tool_calls=2, max_response_tokens=500, max_context_len=1000, schedule=schedule,
+                        background_compile=mode)
+    result = AgentLoop(gen, TOK, RecordingTools(), config).run(
+        [TOK.encode(f"q{i}") for i in range(3)], 2, 2, rng=np.random.default_rng(0), key=jax.random.key(0))
+    assert all(t.stop_reason == END_ANSWER for g in result.groups for t in g)
+    assert len(gen.open_at_generate) >= 2
+    assert gen.open_at_generate == [int(held)] * len(gen.open_at_generate)
+    assert (gen.open, gen.ended) == (0, int(held))

@@ -71,7 +71,7 @@ def test_without_the_option_every_window_runs_its_exact_span():
     plain.generate(plain.prefill(random_prompts(3, [150])), 20)
     plain.generate(plain.prefill(random_prompts(4, [5])), 20)
     assert plain.last_decode_spans == [MIN_SPAN]
-    assert plain.compile_counters == {"fallback_calls": 0, "background_compiles": 0}
+    assert plain.compile_counters == {"fallback_calls": 0, "background_compiles": 0, "held_compiles": 0}
 
 
 def test_a_new_block_length_runs_as_a_compiled_longer_block_with_the_same_scores():
@@ -145,6 +145,78 @@ def test_a_call_does_not_wait_behind_background_compiles_queued_before_its_own()
     gate.set()
     compiler.wait()
     assert compiler.background_compiles == 1  # "busy" only: "queued" left the queue
+
+
+def _traced_program(traces: list[str], name: str):
+    """A jitted program that records `name` each time it is traced (so each time it is compiled)."""
+
+    @jax.jit
+    def program(x):
+        traces.append(name)
+        return x * 2
+
+    return program
+
+
+def test_compiles_asked_for_inside_held_start_when_the_outermost_block_ends():
+    traces: list[str] = []
+    compiler = BackgroundCompiler(True)
+    compiler.ran("larger")
+    with compiler.held():
+        compiler.compile_later("a", _traced_program(traces, "a"), (np.ones(2, np.float32),), {})
+        with compiler.held():
+            compiler.compile_later("b", _traced_program(traces, "b"), (np.ones(3, np.float32),), {})
+        compiler.wait()  # nothing is under way: both wait in the queue
+        assert traces == [] and compiler.background_compiles == 0 and compiler.held_compiles == 0
+        assert compiler.choose(["a", "larger"]) == 1  # the compiled larger variant runs meanwhile
+    compiler.wait()
+    assert sorted(traces) == ["a", "b"]
+    assert (compiler.background_compiles, compiler.held_compiles) == (2, 2)
+    assert compiler.choose(["a", "larger"]) == 0 and compiler.fallback_calls == 1
+
+
+def test_a_held_compile_that_a_call_compiles_on_the_spot_leaves_the_queue():
+    """No compiled variant holds "a": the call compiles it on the spot, so the end of the block does
+    not compile it a second time."""
+    traces: list[str] = []
+    compiler = BackgroundCompiler(True)
+    with compiler.held():
+        compiler.compile_later("a", _traced_program(traces, "a"), (np.ones(2, np.float32),), {})
+        assert compiler.choose(["a", "a-larger"]) == 0
+        compiler.ran("a")
+    compiler.wait()
+    assert traces == [] and compiler.background_compiles == 0 and compiler.held_compiles == 0
+
+
+def test_a_held_block_ends_its_queue_even_when_it_raises():
+    traces: list[str] = []
+    compiler = BackgroundCompiler(True)
+    with pytest.raises(RuntimeError, match="rollout failed"), compiler.held():
+        compiler.compile_later("a", _traced_program(traces, "a"), (np.ones(2, np.float32),), {})
+        raise RuntimeError("rollout failed")
+    compiler.wait()
+    assert traces == ["a"] and compiler.held_compiles == 1
+
+
+def test_a_sampler_holds_a_new_spans_compile_until_the_block_ends_then_runs_it():
+    """Inside `compiles_held()` a new decode span runs as the compiled longer one and nothing compiles;
+    after the block its own program compiles in the background, and the next call runs it."""
+    sampler, _ = _samplers(6)
+    sampler.generate(sampler.prefill(random_prompts(15, [150, 9])), 20)  # a window over 192 slots
+    short = random_prompts(16, [5, 12])
+    with sampler.compiles_held():
+        before = len(_COMPILES)
+        sampler.generate(sampler.prefill(short), 20)  # needs 64 slots: runs over 192
+        assert sampler.last_decode_spans == [192]
+        sampler.wait_for_compiles()
+        assert sampler.compile_counters["background_compiles"] == 0
+        assert len(_COMPILES) == before, "the call compiled on the spot instead of running the longer span"
+    sampler.wait_for_compiles()
+    assert sampler.compile_counters["background_compiles"] >= 1 and sampler.compile_counters["held_compiles"] >= 1
+    before = len(_COMPILES)
+    sampler.generate(sampler.prefill(short), 20)
+    assert sampler.last_decode_spans == [MIN_SPAN]
+    assert len(_COMPILES) == before, "the held compile was not the program the call then ran"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
