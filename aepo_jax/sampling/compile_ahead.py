@@ -89,6 +89,11 @@ class BackgroundCompiler:
             self._ready.add(keys[0])
         return 0
 
+    def has_ready(self, prefix: tuple) -> bool:
+        """Whether some compiled variant's key starts with `prefix` (keys that are tuples)."""
+        self._collect()
+        return any(isinstance(key, tuple) and key[: len(prefix)] == prefix for key in self._ready)
+
     def ran(self, key: Hashable) -> None:
         """Records that the variant `key` ran (so it is compiled)."""
         self._ready.add(key)

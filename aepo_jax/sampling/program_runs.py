@@ -64,16 +64,12 @@ class ProgramRuns:
             # with no budget may be longer: it writes nothing, and its outputs are discarded). Variants
             # that do not need compiling now: longer spans, then the longest window (the budgets stop
             # rows in time).
-            steps = min(DECODE_WINDOW, bucket_length(max(longest - int(num_tokens.max(initial=0)), 1), MIN_NEW_TOKENS))
-            end = int((cursors + num_tokens)[decoding].max(initial=0))
-            variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
-                        for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
-            keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
-                    for w, s in variants]
+            variants, keys = self._window_variants(state, longest - int(num_tokens.max(initial=0)),
+                                                   int((cursors + num_tokens)[decoding].max(initial=0)),
+                                                   sampling, top_logprobs)
             pick = self._compiles.choose(keys)
             args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
-            options = {"sampling": sampling, "pad_id": self.pad_id, "num_top_logprobs": int(top_logprobs),
-                       "layout": self.layout, "layer_params": self._layerwise_weights()}
+            options = self._decode_options(sampling, top_logprobs)
             if pick:
                 self._compiles.compile_later(keys[0], decode_program, args,
                                              {**options, "max_steps": variants[0][0], "span": variants[0][1]})
@@ -103,6 +99,57 @@ class ProgramRuns:
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
         return DecodeState(arrays, n), result
+
+    @staticmethod
+    def _window_variants(state: DecodeState, tokens_left: int, end: int, sampling: SamplingParams,
+                         top_logprobs: int) -> tuple[list[tuple[int, int]], list[tuple]]:
+        """(window, span) variants a decode window may run, the exact one first, and their compile keys.
+
+        `tokens_left`: the most tokens a row still may generate; `end`: the furthest cursor of a
+        decoding row. Its span holds every decoding row's tokens up to the window's end (a row with no
+        budget may be longer: it writes nothing, and its outputs are discarded). Variants that do not
+        need compiling now: longer spans, then the longest window (the budgets stop rows in time)."""
+        steps = min(DECODE_WINDOW, bucket_length(max(tokens_left, 1), MIN_NEW_TOKENS))
+        variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
+                    for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
+        keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
+                for w, s in variants]
+        return variants, keys
+
+    def _decode_options(self, sampling: SamplingParams, top_logprobs: int) -> dict:
+        """The decode program's static options."""
+        return {"sampling": sampling, "pad_id": self.pad_id, "num_top_logprobs": int(top_logprobs),
+                "layout": self.layout, "layer_params": self._layerwise_weights()}
+
+    def _halves_would_serve(self, state: DecodeState) -> bool:
+        """Whether a decode over more than half of `state`'s batch should run as two half-batch decodes
+        (`_decode_in_halves`): no decode program at this batch has run or compiled, and the
+        half-batch decode of this batch has (its take, decode and place programs are compiled)."""
+        compiles, batch, length = self._compiles, state.batch_size, state.cache_length
+        return (compiles.enabled and not compiles.has_ready(("decode", batch, length))
+                and compiles.has_ready(("rows", batch, length)))
+
+    def _decode_in_halves(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
+                          sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
+        """A compiled stand-in for a decode over more than half the batch that would otherwise compile on
+        the spot: its rows decode in two half batches (`_generate_rows`; each row keeps its own key,
+        so it draws what one decode would draw), and the whole-batch decode program is queued to compile
+        in the background (a half-batch program is the fallback of no other call)."""
+        half = state.batch_size // 2
+        # Shapes only (a budget array would compile a staging program here): as `_decode` places them.
+        budget = jax.ShapeDtypeStruct(budgets.shape, jnp.int32, sharding=None if self.layout is None else self.layout.rows(1))
+        progress = jax.eval_shape(start_program, budget, self._stop_table)
+        variants, keys = self._window_variants(state, int(budgets.max()),
+                                               int(state.cursors[budgets[: state.num_rows] > 0].max(initial=0)),
+                                               sampling, top_logprobs)
+        args = (self._graphdef, self._params_state, state.arrays, place_rows(self.layout, row_keys), budget,
+                self._stop_table, progress)
+        self._compiles.compile_later(keys[0], decode_program, args, {**self._decode_options(sampling, top_logprobs),
+                                                                     "max_steps": variants[0][0], "span": variants[0][1]})
+        self._compiles.fallback_calls += 1
+        state, first = self._generate_rows(state, active[:half], budgets, row_keys, sampling, top_logprobs)
+        state, second = self._generate_rows(state, active[half:], budgets, row_keys, sampling, top_logprobs)
+        return state, first.with_rows_of(second, active[half:].tolist(), self.pad_id)
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,
                    score_temperature: float | None = None):

@@ -302,9 +302,11 @@ class Sampler(ProgramRuns):
         row_keys = jax.random.split(key, state.batch_size)  # row b's key, whichever batch it decodes in
         active = np.flatnonzero(budgets[: state.num_rows] > 0)
         half = state.batch_size // 2
-        if (self.half_batch_decode and len(active) and len(active) <= half and half % self._data_size == 0
-                and half >= self.min_batch):
-            return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
+        if self.half_batch_decode and len(active) and half % self._data_size == 0 and half >= self.min_batch:
+            if len(active) <= half:
+                return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
+            if self._halves_would_serve(state):
+                return self._decode_in_halves(state, active, budgets, row_keys, sampling, int(top_logprobs))
         return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
 
     def _generate_rows(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
@@ -320,7 +322,9 @@ class Sampler(ProgramRuns):
         inner_budgets = np.zeros((inner.batch_size,), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
         inner, out = self._decode(inner, inner_budgets, row_keys[index], sampling, top_logprobs)
-        state = self.place(state, rows, inner, range(len(rows)))
+        # One place program per batch: the half batch's width, however many rows it holds.
+        state = self._place_rows(state, rows, inner, list(range(len(rows))), inner.batch_size)
+        self._compiles.ran(("rows", state.batch_size, state.cache_length))  # its take and place are compiled
         return state, out.spread(rows, state.num_rows, self.pad_id)
 
     def fork(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
@@ -367,15 +371,18 @@ class Sampler(ProgramRuns):
         if bad:
             raise ValueError(f"place: rows {bad} are outside the destination's {state.num_rows} "
                              f"or the source's {source.num_rows} rows")
+        return self._place_rows(state, dst, source, src, bucket_length(len(dst), self.min_batch))
+
+    def _place_rows(self, state: DecodeState, dst: list[int], source: DecodeState, src: list[int],
+                    width: int) -> DecodeState:
+        """`place` with its index lists padded to `width` entries (padding writes out of range: dropped);
+        each width is a compiled program."""
         length = max(state.cache_length, source.cache_length)
         arrays, source_arrays = state.arrays, source.arrays
         if state.cache_length < length:
             arrays = self._call("reshape", grow_program, arrays, length, self.layout)
         if source.cache_length < length:
             source_arrays = self._call("reshape", grow_program, source_arrays, length, self.layout)
-        # Index lists padded to a power of two, at least min_batch (padding writes out of range: dropped),
-        # so few shapes compile.
-        width = bucket_length(len(dst), self.min_batch)
         dst_index = np.full((width,), state.batch_size, np.int32)
         src_index = np.zeros((width,), np.int32)
         dst_index[: len(dst)], src_index[: len(src)] = dst, src

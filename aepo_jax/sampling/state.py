@@ -133,6 +133,36 @@ class SampleOutput:
             stop_sequence_index=table(self.stop_sequence_index, -1),
             top_logprobs=table(self.top_logprobs, 0.0), top_ids=table(self.top_ids, 0))
 
+    def with_rows_of(self, other: SampleOutput, rows: Sequence[int], pad_id: int) -> SampleOutput:
+        """This output with rows `rows` taken from `other` (same rows; the token axis is padded to
+        the longer of the two with pad tokens and zero scores)."""
+        rows = list(rows)
+        width = max(self.tokens.shape[1], other.tokens.shape[1])
+
+        def table(mine: np.ndarray | None, theirs: np.ndarray | None, fill) -> np.ndarray | None:
+            if mine is None:
+                return None
+            out = np.full((mine.shape[0], width, *mine.shape[2:]), fill, mine.dtype)
+            out[:, : mine.shape[1]] = mine
+            out[rows] = fill
+            out[rows, : theirs.shape[1]] = theirs[rows]
+            return out
+
+        def per_row(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+            out = mine.copy()
+            out[rows] = theirs[rows]
+            return out
+
+        reasons = list(self.stop_reason)
+        for row in rows:
+            reasons[row] = other.stop_reason[row]
+        return SampleOutput(
+            tokens=table(self.tokens, other.tokens, pad_id), logp=table(self.logp, other.logp, 0.0),
+            logp_truncated=table(self.logp_truncated, other.logp_truncated, 0.0),
+            entropy=table(self.entropy, other.entropy, 0.0), num_tokens=per_row(self.num_tokens, other.num_tokens),
+            stop_reason=reasons, stop_sequence_index=per_row(self.stop_sequence_index, other.stop_sequence_index),
+            top_logprobs=table(self.top_logprobs, other.top_logprobs, 0.0), top_ids=table(self.top_ids, other.top_ids, 0))
+
     def row_tokens(self, row: int) -> list[int]:
         """The ids generated for one row, without padding."""
         return self.tokens[row, : self.num_tokens[row]].tolist()

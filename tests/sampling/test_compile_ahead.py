@@ -293,3 +293,51 @@ def test_on_one_device_without_a_compile_cache_the_background_compile_is_the_one
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"fell_back": [192], "exact": [MIN_SPAN], "compiles": 0}
+
+
+def test_a_decode_over_most_of_a_batch_with_no_program_runs_in_two_halves_until_its_own_compiles():
+    """Sixteen rows, twelve with a budget, and no decode program at batch 16 compiled (only the half-batch
+    decode of 16 rows ran). The twelve decode in two compiled half batches, drawing what one decode
+    draws, and the batch-16 decode compiles in the background; the next such call runs it."""
+    sampler, plain = _samplers(7)
+    prompts = random_prompts(17, [5 + r % 7 for r in range(16)])
+    few = [8 if r < 6 else 0 for r in range(16)]
+    many = [8 if r % 4 else 0 for r in range(16)]  # 12 rows
+    sampler.generate(sampler.prefill(prompts), few)  # a half-batch decode: take, decode at 8, place
+    before = len(_COMPILES)
+    key = jax.random.key(3)
+    _, out = sampler.generate(sampler.prefill(prompts), many, rng=key)
+    assert len(_COMPILES) == before, "the decode compiled on the spot"
+    assert sampler.compile_counters["fallback_calls"] == 1
+    _, expected = plain.generate(plain.prefill(prompts), many, rng=key)
+    assert out.tokens.shape == expected.tokens.shape
+    assert out.tokens.tolist() == expected.tokens.tolist()
+    assert out.num_tokens.tolist() == expected.num_tokens.tolist() == many
+    assert out.stop_reason == expected.stop_reason
+    for name in ("logp", "logp_truncated", "entropy"):
+        np.testing.assert_allclose(getattr(out, name), getattr(expected, name), rtol=1e-5, atol=1e-6)
+    sampler.wait_for_compiles()
+    assert sampler.compile_counters["background_compiles"] >= 1
+    before = len(_COMPILES)
+    _, again = sampler.generate(sampler.prefill(prompts), many, rng=key)
+    assert len(_COMPILES) == before, "the background compile was not the program the call then ran"
+    assert sampler.compile_counters["fallback_calls"] == 1  # the whole-batch decode ran this time
+    assert again.tokens.tolist() == expected.tokens.tolist()
+
+
+def test_sample_outputs_merge_rows_of_another_padding_the_shorter_token_axis():
+    from aepo_jax.sampling.state import SampleOutput
+
+    def output(width, value, rows):
+        tokens = np.full((3, width), -1, np.int32)
+        tokens[rows] = value
+        return SampleOutput(tokens=tokens, logp=tokens.astype(np.float32), logp_truncated=tokens.astype(np.float32),
+                            entropy=tokens.astype(np.float32), num_tokens=np.asarray([width if r in rows else 0 for r in range(3)]),
+                            stop_reason=["eos" if r in rows else "length" for r in range(3)],
+                            stop_sequence_index=np.full((3,), -1))
+
+    merged = output(2, 7, [0]).with_rows_of(output(4, 9, [2]), [2], pad_id=-1)
+    assert merged.tokens.tolist() == [[7, 7, -1, -1], [-1, -1, -1, -1], [9, 9, 9, 9]]
+    assert merged.logp[:, 2:].tolist() == [[0.0, 0.0], [0.0, 0.0], [9.0, 9.0]]
+    assert merged.num_tokens.tolist() == [2, 0, 4] and merged.stop_reason == ["eos", "length", "eos"]
+    assert merged.top_logprobs is None
