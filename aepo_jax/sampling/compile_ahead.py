@@ -94,6 +94,11 @@ class BackgroundCompiler:
         self._collect()
         return any(isinstance(key, tuple) and key[: len(prefix)] == prefix for key in self._ready)
 
+    def knows(self, key: Hashable) -> bool:
+        """Whether the variant `key` is compiled, or its compile is queued, held or under way (with the
+        option off: always, since nothing compiles in the background)."""
+        return not self.enabled or key in self._ready or key in self._pending or key in self._held
+
     def ran(self, key: Hashable) -> None:
         """Records that the variant `key` ran (so it is compiled)."""
         self._ready.add(key)
@@ -101,7 +106,7 @@ class BackgroundCompiler:
     def compile_later(self, key: Hashable, program: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """Compiles `program(*args, **kwargs)` (the variant `key`) on the background thread, unless it is
         compiled or under way. Arrays are read for their shapes only, here, before this returns."""
-        if not self.enabled or key in self._ready or key in self._pending or key in self._held:
+        if self.knows(key):
             return
         abstract_args, abstract_kwargs = abstract_arrays(tuple(args)), abstract_arrays(dict(kwargs))
         if self._hold_depth:

@@ -54,6 +54,8 @@ class ProgramRuns:
         row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
+        self._compile_catch_all_later(state, (self._graphdef, self._params_state, state.arrays, row_keys, budget,
+                                              self._stop_table, progress), sampling, top_logprobs)
         arrays, cursors, windows = state.arrays, state.cursors, []
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
@@ -115,6 +117,17 @@ class ProgramRuns:
         keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
                 for w, s in variants]
         return variants, keys
+
+    def _compile_catch_all_later(self, state: DecodeState, args: tuple, sampling: SamplingParams,
+                                 top_logprobs: int) -> None:
+        """Queues the compile of the decode variant any window of `state`'s batch may run (the longest
+        window over the whole cache), unless it is compiled or queued: a later window whose own
+        shape and every longer span are not compiled then runs as it instead of compiling on the spot."""
+        key = ("decode", state.batch_size, state.cache_length, DECODE_WINDOW, state.cache_length, sampling,
+               int(top_logprobs))
+        if not self._compiles.knows(key):
+            self._compiles.compile_later(key, decode_program, args, {**self._decode_options(sampling, top_logprobs),
+                                                                     "max_steps": DECODE_WINDOW, "span": state.cache_length})
 
     def _decode_options(self, sampling: SamplingParams, top_logprobs: int) -> dict:
         """The decode program's static options."""

@@ -203,16 +203,18 @@ def test_a_sampler_holds_a_new_spans_compile_until_the_block_ends_then_runs_it()
     after the block its own program compiles in the background, and the next call runs it."""
     sampler, _ = _samplers(6)
     sampler.generate(sampler.prefill(random_prompts(15, [150, 9])), 20)  # a window over 192 slots
+    sampler.wait_for_compiles()  # (and the whole-cache window it queued)
+    done = sampler.compile_counters["background_compiles"]
     short = random_prompts(16, [5, 12])
     with sampler.compiles_held():
         before = len(_COMPILES)
         sampler.generate(sampler.prefill(short), 20)  # needs 64 slots: runs over 192
         assert sampler.last_decode_spans == [192]
         sampler.wait_for_compiles()
-        assert sampler.compile_counters["background_compiles"] == 0
+        assert sampler.compile_counters["background_compiles"] == done
         assert len(_COMPILES) == before, "the call compiled on the spot instead of running the longer span"
     sampler.wait_for_compiles()
-    assert sampler.compile_counters["background_compiles"] >= 1 and sampler.compile_counters["held_compiles"] >= 1
+    assert sampler.compile_counters["background_compiles"] > done and sampler.compile_counters["held_compiles"] >= 1
     before = len(_COMPILES)
     sampler.generate(sampler.prefill(short), 20)
     assert sampler.last_decode_spans == [MIN_SPAN]
@@ -341,3 +343,21 @@ def test_sample_outputs_merge_rows_of_another_padding_the_shorter_token_axis():
     assert merged.logp[:, 2:].tolist() == [[0.0, 0.0], [0.0, 0.0], [9.0, 9.0]]
     assert merged.num_tokens.tolist() == [2, 0, 4] and merged.stop_reason == ["eos", "length", "eos"]
     assert merged.top_logprobs is None
+
+
+def test_a_decode_queues_the_whole_cache_window_that_later_windows_of_its_batch_fall_back_to():
+    """The first decode at a batch queues the longest window over the whole cache. A later window at that
+    batch whose own span and every longer span but the whole cache are not compiled runs as it, compiling
+    nothing on the spot, with the plain sampler's tokens."""
+    sampler, plain = _samplers(8)
+    short, long = random_prompts(18, [5, 9]), random_prompts(19, [300, 7])
+    sampler.generate(sampler.prefill(short), 20)  # a window over 64 slots; queues the 32-step window over 512
+    sampler.wait_for_compiles()
+    state = sampler.prefill(long)
+    before = len(_COMPILES)
+    _, out = sampler.generate(state, 20)  # needs 384 slots: of the compiled windows, only the whole cache holds it
+    assert sampler.last_decode_spans == [512]
+    assert len(_COMPILES) == before, "a window compiled on the spot"
+    _, expected = plain.generate(plain.prefill(long), 20)
+    assert out.tokens.tolist() == expected.tokens.tolist()
+    np.testing.assert_allclose(out.logp, expected.logp, rtol=1e-5, atol=1e-6)
