@@ -73,8 +73,7 @@ class ProgramRuns:
             args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
             options = self._decode_options(sampling, top_logprobs)
             if pick:
-                self._compiles.compile_later(keys[0], decode_program, args,
-                                             {**options, "max_steps": variants[0][0], "span": variants[0][1]})
+                self._compile_window_later(state, args, *variants[0], sampling, top_logprobs)
             arrays, out, progress = self._call("decode", decode_program, *args, max_steps=variants[pick][0],
                                                span=variants[pick][1], **options)
             self._compiles.ran(keys[pick])
@@ -114,20 +113,23 @@ class ProgramRuns:
         steps = min(DECODE_WINDOW, bucket_length(max(tokens_left, 1), MIN_NEW_TOKENS))
         variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
                     for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
-        keys = [("decode", state.batch_size, state.cache_length, w, s, sampling, int(top_logprobs))
-                for w, s in variants]
-        return variants, keys
+        return variants, [_decode_key(state, w, s, sampling, top_logprobs) for w, s in variants]
 
     def _compile_catch_all_later(self, state: DecodeState, args: tuple, sampling: SamplingParams,
                                  top_logprobs: int) -> None:
         """Queues the compile of the decode variant any window of `state`'s batch may run (the longest
         window over the whole cache), unless it is compiled or queued: a later window whose own
         shape and every longer span are not compiled then runs as it instead of compiling on the spot."""
-        key = ("decode", state.batch_size, state.cache_length, DECODE_WINDOW, state.cache_length, sampling,
-               int(top_logprobs))
-        if not self._compiles.knows(key):
+        self._compile_window_later(state, args, DECODE_WINDOW, state.cache_length, sampling, top_logprobs)
+
+    def _compile_window_later(self, state: DecodeState, args: tuple, window: int, span: int,
+                              sampling: SamplingParams, top_logprobs: int) -> None:
+        """Queues the background compile of the decode window of `window` steps over `span` slots on
+        `state`'s batch (`args`: the decode program's arguments), unless it is compiled or queued."""
+        key = _decode_key(state, window, span, sampling, top_logprobs)
+        if not self._compiles.knows(key):  # (before the options: they split the layer weights on first use)
             self._compiles.compile_later(key, decode_program, args, {**self._decode_options(sampling, top_logprobs),
-                                                                     "max_steps": DECODE_WINDOW, "span": state.cache_length})
+                                                                     "max_steps": window, "span": span})
 
     def _decode_options(self, sampling: SamplingParams, top_logprobs: int) -> dict:
         """The decode program's static options."""
@@ -152,13 +154,12 @@ class ProgramRuns:
         # Shapes only (a budget array would compile a staging program here): as `_decode` places them.
         budget = jax.ShapeDtypeStruct(budgets.shape, jnp.int32, sharding=None if self.layout is None else self.layout.rows(1))
         progress = jax.eval_shape(start_program, budget, self._stop_table)
-        variants, keys = self._window_variants(state, int(budgets.max()),
-                                               int(state.cursors[budgets[: state.num_rows] > 0].max(initial=0)),
-                                               sampling, top_logprobs)
+        variants, _ = self._window_variants(state, int(budgets.max()),
+                                            int(state.cursors[budgets[: state.num_rows] > 0].max(initial=0)),
+                                            sampling, top_logprobs)
         args = (self._graphdef, self._params_state, state.arrays, place_rows(self.layout, row_keys), budget,
                 self._stop_table, progress)
-        self._compiles.compile_later(keys[0], decode_program, args, {**self._decode_options(sampling, top_logprobs),
-                                                                     "max_steps": variants[0][0], "span": variants[0][1]})
+        self._compile_window_later(state, args, *variants[0], sampling, top_logprobs)
         self._compiles.fallback_calls += 1
         state, first = self._generate_rows(state, active[:half], budgets, row_keys, sampling, top_logprobs)
         state, second = self._generate_rows(state, active[half:], budgets, row_keys, sampling, top_logprobs)
@@ -261,6 +262,11 @@ class ProgramRuns:
         end = int(np.max((state.cursors + counts)[counts > 0], initial=1))
         span = bucket_length(end, MIN_CACHE_SLOTS)
         return None if span >= state.cache_length else span
+
+
+def _decode_key(state: DecodeState, window: int, span: int, sampling: SamplingParams, top_logprobs: int) -> tuple:
+    """The compiled-variant key of a decode window of `window` steps over `span` slots of `state`'s batch."""
+    return "decode", state.batch_size, state.cache_length, window, span, sampling, int(top_logprobs)
 
 
 def _block_program(on_rows: bool, score_temperature: float | None):
