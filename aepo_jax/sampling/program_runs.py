@@ -40,6 +40,7 @@ MIN_SPAN = 64
 # ([B, KVH, G, T, S] float32) stay bounded at the paper configs' 8k-token repacks.
 MAX_BLOCK_TOKENS = 256
 SUB_BATCH_FRACTION = 4  # an append to at most batch / 4 rows runs on a sub-batch of that size
+SUB_BATCH_PIECES = 2  # an append to at most this many sub-batches of rows runs as that many sub-batch calls
 
 
 class ProgramRuns:
@@ -173,6 +174,9 @@ class ProgramRuns:
         When the rows that receive tokens fit in a quarter of the batch, only a quarter of the batch
         runs the forward (`rows_block_program`): those rows' cache rows are gathered, written and put
         back (an append of a few tool results to a large batch costs a quarter of the batch's forward).
+        Rows that fit in SUB_BATCH_PIECES quarters run as that many such sub-batches, one after the
+        other, through the same program (the continuous schedule's appends mostly feed a third of
+        the batch: two quarters cost half the batch's forward).
         """
         for row, ids in enumerate(token_lists):
             self._check_ids(ids, f"row {row}")
@@ -184,10 +188,12 @@ class ProgramRuns:
         sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
         extra = () if score_temperature is None else (score_temperature,)
         # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer
-        # blocks; then the same over the whole batch when the exact one runs on a sub-batch.
+        # blocks; then the same over the whole batch when the exact one runs on sub-batches.
         lengths = [block] if block > self.max_block_tokens else \
             [block << i for i in range((self.max_block_tokens // block).bit_length())]
-        paths = [True, False] if receiving and len(receiving) <= sub_batch < state.batch_size else [False]
+        pieces = -(-len(receiving) // sub_batch)
+        on_fewer_rows = pieces <= SUB_BATCH_PIECES and pieces * sub_batch < state.batch_size
+        paths = [True, False] if receiving and on_fewer_rows else [False]
         variants = [(on_rows, t, s) for on_rows in paths for t in lengths for s in self._block_spans(state, span)]
         keys = [(_block_program(on_rows, score_temperature).__name__, sub_batch if on_rows else state.batch_size,
                  state.cache_length, t, s, *extra) for on_rows, t, s in variants]
@@ -202,22 +208,43 @@ class ProgramRuns:
                 self.layout, exact_span, *extra), {})
         on_rows, block, span = variants[pick]
         program = _block_program(on_rows, score_temperature)
-        if on_rows:
-            rows = padded_rows(receiving, sub_batch)
-            dst = np.full((sub_batch,), state.batch_size, np.int32)  # padding rows: written nowhere
-            dst[: len(receiving)] = receiving
-            token_lists = [token_lists[r] for r in receiving] + [[]] * (sub_batch - len(receiving))
+        groups = [receiving[i:i + sub_batch] for i in range(0, len(receiving), sub_batch)] if on_rows else [None]
+        arrays, per_entry = state.arrays, None
+        for group in groups:
+            arrays, scores = self._feed_block(arrays, program, token_lists, group, sub_batch, block, span, kind, extra)
+            if score_temperature is None:
+                continue
+            if group is None:
+                per_entry = scores
+                continue
+            if per_entry is None:  # back to one row per batch row (zero where nothing was appended)
+                per_entry = tuple(np.zeros((state.batch_size, p.shape[1]), np.float32) for p in scores)
+            for full, part in zip(per_entry, scores, strict=True):
+                full[group] = part[: len(group)]
+        self._compiles.ran(keys[pick])
+        state = DecodeState(arrays, state.num_rows)
+        return state if score_temperature is None else (state, per_entry)
+
+    def _feed_block(self, arrays, program, token_lists: Sequence[Sequence[int]], group: list[int] | None,
+                    sub_batch: int, block: int, span: int | None, kind: str, extra: tuple):
+        """One block call of `_run_block`: the rows of `group` as a sub-batch of `sub_batch` rows (None: the
+        whole batch); `extra` is (score temperature,) for a scored block, () otherwise. Returns the arrays and,
+        when scored, the host (logp, entropy) of the call's rows."""
+        if group is not None:
+            rows = padded_rows(group, sub_batch)
+            dst = np.full((sub_batch,), arrays.cursor.shape[0], np.int32)  # padding rows: written nowhere
+            dst[: len(group)] = group
+            token_lists = [token_lists[r] for r in group] + [[]] * (sub_batch - len(group))
             row_inputs = (place_rows(self.layout, rows), place_rows(self.layout, dst))
         else:
-            rows, row_inputs = None, ()
-        n_rows = len(token_lists) if rows is not None else state.batch_size
+            row_inputs = ()
+        n_rows = sub_batch if group is not None else arrays.cursor.shape[0]
         tokens = np.full((n_rows, block), self.pad_id, np.int32)
         valid = np.zeros(tokens.shape, bool)
         for row, ids in enumerate(token_lists):
             if len(ids):
                 tokens[row, block - len(ids):] = ids
                 valid[row, block - len(ids):] = True
-        arrays = state.arrays
         # Blocks are powers of two, so chunks tile them; a row writes only its real tokens, at its cursor.
         # A block's attention reads the slots a cache grown by buckets would hold (`_block_span`): the whole
         # cache unless `min_cache_len` made it longer.
@@ -227,22 +254,14 @@ class ProgramRuns:
             inputs = (self._graphdef, self._params_state, arrays, *row_inputs,
                       place_rows(self.layout, tokens[:, start:start + chunk]),
                       place_rows(self.layout, valid[:, start:start + chunk]), self.layout, span, *extra)
-            if score_temperature is None:
+            if not extra:
                 arrays = self._call(kind, program, *inputs)
             else:
                 arrays, chunk_scores = self._call(kind, program, *inputs)
                 scores.append(jax.device_get(chunk_scores))
-        self._compiles.ran(keys[pick])
-        state = DecodeState(arrays, state.num_rows)
-        if score_temperature is None:
-            return state
-        per_entry = [np.concatenate([s[i] for s in scores], axis=1) for i in range(2)]
-        if rows is not None:  # back to one row per batch row (zero where nothing was appended)
-            full = [np.zeros((state.batch_size, p.shape[1]), np.float32) for p in per_entry]
-            for f, p in zip(full, per_entry, strict=True):
-                f[receiving] = p[: len(receiving)]
-            per_entry = full
-        return state, tuple(per_entry)
+        if not extra:
+            return arrays, None
+        return arrays, tuple(np.concatenate([s[i] for s in scores], axis=1) for i in range(2))
 
     @staticmethod
     def _block_spans(state: DecodeState, span: int | None) -> list[int | None]:

@@ -122,8 +122,9 @@ def test_jit_cache_does_not_grow_within_a_bucket(tiny_model):
 
     rollout_round(0, [5, 9, 3], 12, [4, 6, 1])
     compiled = sampler.compiled_programs()
-    # other rows, prompt lengths, budgets and result lengths, all inside the same buckets
-    rollout_round(2, [16, 10, 2], 16, [8, 0, 1])
+    # other rows, prompt lengths, budgets and result lengths, all inside the same buckets (every append
+    # feeds more than half of the 4-row batch, so none runs on sub-batches)
+    rollout_round(2, [16, 10, 2, 6], 16, [8, 0, 1, 2])
     rollout_round(4, [1, 2, 12, 7], 9, [3, 3, 2, 5])
     assert sampler.compiled_programs() == compiled
 

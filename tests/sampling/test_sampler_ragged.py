@@ -227,6 +227,68 @@ def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_ide
         np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
 
 
+def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the_others_bit_identical(
+        greedy_sampler, full_logits):
+    """Six of 16 rows receive tokens: more than a quarter of the batch (a sub-batch of 4) and at most two
+    sub-batches, so the append runs as two calls of the sub-batch program, never the whole-batch one. The
+    receiving rows continue like a full forward over their ids, scored tokens score like teacher forcing,
+    and every other row is untouched, bit for bit."""
+    from aepo_jax.sampling.jitted import (
+        block_program,
+        rows_block_program,
+        rows_scored_block_program,
+        scored_block_program,
+    )
+
+    sampler = greedy_sampler
+    lengths = [3, 8, 5, 12, 2, 9, 6, 4, 10, 7, 3, 5, 11, 2, 8, 6]
+    prompts = random_prompts(61, lengths)
+    st, first = sampler.generate(sampler.prefill(prompts), 3)
+    assert st.batch_size == 16
+    before = jax.device_get(st.arrays)
+    calls, call = [], sampler._call
+
+    def spy(kind, program, *args, **kwargs):
+        calls.append(program)
+        return call(kind, program, *args, **kwargs)
+
+    sampler._call = spy
+    try:
+        receiving = [1, 4, 6, 9, 13, 15]
+        results = [[] for _ in prompts]
+        for row, ids in zip(receiving, random_prompts(62, [5, 11, 2, 7, 9, 4]), strict=True):
+            results[row] = ids
+        st = sampler.append(st, results)
+        assert calls == [rows_block_program] * 2, "the append did not run as two sub-batches"
+        calls.clear()
+        forced = [[] for _ in prompts]
+        for row, ids in zip(receiving[1:], random_prompts(63, [3, 6, 1, 5, 4]), strict=True):
+            forced[row] = ids
+        st, logp, entropy = sampler.score_append(st, forced, temperature=1.0)
+        assert calls == [rows_scored_block_program] * 2, "the scored append did not run as two sub-batches"
+        assert block_program not in calls and scored_block_program not in calls
+    finally:
+        sampler._call = call
+    after = jax.device_get(st.arrays)
+    for row in sorted(set(range(16)) - set(receiving)):
+        for name in ("last_logits", "cursor", "slot_valid", "next_position"):
+            np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
+        np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
+        np.testing.assert_array_equal(after.cache.v[:, row], before.cache.v[:, row])
+        assert len(logp[row]) == 0 and len(entropy[row]) == 0
+    for row in receiving:
+        ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row]
+        np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+        assert after.cursor[row] == len(ids)
+        if forced[row]:
+            logits = full_logits(ids)[len(ids) - len(forced[row]) - 1: len(ids) - 1].astype(np.float64)
+            logits -= logits.max(axis=-1, keepdims=True)
+            ref = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+            np.testing.assert_allclose(logp[row], ref[np.arange(len(forced[row])), forced[row]], rtol=1e-4, atol=1e-4)
+            probs = np.exp(ref)
+            np.testing.assert_allclose(entropy[row], -(probs * ref).sum(axis=-1), rtol=1e-4, atol=1e-4)
+
+
 def test_min_batch_pads_small_states_and_their_rows_decode_as_without_it(tiny_model, greedy_sampler, full_logits):
     """With min_batch=8 a state of 1-3 rows (prefill, fork, concat) has the batch of 8 rows, so it runs the
     programs compiled for 8; its rows decode exactly what a min_batch=1 sampler decodes (greedy), and each
