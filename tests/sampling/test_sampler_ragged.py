@@ -188,6 +188,29 @@ def test_place_reuses_rows_in_place_and_they_continue_like_fresh_rows(greedy_sam
         sampler.place(st, [3], source, [0])
 
 
+def _assert_row_untouched(after, before, row: int) -> None:
+    """Row `row` of two host copies of a state's arrays is equal, bit for bit (cache included)."""
+    for name in ("last_logits", "cursor", "slot_valid", "next_position"):
+        np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
+    np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
+    np.testing.assert_array_equal(after.cache.v[:, row], before.cache.v[:, row])
+
+
+def _assert_continues_like_a_full_forward(after, row: int, ids, forced, logp, full_logits, entropy=None) -> None:
+    """Row `row` holds `ids` (its last logits are a plain forward's), and its `forced` last ids scored
+    their teacher-forced log-probs (and entropies, when given), computed here in float64."""
+    np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+    assert after.cursor[row] == len(ids)
+    if not forced:
+        return
+    logits = full_logits(ids)[len(ids) - len(forced) - 1: len(ids) - 1].astype(np.float64)
+    logits -= logits.max(axis=-1, keepdims=True)
+    ref = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(logp, ref[np.arange(len(forced)), forced], rtol=1e-4, atol=1e-4)
+    if entropy is not None:
+        np.testing.assert_allclose(entropy, -(np.exp(ref) * ref).sum(axis=-1), rtol=1e-4, atol=1e-4)
+
+
 def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_identical(greedy_sampler, full_logits):
     """An append to at most a quarter of the batch runs the forward on a quarter of it (`rows_block_program`,
     and its scored form): the receiving rows continue like a full forward over their ids, scored tokens score
@@ -208,19 +231,10 @@ def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_ide
     assert rows_block_program._cache_size() > runs[0] and rows_scored_block_program._cache_size() > runs[1]
     after = jax.device_get(st.arrays)
     for row in (0, 2, 3, 4, 7):  # received nothing
-        for name in ("last_logits", "cursor", "slot_valid", "next_position"):
-            np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
-        np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
-        np.testing.assert_array_equal(after.cache.v[:, row], before.cache.v[:, row])
+        _assert_row_untouched(after, before, row)
     for row in (1, 5, 6):
         ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row]
-        np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
-        assert after.cursor[row] == len(ids)
-        if forced[row]:
-            logits = full_logits(ids)[len(ids) - len(forced[row]) - 1: len(ids) - 1].astype(np.float64)
-            logits -= logits.max(axis=-1, keepdims=True)
-            ref = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-            np.testing.assert_allclose(logp[row], ref[np.arange(len(forced[row])), forced[row]], rtol=1e-4, atol=1e-4)
+        _assert_continues_like_a_full_forward(after, row, ids, forced[row], logp[row], full_logits)
     st, out = sampler.generate(st, 4)
     for row in range(len(prompts)):
         ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row] + out.row_tokens(row)
@@ -271,22 +285,11 @@ def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the
         sampler._call = call
     after = jax.device_get(st.arrays)
     for row in sorted(set(range(16)) - set(receiving)):
-        for name in ("last_logits", "cursor", "slot_valid", "next_position"):
-            np.testing.assert_array_equal(getattr(after, name)[row], getattr(before, name)[row], err_msg=name)
-        np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
-        np.testing.assert_array_equal(after.cache.v[:, row], before.cache.v[:, row])
+        _assert_row_untouched(after, before, row)
         assert len(logp[row]) == 0 and len(entropy[row]) == 0
     for row in receiving:
         ids = prompts[row] + first.row_tokens(row) + results[row] + forced[row]
-        np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
-        assert after.cursor[row] == len(ids)
-        if forced[row]:
-            logits = full_logits(ids)[len(ids) - len(forced[row]) - 1: len(ids) - 1].astype(np.float64)
-            logits -= logits.max(axis=-1, keepdims=True)
-            ref = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-            np.testing.assert_allclose(logp[row], ref[np.arange(len(forced[row])), forced[row]], rtol=1e-4, atol=1e-4)
-            probs = np.exp(ref)
-            np.testing.assert_allclose(entropy[row], -(probs * ref).sum(axis=-1), rtol=1e-4, atol=1e-4)
+        _assert_continues_like_a_full_forward(after, row, ids, forced[row], logp[row], full_logits, entropy[row])
 
 
 def test_min_batch_pads_small_states_and_their_rows_decode_as_without_it(tiny_model, greedy_sampler, full_logits):
