@@ -12,13 +12,17 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from aepo_jax.models.decoder import split_layer_params
 from aepo_jax.models.kv_cache import LayerKV
 from aepo_jax.sampling.cache_sharding import constrain
-from aepo_jax.sampling.layout import grow_slots, take_rows
+from aepo_jax.sampling.layout import (
+    grow_slots,
+    put_leading_rows,
+    take_leading_rows,
+    take_rows,
+)
 from aepo_jax.sampling.layout import place_rows as place_source_rows
 from aepo_jax.sampling.programs import (
     decode_loop,
@@ -89,11 +93,12 @@ def scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, 
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
-def _on_rows(block, arrays, rows, dst):
-    """`block(sub_arrays) -> (sub_arrays, extra)` run on rows `rows` of `arrays` only; row i of the
-    result goes back to row dst[i] (entries past the batch are padding, dropped)."""
-    sub, extra = block(take_rows(arrays, rows))
-    return place_source_rows(arrays, dst, sub, jnp.arange(rows.shape[0], dtype=jnp.int32)), extra
+def _on_rows(block, arrays, rows, dst, span):
+    """`block(sub_arrays) -> (sub_arrays, extra)` run on the first `span` slots (None: all) of rows `rows`
+    of `arrays` only (the block reads all of the sub-arrays' slots); row i of the result goes back to row
+    dst[i] (entries past the batch are padding, dropped)."""
+    sub, extra = block(take_leading_rows(arrays, rows, span))
+    return put_leading_rows(arrays, dst, sub), extra
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8), donate_argnums=(2,))
@@ -101,8 +106,8 @@ def rows_block_program(graphdef, params, arrays, rows, dst, tokens, token_valid,
     """`block_program` over the rows that receive tokens only (an append to a few rows of a large
     batch costs those rows' forward, not the batch's)."""
     forward = functools.partial(model_forward, graphdef)
-    arrays, _ = _on_rows(lambda sub: (forward_block(forward, params, sub, tokens, token_valid, span), None),
-                         arrays, rows, dst)
+    arrays, _ = _on_rows(lambda sub: (forward_block(forward, params, sub, tokens, token_valid), None),
+                         arrays, rows, dst, span)
     return constrain(layout, arrays)
 
 
@@ -111,7 +116,7 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
     """`scored_block_program` over the rows that receive tokens only; scores are `[len(rows), T]`."""
     forward = functools.partial(model_hidden, graphdef)
     arrays, scores = _on_rows(
-        lambda sub: scored_block(forward, params, sub, tokens, token_valid, span, temperature), arrays, rows, dst)
+        lambda sub: scored_block(forward, params, sub, tokens, token_valid, None, temperature), arrays, rows, dst, span)
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 

@@ -63,3 +63,35 @@ def place_rows(arrays: DecodeArrays, dst: jax.Array, source: DecodeArrays, src: 
         last_logits=place(arrays.last_logits, source.last_logits),
         cursor=place(arrays.cursor, source.cursor),
     )
+
+
+def take_leading_rows(arrays: DecodeArrays, rows: jax.Array, span: int | None = None) -> DecodeArrays:
+    """New arrays of `span` slots (None: all) whose row i is the first `span` slots of old row rows[i]:
+    a block whose receiving rows end within `span` slots reads and writes nothing past them."""
+    if span is None or span >= arrays.slot_valid.shape[1]:
+        return take_rows(arrays, rows)  # whole rows: the plain take ran as fast as the slice form on XLA:CPU, or faster
+    cache = arrays.cache.replace(k=arrays.cache.k[:, rows, :, :span], v=arrays.cache.v[:, rows, :, :span])
+    return DecodeArrays(
+        cache=cache,
+        slot_valid=arrays.slot_valid[rows, :span],
+        next_position=arrays.next_position[rows],
+        last_logits=arrays.last_logits[rows],
+        cursor=arrays.cursor[rows],
+    )
+
+
+def put_leading_rows(arrays: DecodeArrays, dst: jax.Array, sub: DecodeArrays) -> DecodeArrays:
+    """`arrays` with the first slots of row dst[i] replaced by row i of `sub` (as many slots as it has), in
+    place under donation; dst entries past the batch are dropped (padding). The inverse of `take_leading_rows`."""
+    span = sub.slot_valid.shape[1]
+    if span >= arrays.slot_valid.shape[1]:
+        return place_rows(arrays, dst, sub, jnp.arange(sub.cursor.shape[0], dtype=jnp.int32))
+    cache = arrays.cache.replace(k=arrays.cache.k.at[:, dst, :, :span].set(sub.cache.k, mode="drop"),
+                                 v=arrays.cache.v.at[:, dst, :, :span].set(sub.cache.v, mode="drop"))
+    return DecodeArrays(
+        cache=cache,
+        slot_valid=arrays.slot_valid.at[dst, :span].set(sub.slot_valid, mode="drop"),
+        next_position=arrays.next_position.at[dst].set(sub.next_position, mode="drop"),
+        last_logits=arrays.last_logits.at[dst].set(sub.last_logits, mode="drop"),
+        cursor=arrays.cursor.at[dst].set(sub.cursor, mode="drop"),
+    )

@@ -97,3 +97,42 @@ def test_cached_blocks_in_row_groups_on_a_mesh_match_single_device(tiny_model, g
     _, alone = single.generate(single.append(single.prefill(prompts), results), 6)
     assert on_mesh.tokens.tolist() == alone.tokens.tolist()
     np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-5, atol=1e-5)
+
+
+def test_sub_batch_appends_over_a_leading_span_on_a_mesh_match_single_device(tiny_model, greedy_sampler):
+    """On a (data 2, fsdp 2, tensor 2) mesh with a 512-slot cache, an append to 6 of 16 rows runs as two
+    sub-batches of 4 rows over their first 128 slots; the cache keeps its layout, and tokens, log-probs
+    and entropies after it equal the unsharded sampler's."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    from aepo_jax.sampling.jitted import rows_block_program
+
+    _, graphdef, state = tiny_model
+    mesh = make_mesh(DATA_FSDP_TENSOR)
+    sharded = Sampler(graphdef, state, params=SamplingParams(greedy=True), mesh=mesh, max_cache_len=512,
+                      min_cache_len=512)
+    prompts = random_prompts(38, [3 + (5 * i) % 13 for i in range(16)])
+    results = [[] for _ in prompts]
+    for row, ids in zip([0, 3, 5, 8, 12, 14], random_prompts(39, [4, 9, 2, 6, 11, 5]), strict=True):
+        results[row] = ids
+    spans, call = [], sharded._call
+
+    def spy(kind, program, *args, **kwargs):
+        if program is rows_block_program:
+            spans.append(args[8])
+        return call(kind, program, *args, **kwargs)
+
+    sharded._call = spy
+    runs = []
+    for sampler in (sharded, greedy_sampler):
+        st, first = sampler.generate(sampler.prefill(prompts), 4)
+        st = sampler.append(st, results)
+        st, second = sampler.generate(st, 6)
+        runs.append((first, second))
+        if sampler is sharded:
+            _assert_cache_layout(st.arrays, mesh)
+    assert spans == [128, 128]
+    for on_mesh, alone in zip(runs[0], runs[1], strict=True):
+        assert on_mesh.tokens.tolist() == alone.tokens.tolist()
+        np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)

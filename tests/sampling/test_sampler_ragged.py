@@ -241,12 +241,15 @@ def test_append_to_a_few_rows_runs_only_those_rows_and_leaves_the_others_bit_ide
         np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("cache_slots", [128, 512])
 def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the_others_bit_identical(
-        greedy_sampler, full_logits):
+        tiny_model, greedy_sampler, full_logits, cache_slots):
     """Six of 16 rows receive tokens: more than a quarter of the batch (a sub-batch of 4) and at most two
     sub-batches, so the append runs as two calls of the sub-batch program, never the whole-batch one. The
     receiving rows continue like a full forward over their ids, scored tokens score like teacher forcing,
-    and every other row is untouched, bit for bit."""
+    and every other row is untouched, bit for bit. In a 512-slot cache the block's span is 128 slots, so
+    the sub-batches gather and write back only the rows' first 128 slots (`take_leading_rows`)."""
+    from aepo_jax.sampling import Sampler, SamplingParams
     from aepo_jax.sampling.jitted import (
         block_program,
         rows_block_program,
@@ -254,7 +257,9 @@ def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the
         scored_block_program,
     )
 
-    sampler = greedy_sampler
+    _, graphdef, state = tiny_model
+    sampler = greedy_sampler if cache_slots == 128 else Sampler(
+        graphdef, state, params=SamplingParams(greedy=True), max_cache_len=cache_slots, min_cache_len=cache_slots)
     lengths = [3, 8, 5, 12, 2, 9, 6, 4, 10, 7, 3, 5, 11, 2, 8, 6]
     prompts = random_prompts(61, lengths)
     st, first = sampler.generate(sampler.prefill(prompts), 3)
@@ -262,8 +267,12 @@ def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the
     before = jax.device_get(st.arrays)
     calls, call = [], sampler._call
 
+    spans = []
+
     def spy(kind, program, *args, **kwargs):
         calls.append(program)
+        if program in (rows_block_program, rows_scored_block_program):
+            spans.append(args[8])
         return call(kind, program, *args, **kwargs)
 
     sampler._call = spy
@@ -283,6 +292,8 @@ def test_append_to_at_most_half_the_batch_runs_as_two_sub_batches_and_leaves_the
         assert block_program not in calls and scored_block_program not in calls
     finally:
         sampler._call = call
+    assert st.cache_length == cache_slots
+    assert spans == [None if cache_slots == 128 else 128] * 4  # the cache's 128 slots are all of it: None
     after = jax.device_get(st.arrays)
     for row in sorted(set(range(16)) - set(receiving)):
         _assert_row_untouched(after, before, row)
