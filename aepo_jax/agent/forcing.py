@@ -122,6 +122,12 @@ class ToolForcingGenerator:
         return ForcedState(self.sampler.concat([s.inner for s in states]), [list(r) for s in states for r in s.ids],
                            [f for s in states for f in s.forced], [f for s in states for f in s.free_left])
 
+    def extend(self, state: ForcedState, source: ForcedState) -> ForcedState:
+        extend = getattr(self.sampler, "extend", None)
+        inner = extend(state.inner, source.inner) if extend else self.sampler.concat([state.inner, source.inner])
+        return ForcedState(inner, [list(r) for s in (state, source) for r in s.ids],
+                           [*state.forced, *source.forced], [*state.free_left, *source.free_left])
+
     def generate(self, state: ForcedState, max_new_tokens: int | Sequence[int], rng: Any = None):
         budgets = [int(max_new_tokens)] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
         free = [min(b, left) for b, left in zip(budgets, state.free_left, strict=True)]

@@ -46,6 +46,8 @@ class Generator(Protocol):
     # Optional (the continuous schedule reuses rows with it when present, else concatenates):
     # def place(self, state, dst_rows, source, src_rows) -> state: row dst_rows[i] of `state`
     # becomes a copy of row src_rows[i] of `source`, the other rows untouched.
+    # Optional (the loop adds rows with it when present, else with concat):
+    # def extend(self, state, source) -> state: concat([state, source]) that may consume `state`.
     # Optional (a loop run with `LoopConfig.compiles_after_run` is one such block when present):
     # def compiles_held(self) -> context manager: background compiles asked for inside it start when it ends.
 

@@ -224,7 +224,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             new_slots = free[: len(trajs)]
             self.state = self.gen.place(self.state, new_slots, state, rows)
         else:
-            self.state = self.gen.concat([self.state, state])
+            extend = getattr(self.gen, "extend", None)  # consumes self.state: may reuse its spare batch rows
+            self.state = extend(self.state, state) if extend else self.gen.concat([self.state, state])
             new_slots = list(range(self.n_slots, self.n_slots + len(trajs)))
             self.n_slots += len(trajs)
         self.rows.extend(trajs)

@@ -356,6 +356,17 @@ class Sampler(ProgramRuns):
             offset += s.num_rows
         return out
 
+    def extend(self, state: DecodeState, source: DecodeState) -> DecodeState:
+        """`concat([state, source])` that consumes `state` (donated): when its batch bucket already holds
+        the rows of both, `source`'s rows are placed into its spare rows, so nothing is allocated and
+        `state`'s rows are not copied (the agent loop adding branches and top-ups); else a concat."""
+        total = state.num_rows + source.num_rows
+        if self._batch_for(total) != state.batch_size or source.cache_length > state.cache_length:
+            return self.concat([state, source])
+        wider = DecodeState(state.arrays, total)
+        return self._place_rows(wider, list(range(state.num_rows, total)), source, list(range(source.num_rows)),
+                                bucket_length(source.num_rows, self.min_batch))
+
     def place(self, state: DecodeState, dst_rows: Sequence[int], source: DecodeState,
               src_rows: Sequence[int]) -> DecodeState:
         """Row dst_rows[i] of `state` becomes a copy of row src_rows[i] of `source` (its cache, cursor,

@@ -66,7 +66,7 @@ def test_bad_free_tokens_are_refused(sampler):
             ToolForcingGenerator(sampler, PLAN, free_tokens=bad)
 
 
-def test_forks_places_and_concats_carry_each_rows_remaining_free_tokens(sampler):
+def test_forks_places_concats_and_extends_carry_each_rows_remaining_free_tokens(sampler):
     gen = ToolForcingGenerator(sampler, PLAN, free_tokens=(3, 12), seed=3)
     state, _ = gen.generate(gen.prefill(PROMPTS[:4]), 2, jax.random.key(0))  # every row mid-segment
     left = list(state.free_left)
@@ -78,6 +78,11 @@ def test_forks_places_and_concats_carry_each_rows_remaining_free_tokens(sampler)
     placed = gen.place(both, [1], fork, [0])
     assert placed.free_left == [left[0], left[2], left[2], left[3], left[2], left[0]]
     assert np.array_equal(placed.ids[1], state.ids[2])
+    ids, forced = [list(r) for r in state.ids], list(state.forced)
+    extended = gen.extend(state, fork)  # consumes state: fork's rows go into its batch's spare rows
+    assert extended.free_left == left + [left[2], left[0]]
+    assert extended.ids == ids + [ids[2], ids[0]] and extended.forced == forced + [forced[2], forced[0]]
+    assert extended.inner.num_rows == 6 and extended.inner.batch_size == both.inner.batch_size
 
 
 def test_the_wrapper_holds_its_samplers_background_compiles(sampler):

@@ -102,6 +102,41 @@ def test_concat_of_states_with_different_cursors_continues_each_row_exactly(gree
     assert together.row_tokens(2) == alone_b.row_tokens(1)
 
 
+@pytest.mark.parametrize("extra_rows", [2, 4])
+def test_extend_places_rows_into_spare_batch_rows_and_equals_concat(greedy_sampler, extra_rows):
+    """`extend(a, b)` holds what `concat([a, b])` holds, row for row and bit for bit. When a's batch of 8
+    has room for b's rows (5 + 2) they go into its spare rows and nothing is allocated; when it has not
+    (5 + 4), it is a concat into a batch of 16 (one allocation)."""
+    sampler = greedy_sampler
+    st_a, _ = sampler.generate(sampler.prefill(random_prompts(70, [3, 9, 5, 12, 7])), 4)
+    st_b, _ = sampler.generate(sampler.prefill(random_prompts(71, [6, 2, 10, 4][:extra_rows])), 7)
+    assert st_a.batch_size == 8
+    joined = sampler.concat([st_a, st_b])
+    expected = jax.device_get(joined.arrays)
+    allocations, allocate = [], sampler._empty_arrays
+
+    def spy(*args, **kwargs):
+        allocations.append(args)
+        return allocate(*args, **kwargs)
+
+    sampler._empty_arrays = spy
+    try:
+        extended = sampler.extend(st_a, st_b)
+    finally:
+        sampler._empty_arrays = allocate
+    assert extended.num_rows == 5 + extra_rows
+    assert (extended.batch_size, len(allocations)) == ((8, 0) if extra_rows == 2 else (16, 1))
+    got = jax.device_get(extended.arrays)
+    rows = slice(0, 5 + extra_rows)
+    for name in ("cursor", "slot_valid", "next_position", "last_logits"):
+        np.testing.assert_array_equal(getattr(got, name)[rows], getattr(expected, name)[rows], err_msg=name)
+    np.testing.assert_array_equal(got.cache.k[:, rows], expected.cache.k[:, rows])
+    np.testing.assert_array_equal(got.cache.v[:, rows], expected.cache.v[:, rows])
+    _, from_extended = sampler.generate(extended, 5)
+    _, from_joined = sampler.generate(joined, 5)
+    assert from_extended.tokens.tolist() == from_joined.tokens.tolist()
+
+
 def test_blocks_longer_than_max_block_tokens_run_in_chunks_with_the_same_result(tiny_model, full_logits):
     from aepo_jax.sampling import Sampler
 
