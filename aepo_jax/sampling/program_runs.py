@@ -194,6 +194,10 @@ class ProgramRuns:
         pieces = -(-len(receiving) // sub_batch)
         on_fewer_rows = pieces <= SUB_BATCH_PIECES and pieces * sub_batch < state.batch_size
         paths = [True, False] if receiving and on_fewer_rows else [False]
+        if receiving and not on_fewer_rows and sub_batch < state.batch_size:
+            # Only a fallback, never the exact variant: a compiled sub-batch program runs an append to more
+            # rows, in more pieces, while the whole-batch one it needs compiles (with compiles in the background).
+            paths.append(True)
         variants = [(on_rows, t, s) for on_rows in paths for t in lengths for s in self._block_spans(state, span)]
         keys = [(_block_program(on_rows, score_temperature).__name__, sub_batch if on_rows else state.batch_size,
                  state.cache_length, t, s, *extra) for on_rows, t, s in variants]

@@ -46,6 +46,16 @@ def _samplers(seed: int, mesh=None):
     return make(True), make(False)
 
 
+def _assert_same_scored_appends(ours, plain, token_lists) -> None:
+    """Two samplers' (logp, entropy, cursors, last logits) after the same `score_append` agree, with one
+    score per appended token."""
+    for a, b in zip(ours[0] + ours[1], plain[0] + plain[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert [len(x) for x in ours[0]] == [len(x) for x in token_lists]
+    assert ours[2].tolist() == plain[2].tolist()
+    np.testing.assert_allclose(ours[3], plain[3], rtol=1e-5, atol=1e-5)
+
+
 def test_a_new_decode_span_runs_as_a_compiled_longer_one_then_as_its_own_once_compiled():
     sampler, plain = _samplers(1)
     long_prompts, short_prompts = random_prompts(1, [150, 9]), random_prompts(2, [5, 12])
@@ -108,11 +118,7 @@ def test_an_append_to_a_few_rows_runs_over_the_whole_batch_while_its_sub_batch_p
         st, logp, entropy = s.score_append(st, few)
         outputs.append((logp, entropy, np.asarray(st.cursors), np.asarray(st.last_logits[:16])))
     assert sampler.compile_counters["fallback_calls"] == 1
-    for a, b in zip(outputs[0][0] + outputs[0][1], outputs[1][0] + outputs[1][1], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert [len(x) for x in outputs[0][0]] == [len(x) for x in few]
-    assert outputs[0][2].tolist() == outputs[1][2].tolist()
-    np.testing.assert_allclose(outputs[0][3], outputs[1][3], rtol=1e-5, atol=1e-5)
+    _assert_same_scored_appends(*outputs, few)
     sampler.wait_for_compiles()
     before = len(_COMPILES)
     st = sampler.prefill(prompts)
@@ -361,3 +367,44 @@ def test_a_decode_queues_the_whole_cache_window_that_later_windows_of_its_batch_
     _, expected = plain.generate(plain.prefill(long), 20)
     assert out.tokens.tolist() == expected.tokens.tolist()
     np.testing.assert_allclose(out.logp, expected.logp, rtol=1e-5, atol=1e-6)
+
+
+def test_an_append_to_most_rows_runs_as_compiled_sub_batches_while_its_whole_batch_program_compiles():
+    """Twelve of 16 rows receive tokens: a whole-batch append, whose program (this block, this span) no
+    call compiled yet, while the quarter-batch program of the same block and span is. It runs as three
+    quarter-batch pieces instead of compiling on the spot, with the tokens, scores and cursors of a plain
+    sampler; once the whole-batch program is compiled in the background, the next such append runs it."""
+    from aepo_jax.sampling.jitted import rows_scored_block_program, scored_block_program
+
+    sampler, plain = _samplers(9)
+    prompts = random_prompts(40, [6 + r % 5 for r in range(16)])
+    few = [random_prompts(41, [5])[0] if r in (3, 11) else [] for r in range(16)]
+    most = [random_prompts(42 + r, [3 + r % 4])[0] if r % 4 else [] for r in range(16)]  # rows 1-3, 5-7, ...
+    calls, call = [], sampler._call
+
+    def spy(kind, program, *args, **kwargs):
+        calls.append(program)
+        return call(kind, program, *args, **kwargs)
+
+    outputs = []
+    for s in (sampler, plain):
+        st = s.prefill(prompts)
+        st, _, _ = s.score_append(st, few)  # compiles the quarter-batch program of an 8-token block
+        if s is sampler:
+            sampler.wait_for_compiles()
+            before, sampler._call = len(_COMPILES), spy
+        st, logp, entropy = s.score_append(st, most)
+        if s is sampler:
+            sampler._call = call
+            assert len(_COMPILES) == before, "the append compiled on the spot"
+            assert calls == [rows_scored_block_program] * 3
+        outputs.append((logp, entropy, np.asarray(st.cursors), np.asarray(st.last_logits[:16])))
+    _assert_same_scored_appends(*outputs, most)
+    sampler.wait_for_compiles()
+    st = sampler.score_append(sampler.prefill(prompts), few)[0]
+    calls.clear()
+    sampler._call = spy
+    before = len(_COMPILES)
+    sampler.score_append(st, most)
+    sampler._call = call
+    assert len(_COMPILES) == before and calls == [scored_block_program]
