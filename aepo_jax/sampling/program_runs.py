@@ -55,8 +55,11 @@ class ProgramRuns:
         row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
-        self._compile_catch_all_later(state, (self._graphdef, self._params_state, state.arrays, row_keys, budget,
-                                              self._stop_table, progress), sampling, top_logprobs)
+        # The variant any window of this batch may run (the longest window over the whole cache): a later
+        # window whose own shape and every longer span are not compiled runs as it, not compiling on the spot.
+        self._compile_window_later(state, (self._graphdef, self._params_state, state.arrays, row_keys, budget,
+                                           self._stop_table, progress), DECODE_WINDOW, state.cache_length,
+                                   sampling, top_logprobs)
         arrays, cursors, windows = state.arrays, state.cursors, []
         self.last_decode_spans = []
         n, width = state.num_rows, max(longest, 0)
@@ -115,13 +118,6 @@ class ProgramRuns:
         variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
                     for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
         return variants, [_decode_key(state, w, s, sampling, top_logprobs) for w, s in variants]
-
-    def _compile_catch_all_later(self, state: DecodeState, args: tuple, sampling: SamplingParams,
-                                 top_logprobs: int) -> None:
-        """Queues the compile of the decode variant any window of `state`'s batch may run (the longest
-        window over the whole cache), unless it is compiled or queued: a later window whose own
-        shape and every longer span are not compiled then runs as it instead of compiling on the spot."""
-        self._compile_window_later(state, args, DECODE_WINDOW, state.cache_length, sampling, top_logprobs)
 
     def _compile_window_later(self, state: DecodeState, args: tuple, window: int, span: int,
                               sampling: SamplingParams, top_logprobs: int) -> None:
