@@ -3,7 +3,7 @@
 A row's segment after a tool result is measured by the entropy of its first K
 tokens; once it is, the branch policy says how many branches start from the
 decode state *as it was right after the tool result* (a snapshot the loop took
-then), or, for `branch_by="prefill"` and reused finished globals (AEPO's
+then: the generator's marks of those rows, which copy no cache, or a fork), or, for `branch_by="prefill"` and reused finished globals (AEPO's
 pre-monitoring samples), from a prefill of the shared prefix.
 """
 
@@ -17,7 +17,8 @@ from aepo_jax.agent.trajectory import Trajectory
 
 class BranchDecisions:
     """The branch-decision methods of the loop's per-run state (`loop._Run`), which provides rows,
-    pending, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, _pauses, _active and _replay_step."""
+    pending, snapshots_by_marks, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, state, slots,
+    _pauses, _active and _replay_step."""
 
     def _decide_branches(self, outputs: list[tuple[list[int], str]]
                          ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
@@ -56,11 +57,15 @@ class BranchDecisions:
             if self.cfg.branch_by == "prefill":
                 prefilled += new
                 continue
-            _, rows, kids = by_snapshot.setdefault(id(snapshot), (snapshot, [], []))
+            _, rows, kids, parents = by_snapshot.setdefault(id(snapshot), (snapshot, [], [], []))
             rows += [slot] * len(new)
             kids += new
+            parents += [self.slots[row]] * len(new)
         self.pending = waiting
-        states = [(snapshot, kids, rows) for snapshot, rows, kids in by_snapshot.values()]
+        # Marks: the children are forked now, from their parents' rows as marked, before this tick's
+        # tool results, compaction or finished rows change self.state.
+        states = [(self.gen.fork_marked(self.state, parents, snapshot, rows), kids, None) if self.snapshots_by_marks
+                  else (snapshot, kids, rows) for snapshot, rows, kids, parents in by_snapshot.values()]
         if prefilled:
             states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled, None))
         return states

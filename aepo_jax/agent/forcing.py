@@ -44,6 +44,14 @@ class ForcedState:
 
 
 @dataclass(frozen=True)
+class ForcedMarks:
+    inner: Any  # the sampler's Marks
+    ids: list[list[int]]  # each marked row's ids at the mark
+    forced: list[int]
+    free_left: list[int]
+
+
+@dataclass(frozen=True)
 class ForcedOutput:
     tokens: np.ndarray  # int32[B, N]
     logp: np.ndarray  # float32[B, N]
@@ -110,6 +118,16 @@ class ToolForcingGenerator:
     def fork(self, state: ForcedState, rows: Sequence[int]) -> ForcedState:
         return ForcedState(self.sampler.fork(state.inner, rows), [list(state.ids[r]) for r in rows],
                            [state.forced[r] for r in rows], [state.free_left[r] for r in rows])
+
+    def mark(self, state: ForcedState, rows: Sequence[int]) -> ForcedMarks:
+        return ForcedMarks(self.sampler.mark(state.inner, rows), [list(state.ids[r]) for r in rows],
+                           [state.forced[r] for r in rows], [state.free_left[r] for r in rows])
+
+    def fork_marked(self, state: ForcedState, rows: Sequence[int], marks: ForcedMarks,
+                    mark_rows: Sequence[int]) -> ForcedState:
+        return ForcedState(self.sampler.fork_marked(state.inner, rows, marks.inner, mark_rows),
+                           [list(marks.ids[m]) for m in mark_rows], [marks.forced[m] for m in mark_rows],
+                           [marks.free_left[m] for m in mark_rows])
 
     def place(self, state: ForcedState, dst_rows: Sequence[int], source: ForcedState,
               src_rows: Sequence[int]) -> ForcedState:

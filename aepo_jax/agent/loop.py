@@ -162,8 +162,12 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         self.slots: list[int] = []
         self.n_slots = 0  # rows of self.state; under `continuous` some are free (finished, not yet reused)
         self.state: Any = None
-        # traj_id -> (decode state right after its latest tool result, row in it): awaiting a branch decision.
+        # traj_id -> (snapshot right after its latest tool result, row in it): awaiting a branch decision.
+        # The snapshot is the generator's `mark` of the rows when it has one (the rows keep growing in
+        # self.state; branches are forked from them as marked), else a `fork` (a copy of the rows).
         self.pending: dict[int, tuple[Any, int]] = {}
+        self.snapshots_by_marks = callable(getattr(self.gen, "mark", None)) and callable(
+            getattr(self.gen, "fork_marked", None))
         # Reused finished globals that still branch (only under a policy).
         self.replays = [t for g in groups for t in g if t.tool_steps] if policy is not None else []
         self.replay_start = {t.traj_id: 1 for t in self.replays}  # the round that is a replay's round 1
@@ -410,6 +414,10 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         self.rows, self.slots = [self.rows[i] for i in keep], kept_slots
         if self.cfg.schedule == "continuous" and 2 * len(keep) > self.n_slots:
             return  # the finished rows' slots stay free for the next branches and top-ups
+        if next_power_of_two(len(keep)) >= next_power_of_two(self.n_slots):
+            # Rounds: a dense copy of the kept rows would have the same batch bucket, so it would cost a
+            # second whole cache in memory while it is made, and save no compute; the slots stay free.
+            return
         self._set_dense(self.gen.fork(self.state, kept_slots))
 
     def _top_up(self) -> None:

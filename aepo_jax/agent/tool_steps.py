@@ -100,8 +100,10 @@ class ToolSteps:
             deciding = [i for i in appended if self.rows[i].traj_id not in sampling
                         and self.branch_budget(self.rows[i].prompt_index) > 0]
             if self.policy is not None and deciding:
-                snapshot = self.gen.fork(self.state, [self.slots[i] for i in deciding]) \
-                    if self.cfg.branch_by == "fork" else None
+                snapshot = None
+                if self.cfg.branch_by == "fork":  # marks when the generator has them: no copy of the rows
+                    snap = self.gen.mark if self.snapshots_by_marks else self.gen.fork
+                    snapshot = snap(self.state, [self.slots[i] for i in deciding])
                 self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(deciding)})
 
 

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from aepo_jax.models import KVCache
 from aepo_jax.parallel import batch_sharding, named_sharding
-from aepo_jax.sampling.state import DecodeArrays
+from aepo_jax.sampling.state import DecodeArrays, RowMarks
 
 # Logical axes of each decode array (names from `LOGICAL_AXIS_RULES`).
 KV_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")  # cache.k, cache.v: [L, B, KVH, S, Dh]
@@ -53,6 +53,12 @@ class DecodeSharding:
             last_logits=named_sharding(LOGITS_AXES, arrays.last_logits.shape, self.mesh),
             cursor=named_sharding(ROW_AXES, arrays.cursor.shape, self.mesh),
         )
+
+    def of_marks(self, marks: RowMarks) -> RowMarks:
+        """The NamedSharding of every leaf of `marks`: rows like the decode arrays' rows."""
+        return RowMarks(next_position=named_sharding(ROW_AXES, marks.next_position.shape, self.mesh),
+                        last_logits=named_sharding(LOGITS_AXES, marks.last_logits.shape, self.mesh),
+                        cursor=named_sharding(ROW_AXES, marks.cursor.shape, self.mesh))
 
     def rows(self, ndim: int) -> NamedSharding:
         """Sharding of a batch-major program input (tokens, budgets, row keys)."""

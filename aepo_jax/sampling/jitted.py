@@ -19,8 +19,10 @@ from aepo_jax.models.kv_cache import LayerKV
 from aepo_jax.sampling.cache_sharding import constrain
 from aepo_jax.sampling.layout import (
     grow_slots,
+    mark_rows,
     put_leading_rows,
     take_leading_rows,
+    take_marked_rows,
     take_rows,
 )
 from aepo_jax.sampling.layout import place_rows as place_source_rows
@@ -164,13 +166,25 @@ def take_program(arrays, rows, layout):
     return constrain(layout, take_rows(arrays, rows))
 
 
+@functools.partial(jax.jit, static_argnums=(2,))
+def mark_program(arrays, rows, layout):
+    marks = mark_rows(arrays, rows)
+    return marks if layout is None else jax.lax.with_sharding_constraint(marks, layout.of_marks(marks))
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def fork_marked_program(arrays, rows, marks, mark_index, layout):
+    return constrain(layout, take_marked_rows(arrays, rows, marks, mark_index))
+
+
 @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
 def place_program(arrays, dst, source, src, layout):
     return constrain(layout, place_source_rows(arrays, dst, source, src))
 
 
 PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program,
-            rows_scored_block_program, decode_program, grow_program, take_program, place_program)
+            rows_scored_block_program, decode_program, grow_program, take_program, place_program, mark_program,
+            fork_marked_program)
 
 
 def sampler_programs() -> dict[str, object]:

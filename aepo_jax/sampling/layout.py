@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aepo_jax.sampling.state import DecodeArrays
+from aepo_jax.sampling.state import DecodeArrays, RowMarks
 
 
 def _map_kv(cache, fn):
@@ -43,6 +43,24 @@ def take_rows(arrays: DecodeArrays, rows: jax.Array) -> DecodeArrays:
         last_logits=take(arrays.last_logits),
         cursor=take(arrays.cursor),
     )
+
+
+def mark_rows(arrays: DecodeArrays, rows: jax.Array) -> RowMarks:
+    """Rows `rows`' cursor, next position and next-token logits (what `take_marked_rows` restores)."""
+    return RowMarks(next_position=jnp.take(arrays.next_position, rows, axis=0),
+                    last_logits=jnp.take(arrays.last_logits, rows, axis=0), cursor=jnp.take(arrays.cursor, rows, axis=0))
+
+
+def take_marked_rows(arrays: DecodeArrays, rows: jax.Array, marks: RowMarks, mark_index: jax.Array) -> DecodeArrays:
+    """New arrays whose row i is old row rows[i] as it stood at mark mark_index[i]: its slots from the
+    marked cursor on are invalid again (they hold what the row wrote since; later writes overwrite
+    them), and its cursor, position and logits are the marked ones. The row must only have grown since."""
+    taken = take_rows(arrays, rows)
+    cursor = jnp.take(marks.cursor, mark_index, axis=0)  # [M]
+    slots = jnp.arange(taken.slot_valid.shape[1], dtype=jnp.int32)[None, :]  # [1, S]
+    return taken.replace(slot_valid=taken.slot_valid & (slots < cursor[:, None]),
+                         next_position=jnp.take(marks.next_position, mark_index, axis=0),
+                         last_logits=jnp.take(marks.last_logits, mark_index, axis=0), cursor=cursor)
 
 
 def place_rows(arrays: DecodeArrays, dst: jax.Array, source: DecodeArrays, src: jax.Array) -> DecodeArrays:

@@ -37,7 +37,9 @@ from aepo_jax.sampling.compile_ahead import BackgroundCompiler
 from aepo_jax.sampling.jitted import (
     PROGRAMS,
     HashedGraphDef,
+    fork_marked_program,
     grow_program,
+    mark_program,
     place_program,
     split_layers_program,
     take_program,
@@ -50,7 +52,7 @@ from aepo_jax.sampling.program_runs import (
     ProgramRuns,
     padded_rows,
 )
-from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
+from aepo_jax.sampling.state import DecodeArrays, DecodeState, Marks, SampleOutput
 from aepo_jax.sampling.stopping import build_stop_table
 
 
@@ -329,13 +331,31 @@ class Sampler(ProgramRuns):
 
     def fork(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
         """A new state whose row i is a copy of row rows[i] (same prefix, same cursor)."""
-        rows = [int(r) for r in rows]
-        if not rows:
-            raise ValueError("fork needs at least one row")
-        bad = [r for r in rows if not 0 <= r < state.num_rows]
-        if bad:
-            raise ValueError(f"fork: rows {bad} are outside [0, {state.num_rows})")
+        rows = self._checked_rows(state, rows, "fork")
         return DecodeState(self._gather(state.arrays, rows), len(rows))
+
+    def mark(self, state: DecodeState, rows: Sequence[int]) -> Marks:
+        """Marks rows `rows` as they stand now, for `fork_marked` later: a branch snapshot that copies
+        no cache (their cursors, positions and logits only; `Marks`)."""
+        rows = self._checked_rows(state, rows, "mark")
+        index = padded_rows(rows, self._batch_for(len(rows)))
+        return Marks(self._call("reshape", mark_program, state.arrays, index, self.layout), state.cursors[rows].copy())
+
+    def fork_marked(self, state: DecodeState, rows: Sequence[int], marks: Marks, mark_rows: Sequence[int]) -> DecodeState:
+        """A new state whose row i is row rows[i] of `state` as it stood at mark mark_rows[i]: what
+        `fork` would have given at `mark` time. Row rows[i] must be the marked row, in this or a later
+        state, having only grown since (rows only ever grow; `fork`, `place` and `extend` move them whole)."""
+        rows = self._checked_rows(state, rows, "fork_marked")
+        mark_rows = [int(m) for m in mark_rows]
+        if len(mark_rows) != len(rows) or not all(0 <= m < marks.num_rows for m in mark_rows):
+            raise ValueError(f"fork_marked: mark rows {mark_rows} need one per row, each in [0, {marks.num_rows})")
+        shrunk = [r for r, m in zip(rows, mark_rows, strict=True) if state.cursors[r] < marks.cursors[m]]
+        if shrunk:
+            raise ValueError(f"fork_marked: rows {shrunk} hold fewer tokens than when marked: not the marked rows")
+        size = self._batch_for(len(rows))
+        arrays = self._call("reshape", fork_marked_program, state.arrays, padded_rows(rows, size), marks.arrays,
+                            padded_rows(mark_rows, size), self.layout)
+        return DecodeState(arrays, len(rows))
 
     def concat(self, states: Sequence[DecodeState]) -> DecodeState:
         """Rows of all states in order, in one state.
@@ -436,6 +456,16 @@ class Sampler(ProgramRuns):
     def _batch_for(self, rows: int) -> int:
         """The batch bucket of a state of `rows` real rows."""
         return bucket_batch(max(rows, self.min_batch), self._data_size)
+
+    @staticmethod
+    def _checked_rows(state: DecodeState, rows: Sequence[int], what: str) -> list[int]:
+        rows = [int(r) for r in rows]
+        if not rows:
+            raise ValueError(f"{what} needs at least one row")
+        bad = [r for r in rows if not 0 <= r < state.num_rows]
+        if bad:
+            raise ValueError(f"{what}: rows {bad} are outside [0, {state.num_rows})")
+        return rows
 
     def _gather(self, arrays: DecodeArrays, rows: list[int]) -> DecodeArrays:
         """Takes `rows` and pads the batch to its bucket with copies of the first row."""

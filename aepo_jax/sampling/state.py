@@ -80,6 +80,34 @@ class DecodeState:
         return np.asarray(self.arrays.next_position)[: self.num_rows]
 
 
+@flax.struct.dataclass
+class RowMarks:
+    """The device half of `Marks`: rows' cursor, next position and next-token logits at one moment."""
+
+    next_position: jax.Array  # int32[M]
+    last_logits: jax.Array  # float32[M, V]
+    cursor: jax.Array  # int32[M]
+
+
+@dataclasses.dataclass(frozen=True)
+class Marks:
+    """Where some rows of a decode state stood at one moment (`Sampler.mark`), so that they can be
+    forked later as they were then (`Sampler.fork_marked`) without copying their cache now.
+
+    Rows only grow (every write lands at a row's own cursor), so while a marked row stays in its
+    state, its first `cursor` slots still hold exactly what they held when it was marked; only the
+    cursor, the next position and the next-token logits need keeping. A branch snapshot kept this
+    way costs `[M, V]` logits instead of a copy of M whole cache rows.
+    """
+
+    arrays: RowMarks
+    cursors: np.ndarray  # int32[num_rows]: host copy of the marked cursors
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.cursors)
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleOutput:
     """Host-side result of one generate call, one row per real row.

@@ -157,3 +157,54 @@ def check_branches(model, trajs: dict) -> None:
         assert len(child.response_ids) > bp  # it sampled its own continuation
     # The branches' caches are right: their own sampled tokens score the same under a full forward.
     assert_logp_old_matches_full_forward(model, branches)
+
+
+class _WithoutMarks:
+    """The wrapped generator without `mark` / `fork_marked`: the loop snapshots by forking rows."""
+
+    def __init__(self, generator, forked_rows: list[int]) -> None:
+        self._generator, self._forked_rows = generator, forked_rows
+
+    def fork(self, state, rows):
+        self._forked_rows.append(len(rows))
+        return self._generator.fork(state, rows)
+
+    def __getattr__(self, name: str):
+        if name in ("mark", "fork_marked"):
+            raise AttributeError(name)
+        return getattr(self._generator, name)
+
+
+class _CountingForks(_WithoutMarks):
+    def __getattr__(self, name: str):
+        return getattr(self._generator, name)
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "continuous"])
+def test_branch_snapshots_by_marks_give_the_rollout_of_forked_snapshots(agent, schedule):
+    """A branch snapshot kept as marks (the rows keep growing; branches are forked from them as marked)
+    gives the trajectories a copied snapshot gives, token for token and score for score, while the
+    loop forks fewer rows. Rounds are bit-reproducible, so the two rollouts must be identical; under
+    `continuous` (timing decides which tick a result joins) the checks are the invariants."""
+    base = agent["loop"]
+    config = dataclasses.replace(base.config, schedule=schedule)
+    strategy = RolloutConfig(strategy="arpo", initial_rollouts=1, branch_threshold=0.0)  # every decision branches
+    runs = []
+    for wrapper in (_CountingForks, _WithoutMarks):
+        forked: list[int] = []
+        loop = AgentLoop(wrapper(base.generator, forked), base.tokenizer, base.tools, config)
+        groups, stats = rollout(agent["prompts"], 4, loop=loop, config=strategy, rng=np.random.default_rng(3),
+                                key=jax.random.key(3))
+        trajs = {t.traj_id: t for g in groups for t in g}
+        assert stats.num_branch > 0 and stats.repacks == 0
+        check_branches(agent["model"], trajs)
+        runs.append((trajs, sum(forked)))
+    (by_marks, marks_forked), (by_forks, forks_forked) = runs
+    assert marks_forked < forks_forked
+    if schedule == "rounds":
+        assert sorted(by_marks) == sorted(by_forks)
+        for tid, t in by_marks.items():
+            other = by_forks[tid]
+            assert (t.parent_id, t.branch_point, t.response_ids, t.mask) == (
+                other.parent_id, other.branch_point, other.response_ids, other.mask)
+            assert t.logp_old == other.logp_old and t.entropy == other.entropy

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from aepo_jax.sampling import SamplingParams
+from aepo_jax.sampling import DecodeState, SamplingParams
 from tests.sampling.conftest import random_prompts
 
 GREEDY = SamplingParams(greedy=True)
@@ -84,6 +84,44 @@ def test_fork_then_greedy_gives_identical_continuations(greedy_sampler, full_log
     _, parent_out = sampler.generate(st, 8, params=GREEDY)
     assert child_out.row_tokens(0) == parent_out.row_tokens(1) == child_out.row_tokens(2)
     assert child_out.row_tokens(1) == parent_out.row_tokens(0)
+
+
+def test_fork_marked_later_equals_fork_at_mark_time_bit_for_bit(greedy_sampler):
+    """A branch snapshot by marks: rows marked after a step, grown further (an append to some, a decode
+    of all), then forked as marked, hold what a fork taken at mark time holds (cursor, positions, logits,
+    valid slots and their keys and values, bit for bit) and continue alike; and the other rows' marks
+    are independent of the row order asked for."""
+    sampler = greedy_sampler
+    sampled = SamplingParams(temperature=1.0)
+    st, _ = sampler.generate(sampler.prefill(random_prompts(80, [5, 9, 2, 7])), 3, rng=jax.random.key(1), params=sampled)
+    at_mark = jax.device_get(sampler.fork(st, [2, 0, 2]).arrays)
+    marks = sampler.mark(st, [0, 2])
+    st = sampler.append(st, [[5, 6, 7], [], [8], [9, 10]])  # the marked rows keep growing
+    st, _ = sampler.generate(st, 6, rng=jax.random.key(2), params=sampled)
+    forked = sampler.fork_marked(st, [2, 0, 2], marks, [1, 0, 1])
+    assert forked.num_rows == 3
+    got = jax.device_get(forked.arrays)
+    rows = slice(0, 3)
+    for name in ("cursor", "slot_valid", "next_position", "last_logits"):
+        np.testing.assert_array_equal(getattr(got, name)[rows], getattr(at_mark, name)[rows], err_msg=name)
+    valid = at_mark.slot_valid[rows]  # [3, S]: later slots hold what the rows wrote since, and are invalid
+    for name in ("k", "v"):
+        ours, theirs = getattr(got.cache, name)[:, rows], getattr(at_mark.cache, name)[:, rows]  # [L, 3, KVH, S, Dh]
+        mask = valid[None, :, None, :, None]
+        np.testing.assert_array_equal(np.where(mask, ours, 0), np.where(mask, theirs, 0), err_msg=name)
+    _, from_marks = sampler.generate(forked, 6, params=GREEDY)
+    _, from_fork = sampler.generate(DecodeState(jax.device_put(at_mark), 3), 6, params=GREEDY)
+    assert from_marks.tokens.tolist() == from_fork.tokens.tolist()
+
+
+def test_fork_marked_refuses_rows_that_hold_fewer_tokens_than_their_marks(greedy_sampler):
+    sampler = greedy_sampler
+    st, _ = sampler.generate(sampler.prefill(random_prompts(81, [6, 2])), 2)
+    marks = sampler.mark(st, [0])
+    with pytest.raises(ValueError, match="fewer tokens than when marked"):
+        sampler.fork_marked(st, [1], marks, [0])  # row 1 (4 tokens) is not the marked row 0 (8 tokens)
+    with pytest.raises(ValueError, match="mark rows"):
+        sampler.fork_marked(st, [0], marks, [1])
 
 
 def test_concat_of_states_with_different_cursors_continues_each_row_exactly(greedy_sampler, full_logits):

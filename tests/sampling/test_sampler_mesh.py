@@ -136,3 +136,28 @@ def test_sub_batch_appends_over_a_leading_span_on_a_mesh_match_single_device(tin
         assert on_mesh.tokens.tolist() == alone.tokens.tolist()
         np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)
+
+
+def test_marks_and_marked_forks_on_a_mesh_match_single_device(tiny_model, greedy_sampler):
+    """`mark` / `fork_marked` on a (data 2, fsdp 2, tensor 2) mesh: the marks are split over the batch
+    axes like the rows they mark, the marked fork keeps the cache layout, and it continues as on one device."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    _, graphdef, state = tiny_model
+    mesh = make_mesh(DATA_FSDP_TENSOR)
+    sharded = Sampler(graphdef, state, params=SamplingParams(greedy=True), mesh=mesh)
+    runs = []
+    for sampler in (sharded, greedy_sampler):
+        st, _ = sampler.generate(sampler.prefill(random_prompts(34, [4, 11, 7])), 5)
+        marks = sampler.mark(st, [1, 2])
+        st = sampler.append(st, [[5, 6], [7], [9, 3, 4]])
+        st, _ = sampler.generate(st, 4)
+        child = sampler.fork_marked(st, [2, 1, 2], marks, [1, 0, 1])
+        if sampler is sharded:
+            rows = NamedSharding(mesh, P(("data", "fsdp")))
+            assert marks.arrays.cursor.sharding.is_equivalent_to(rows, 1)
+            assert marks.arrays.last_logits.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "fsdp"), None)), 2)
+            _assert_cache_layout(child.arrays, mesh)
+        runs.append(sampler.generate(child, 6)[1])
+    assert runs[0].tokens.tolist() == runs[1].tokens.tolist()
+    np.testing.assert_allclose(runs[0].logp, runs[1].logp, rtol=1e-4, atol=1e-5)
