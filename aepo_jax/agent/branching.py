@@ -9,15 +9,27 @@ pre-monitoring samples), from a prefill of the shared prefix.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aepo_jax.agent.loop_config import RolloutEvent
 from aepo_jax.agent.trajectory import Trajectory
 
+PREFILL = "prefill"  # a `_decide_branches` source: prefill the children's prompts and responses when adding them
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkedRows:
+    """Children to fork from rows of the loop's decode state as `marks` marked them: child j from the row
+    now in slot parent_slots[j] (the rows stay in their slots until the children are added)."""
+
+    marks: Any
+    parent_slots: list[int]
+
 
 class BranchDecisions:
     """The branch-decision methods of the loop's per-run state (`loop._Run`), which provides rows,
-    pending, snapshots_by_marks, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, state, slots,
+    pending, snapshots_by_marks, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, slots,
     _pauses, _active and _replay_step."""
 
     def _decide_branches(self, outputs: list[tuple[list[int], str]]
@@ -62,12 +74,12 @@ class BranchDecisions:
             kids += new
             parents += [self.slots[row]] * len(new)
         self.pending = waiting
-        # Marks: the children are forked now, from their parents' rows as marked, before this tick's
-        # tool results, compaction or finished rows change self.state.
-        states = [(self.gen.fork_marked(self.state, parents, snapshot, rows), kids, None) if self.snapshots_by_marks
-                  else (snapshot, kids, rows) for snapshot, rows, kids, parents in by_snapshot.values()]
+        # Marks: the children are forked from their parents' rows (their slots now) as marked, when they
+        # are added (`_add_children`): no row moves before then, and a finished parent's row stays intact.
+        states = [(MarkedRows(snapshot, parents) if self.snapshots_by_marks else snapshot, kids, rows)
+                  for snapshot, rows, kids, parents in by_snapshot.values()]
         if prefilled:
-            states.append((self.gen.prefill([c.prompt_ids + c.response_ids for c in prefilled]), prefilled, None))
+            states.append((PREFILL, prefilled, None))
         return states
 
     def _due_replays(self) -> list[Trajectory]:

@@ -36,7 +36,7 @@ def resolved(value: Any) -> Future:
 class ContinuousSchedule:
     """The continuous schedule's methods of the loop's per-run state (`loop._Run`), which provides
     rows, state, waiting, parked, pool and the round steps (_decode, _decide_branches, _classify,
-    _append_results, _compact, _add_rows, _top_up)."""
+    _append_results, _compact, _add_children, _shrink, _top_up)."""
 
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
@@ -57,9 +57,9 @@ class ContinuousSchedule:
             for i, message in malformed.items():
                 self.waiting[self.rows[i].traj_id] = resolved((None, message, False))
             self._fold_in_arrived()
-            self._compact()
-            for child_state, child_trajs, child_rows in children:
-                self._add_rows(child_state, child_trajs, child_rows)
+            self._compact(shrink=False)  # the children first: the marked parents stay in their rows until then
+            self._add_children(children)
+            self._shrink()
             self._top_up()
             if self.policy is not None:
                 new_per_prompt = [0] * len(self.prompts)

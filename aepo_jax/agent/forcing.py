@@ -146,6 +146,9 @@ class ToolForcingGenerator:
         return ForcedState(inner, [list(r) for s in (state, source) for r in s.ids],
                            [*state.forced, *source.forced], [*state.free_left, *source.free_left])
 
+    def reserve(self, state: ForcedState, rows: int) -> ForcedState:
+        return ForcedState(self.sampler.reserve(state.inner, rows), state.ids, state.forced, state.free_left)
+
     def generate(self, state: ForcedState, max_new_tokens: int | Sequence[int], rng: Any = None):
         budgets = [int(max_new_tokens)] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
         free = [min(b, left) for b, left in zip(budgets, state.free_left, strict=True)]

@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from aepo_jax.agent.branching import BranchDecisions
+from aepo_jax.agent.branching import PREFILL, BranchDecisions, MarkedRows
 from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
     TOP_LOGPROBS,
@@ -235,6 +235,32 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         self.rows.extend(trajs)
         self.slots.extend(new_slots)
 
+    def _add_children(self, children: list[tuple[Any, list[Trajectory], list[int] | None]]) -> list[Trajectory]:
+        """Adds `_decide_branches`' (source, children, rows) to the decode state and returns the children.
+
+        Sources made here: children from marks (`MarkedRows`) are forked from their parents' rows, all of
+        them before any is placed (a placed child may take a finished parent's row), and `PREFILL`
+        children are prefilled. Before that, when the children will not fit in the free rows, the state's
+        batch grows (`reserve`), so the old and the grown state are the only whole caches alive while it
+        is copied. The list is emptied as the children are placed: no child state outlives its copy into
+        the decode state."""
+        new_rows = sum(len(trajs) for _, trajs, _ in children)
+        reserve = getattr(self.gen, "reserve", None)
+        if self.state is not None and reserve is not None and new_rows > self.n_slots - len(self.rows):
+            self.state = reserve(self.state, self.n_slots + new_rows)
+        for i, (source, trajs, rows) in enumerate(children):
+            if isinstance(source, MarkedRows):
+                children[i] = (self.gen.fork_marked(self.state, source.parent_slots, source.marks, rows), trajs, None)
+            elif isinstance(source, str) and source == PREFILL:
+                children[i] = (self.gen.prefill([c.prompt_ids + c.response_ids for c in trajs]), trajs, None)
+        added = []
+        while children:
+            state, trajs, rows = children.pop(0)
+            self._add_rows(state, trajs, rows)
+            added += trajs
+            del state
+        return added
+
     def _by_slot(self, per_row: Sequence[Any], fill: Any) -> list[Any]:
         """A per-row list laid out over the decode state's rows (`fill` in free rows)."""
         out = [fill] * self.n_slots
@@ -271,11 +297,12 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             children = self._decide_branches(outputs)
             self._run_tools(outputs)
             new_per_prompt = [0] * len(self.prompts)
-            self._compact()
-            for child_state, child_trajs, child_rows in children:
-                self._add_rows(child_state, child_trajs, child_rows)
-                for t in child_trajs:
-                    new_per_prompt[t.prompt_index] += 1
+            # The children go into the rows finished rows free before any shrink: a shrink copies the
+            # whole state, and no child state is then alive beside the two copies.
+            self._compact(shrink=False)
+            for t in self._add_children(children):
+                new_per_prompt[t.prompt_index] += 1
+            self._shrink()
             before = len(self.events)
             self._top_up()
             for e in self.events[before:]:
@@ -397,9 +424,10 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
                              "(and top_ids) from generate(..., top_logprobs=10)")
         return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
-    def _compact(self) -> None:
-        """Drop finished rows (and rows with no budget left) from the decode state. A row waiting on a
-        tool result stays: appending the result decides whether it still fits (as in a round)."""
+    def _compact(self, shrink: bool = True) -> None:
+        """Drop finished rows (and rows with no budget left) from the decode state, and with `shrink`
+        copy the rest into a smaller batch when that pays (`_shrink`). A row waiting on a tool result
+        stays: appending the result decides whether it still fits (as in a round)."""
         for traj in self.rows:
             if not traj.finished and traj.traj_id not in self.waiting and self._limit(traj) <= 0:
                 out_of_response = len(traj.response_ids) >= self.cfg.max_response_tokens
@@ -407,18 +435,26 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         keep = [i for i, t in enumerate(self.rows) if not t.finished]
         if len(keep) == len(self.rows):
             return
-        if not keep:
-            self.state, self.rows, self.slots, self.n_slots = None, [], [], 0
+        self.rows, self.slots = [self.rows[i] for i in keep], [self.slots[i] for i in keep]
+        if shrink:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Copy the live rows into a dense state of a smaller batch, when that halves the batch at least;
+        otherwise ragged rows (the Sampler's) leave the free rows for the next branches and top-ups (a
+        copy into the same batch bucket would cost a second cache in memory while it is made, and save
+        no compute)."""
+        if not self.rows:
+            self.state, self.slots, self.n_slots = None, [], 0
             return
-        kept_slots = [self.slots[i] for i in keep]
-        self.rows, self.slots = [self.rows[i] for i in keep], kept_slots
-        if self.cfg.schedule == "continuous" and 2 * len(keep) > self.n_slots:
-            return  # the finished rows' slots stay free for the next branches and top-ups
-        if next_power_of_two(len(keep)) >= next_power_of_two(self.n_slots):
-            # Rounds: a dense copy of the kept rows would have the same batch bucket, so it would cost a
-            # second whole cache in memory while it is made, and save no compute; the slots stay free.
+        if len(self.rows) == self.n_slots:
             return
-        self._set_dense(self.gen.fork(self.state, kept_slots))
+        if self.cfg.schedule == "continuous" and 2 * len(self.rows) > self.n_slots:
+            return
+        ragged = getattr(self.state, "cursors", None) is not None  # (a shared-cursor generator stays dense)
+        if ragged and next_power_of_two(len(self.rows)) >= next_power_of_two(self.n_slots):
+            return
+        self._set_dense(self.gen.fork(self.state, self.slots))
 
     def _top_up(self) -> None:
         """One new global per prompt with no active trajectory and fewer than k (spec 2.2 step 4)."""

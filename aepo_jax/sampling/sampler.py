@@ -381,11 +381,21 @@ class Sampler(ProgramRuns):
         the rows of both, `source`'s rows are placed into its spare rows, so nothing is allocated and
         `state`'s rows are not copied (the agent loop adding branches and top-ups); else a concat."""
         total = state.num_rows + source.num_rows
-        if self._batch_for(total) != state.batch_size or source.cache_length > state.cache_length:
+        if total > state.batch_size or source.cache_length > state.cache_length:
             return self.concat([state, source])
         wider = DecodeState(state.arrays, total)
         return self._place_rows(wider, list(range(state.num_rows, total)), source, list(range(source.num_rows)),
                                 bucket_length(source.num_rows, self.min_batch))
+
+    def reserve(self, state: DecodeState, rows: int) -> DecodeState:
+        """`state` (consumed) with batch rows for at least `rows` rows, so that `extend` by up to
+        `rows - num_rows` rows places them into spare rows. Growing the batch before the new rows
+        exist keeps the old and the grown state the only two caches alive while it is copied."""
+        if rows <= state.batch_size:
+            return state
+        grown = DecodeState(self._empty_arrays(self._batch_for(rows), state.cache_length, "reshape"), state.num_rows)
+        every = list(range(state.num_rows))
+        return self._place_rows(grown, every, state, every, bucket_length(state.num_rows, self.min_batch))
 
     def place(self, state: DecodeState, dst_rows: Sequence[int], source: DecodeState,
               src_rows: Sequence[int]) -> DecodeState:
