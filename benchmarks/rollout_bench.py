@@ -27,6 +27,7 @@ seconds over the largest bound of its runs is what hiding tool latency could gai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -57,6 +58,7 @@ from aepo_jax.tools import (
 )
 from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 from benchmarks.bench_json import add_json_flag, write_json
+from benchmarks.cache_census import LiveCacheCensus
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's monitoring event of one XLA compile
 
@@ -93,6 +95,9 @@ def main() -> None:
                         help="new shapes compile in the background (auto: under continuous only)")
     parser.add_argument("--premonitor-overlap", default="on", choices=("on", "off"),
                         help="continuous: each prompt's rollout starts once its own pre-monitoring sample ends")
+    parser.add_argument("--cache-census", action="store_true",
+                        help="also count the KV caches alive after every sampler program: each run's peak, in "
+                             "largest single caches (benchmarks/cache_census.py; adds host work to every call)")
     add_json_flag(parser)
     args = parser.parse_args()
     schedules = [x for x in args.schedules.split(",") if x]
@@ -134,13 +139,13 @@ def main() -> None:
             # still unseen fall on every schedule alike.
             for warmup in range(args.warmups):
                 for key, loop in loops.items():
-                    _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup)
+                    _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup, census=False)
             for sampler in samplers.values():  # the warm-ups' queued compiles finish here, not inside a timed run
                 sampler.wait_for_compiles()
             for repeat in range(1, args.repeats + 1):
                 for (branch_by, schedule), loop in loops.items():
                     rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
-                                               latency / 1000.0, args.tool_concurrency)
+                                               latency / 1000.0, args.tool_concurrency, census=args.cache_census)
                                 | {"schedule": schedule, "branch_by": branch_by})
             registry.close()
     summary = _summaries(rows, schedules, branch_modes[0])
@@ -163,6 +168,9 @@ def main() -> None:
               f"after the run: {r['compile_drain_seconds']:.2f} s;",
               f"{r['background_compiles']} in the background, of which {r['held_compiles']} held until the run "
               f"ended; {r['fallback_calls']} calls ran a larger variant)")
+        if "peak_caches" in r:
+            print(f"    KV caches alive at once, at most: {r['peak_caches']:.3f} x the largest "
+                  f"({r['largest_batch']} rows)")
     if {"rounds", "continuous"} <= set(summary):
         ratio = summary["continuous"]["trajectories_per_s"] / summary["rounds"]["trajectories_per_s"]
         print(f"continuous / rounds trajectories/s (mean over repeats, branch_by={branch_modes[0]}): {ratio:.2f}x")
@@ -197,17 +205,21 @@ jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
 def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat: int, latency_s: float = 0.0,
-                   concurrency: int = 1) -> dict:
+                   concurrency: int = 1, census: bool = False) -> dict:
     """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
-    them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound."""
+    them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound;
+    with `census`, also the most KV cache alive at once (`LiveCacheCensus`)."""
     device_before = sampler.device_seconds
     counters_before = sampler.compile_counters
     compile_before = _COMPILE_SECONDS[0]
     programs_before = sampler.compiled_programs()
+    counting = LiveCacheCensus(sampler) if census else contextlib.nullcontext()
     start = time.perf_counter()
-    groups, stats = rollout(prompts, k, loop=loop, config=config,
-                            rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
+    with counting:
+        groups, stats = rollout(prompts, k, loop=loop, config=config,
+                                rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
     seconds = time.perf_counter() - start
+    caches = {"peak_caches": counting.peak_caches, "largest_batch": counting.largest_batch} if census else {}
     compile_seconds = _COMPILE_SECONDS[0] - compile_before
     # Background compiles this run queued and did not finish: finished here, outside its time, so they do
     # not run during (and slow) the next timed run, which may be another schedule's.
@@ -227,7 +239,7 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
             "tool_calls": stats.tool_calls, "serial_tool_calls": stats.serial_tool_calls,
             "tool_bound_seconds": latency_s * max(stats.serial_tool_calls, stats.tool_calls / concurrency),
             "stats": stats.as_dict(), "new_compiled_programs": sampler.compiled_programs() - programs_before,
-            "compile_seconds": compile_seconds, "compile_drain_seconds": drain_seconds,
+            "compile_seconds": compile_seconds, "compile_drain_seconds": drain_seconds, **caches,
             **{name: v - counters_before[name] for name, v in sampler.compile_counters.items()}}
 
 
