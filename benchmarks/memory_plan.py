@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # configs/ lives a
 
 GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
-PROGRAMS = ("train_step", "score", "sampler_prefill", "sampler_decode")
-SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode")
+PROGRAMS = ("train_step", "score", "sampler_prefill", "sampler_decode", "sampler_grow", "sampler_shrink")
+SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_grow", "sampler_shrink")
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
 # (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
 DEFAULT_PLANS = (
@@ -118,7 +118,8 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
 
 
 def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
-    """{"sampler_prefill": ..., "sampler_decode": ...} at the config's rollout batch and lengths.
+    """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_grow": ..., "sampler_shrink": ...} at the
+    config's rollout batch and lengths.
 
     Rows: all trajectories of a step in one decode state (`data.prompts_per_step` x
     `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
@@ -153,9 +154,12 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     rows = bucket_batch(int(cfg.data.prompts_per_step) * int(cfg.rollout.k), layout.batch_devices)
     slots = cache_slots(loop)
     cache_dtype = jnp.dtype(model_config.dtype).name
-    shapes = jax.eval_shape(lambda: _empty_arrays(model_config.n_layers, rows, slots, model_config.n_kv_heads,
-                                                  model_config.head_dim, model_config.vocab_size, cache_dtype))
-    arrays = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layout.of(shapes))
+    def decode_arrays(batch: int):
+        shapes = jax.eval_shape(lambda: _empty_arrays(model_config.n_layers, batch, slots, model_config.n_kv_heads,
+                                                      model_config.head_dim, model_config.vocab_size, cache_dtype))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, layout.of(shapes))
+
+    arrays = decode_arrays(rows)
 
     def rows_of(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=layout.rows(len(shape)))
@@ -178,8 +182,16 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
                      "span": slots}
     decode_args = (graphdef, params, arrays, keys, budget, stop_table, progress)
     meta = {"rows": rows, "cache_slots": slots}
+    # The rollout's two whole-cache copies (docs/scaling.md, "The rollout's caches alive at once"): a batch
+    # of half the rows grown into the full one (`Sampler.reserve`: the grown state donated, the old one
+    # read), and the full batch shrunk to half its rows (the loop's dense copy of the live rows).
+    half_index = jax.ShapeDtypeStruct((rows // 2,), jnp.int32, sharding=replicated)
+    grow_args = (arrays, half_index, decode_arrays(rows // 2), half_index, layout)
+    shrink_args = (arrays, half_index, layout)
     return {"sampler_prefill": (programs["block"], prefill_args, {}, {**meta, "seq_len": block}),
-            "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps})}
+            "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps}),
+            "sampler_grow": (programs["place"], grow_args, {}, {**meta, "seq_len": None}),
+            "sampler_shrink": (programs["take"], shrink_args, {}, {**meta, "seq_len": None})}
 
 
 def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, programs: list[str],
@@ -200,7 +212,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     built = {}
     if {"train_step", "score"} & set(programs):
         built.update(build_programs(cfg, mesh, layers))
-    if {"sampler_prefill", "sampler_decode"} & set(programs):
+    if set(SAMPLER_PROGRAMS) & set(programs):
         built.update(build_sampler_programs(cfg, mesh, layers))
     with jax.set_mesh(mesh):
         for program in programs:
@@ -263,9 +275,10 @@ def print_row(row: dict[str, Any]) -> None:
     fits = "fits" if row["per_device_bytes"] <= 0.9 * row["hbm_bytes"] and not row["error"] else "DOES NOT FIT"
     if row["error"]:
         fits += ", refused by the compiler"
-    print(f"{row['config']:>16} {row['topology']:>9} {row['mesh']:>22} {row['program']:>15} L{row['n_layers']:<3} B{row['rows']:<4} T{row['seq_len']:<5}"
+    print(f"{row['config']:>16} {row['topology']:>9} {row['mesh']:>22} {row['program']:>15} L{row['n_layers']:<3} B{row['rows']:<4} T{row['seq_len'] or '-':<5}"
           f" {row['attention']:>6}"
-          f" arg {row['argument_bytes'] / GIB:7.2f} GiB  temp {row['temp_bytes'] / GIB:7.2f} GiB"
+          f" arg {row['argument_bytes'] / GIB:7.2f} GiB  out {row['output_bytes'] / GIB:6.2f} GiB"
+          f"  temp {row['temp_bytes'] / GIB:7.2f} GiB"
           f"  total {row['per_device_bytes'] / GIB:7.2f} / {row['hbm_bytes'] / GIB:.0f} GiB ({fits})"
           f"  compile {row['compile_seconds']:6.1f} s ({row['compile_cpu_seconds']:.0f} s CPU)", flush=True)
 

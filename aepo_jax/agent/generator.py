@@ -48,6 +48,12 @@ class Generator(Protocol):
     # becomes a copy of row src_rows[i] of `source`, the other rows untouched.
     # Optional (the loop adds rows with it when present, else with concat):
     # def extend(self, state, source) -> state: concat([state, source]) that may consume `state`.
+    # Optional, together (branch snapshots are then marks, not forks of the deciding rows):
+    # def mark(self, state, rows) -> marks: rows as they stand now; rows only grow afterwards.
+    # def fork_marked(self, state, rows, marks, mark_rows) -> state: row i is row rows[i] of `state`
+    # as it stood at mark mark_rows[i] (what `fork` would have given at `mark` time).
+    # Optional (the loop grows the batch with it before adding rows that do not fit):
+    # def reserve(self, state, rows) -> state: `state` (consumed) with room for `rows` rows.
     # Optional (a loop run with `LoopConfig.compiles_after_run` is one such block when present):
     # def compiles_held(self) -> context manager: background compiles asked for inside it start when it ends.
 

@@ -163,7 +163,7 @@ def grow_program(arrays, new_length, layout):
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def take_program(arrays, rows, layout):
-    return constrain(layout, take_rows(arrays, rows))
+    return constrain(layout, take_rows(arrays, rows, layout))
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
@@ -174,12 +174,12 @@ def mark_program(arrays, rows, layout):
 
 @functools.partial(jax.jit, static_argnums=(4,))
 def fork_marked_program(arrays, rows, marks, mark_index, layout):
-    return constrain(layout, take_marked_rows(arrays, rows, marks, mark_index))
+    return constrain(layout, take_marked_rows(arrays, rows, marks, mark_index, layout))
 
 
 @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
 def place_program(arrays, dst, source, src, layout):
-    return constrain(layout, place_source_rows(arrays, dst, source, src))
+    return constrain(layout, place_source_rows(arrays, dst, source, src, layout))
 
 
 PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program,
@@ -188,6 +188,6 @@ PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_bloc
 
 
 def sampler_programs() -> dict[str, object]:
-    """The jitted block forward (prefill / append / repack chunks) and decode loop, for
+    """The jitted block forward (prefill / append / repack chunks), decode loop and row copies, for
     ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
-    return {"block": block_program, "decode": decode_program}
+    return {"block": block_program, "decode": decode_program, "place": place_program, "take": take_program}
