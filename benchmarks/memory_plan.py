@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # configs/ lives a
 
 GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
-PROGRAMS = ("train_step", "score", "sampler_prefill", "sampler_decode", "sampler_grow", "sampler_shrink")
-SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_grow", "sampler_shrink")
+SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_append_rows", "sampler_grow", "sampler_shrink")
+PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS)
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
 # (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
 DEFAULT_PLANS = (
@@ -118,8 +118,8 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
 
 
 def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
-    """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_grow": ..., "sampler_shrink": ...} at the
-    config's rollout batch and lengths.
+    """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_append_rows": ..., "sampler_grow": ...,
+    "sampler_shrink": ...} at the config's rollout batch and lengths.
 
     Rows: all trajectories of a step in one decode state (`data.prompts_per_step` x
     `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
@@ -140,6 +140,7 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
         DECODE_WINDOW,
         MAX_BLOCK_TOKENS,
         MIN_BLOCK,
+        sub_batch_rows,
     )
     from aepo_jax.sampling.programs import start_progress
     from aepo_jax.sampling.stopping import build_stop_table
@@ -188,8 +189,14 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     half_index = jax.ShapeDtypeStruct((rows // 2,), jnp.int32, sharding=replicated)
     grow_args = (arrays, half_index, decode_arrays(rows // 2), half_index, layout)
     shrink_args = (arrays, half_index, layout)
+    # An append to the rows of a quarter of the batch (tool results; `sub_batch_rows`): those rows are
+    # taken out, fed one chunk of block tokens over the whole cache, and put back.
+    sub = sub_batch_rows(rows, layout.batch_devices)
+    append_args = (graphdef, params, arrays, rows_of((sub,), jnp.int32), rows_of((sub,), jnp.int32),
+                   rows_of((sub, block), jnp.int32), rows_of((sub, block), jnp.bool_), layout, None)
     return {"sampler_prefill": (programs["block"], prefill_args, {}, {**meta, "seq_len": block}),
             "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps}),
+            "sampler_append_rows": (programs["rows_block"], append_args, {}, {**meta, "seq_len": block}),
             "sampler_grow": (programs["place"], grow_args, {}, {**meta, "seq_len": None}),
             "sampler_shrink": (programs["take"], shrink_args, {}, {**meta, "seq_len": None})}
 

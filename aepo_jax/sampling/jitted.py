@@ -95,12 +95,12 @@ def scored_block_program(graphdef, params, arrays, tokens, token_valid, layout, 
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
-def _on_rows(block, arrays, rows, dst, span):
+def _on_rows(block, arrays, rows, dst, span, layout):
     """`block(sub_arrays) -> (sub_arrays, extra)` run on the first `span` slots (None: all) of rows `rows`
     of `arrays` only (the block reads all of the sub-arrays' slots); row i of the result goes back to row
     dst[i] (entries past the batch are padding, dropped)."""
-    sub, extra = block(take_leading_rows(arrays, rows, span))
-    return put_leading_rows(arrays, dst, sub), extra
+    sub, extra = block(take_leading_rows(arrays, rows, span, layout))
+    return put_leading_rows(arrays, dst, sub, layout), extra
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8), donate_argnums=(2,))
@@ -109,7 +109,7 @@ def rows_block_program(graphdef, params, arrays, rows, dst, tokens, token_valid,
     batch costs those rows' forward, not the batch's)."""
     forward = functools.partial(model_forward, graphdef)
     arrays, _ = _on_rows(lambda sub: (forward_block(forward, params, sub, tokens, token_valid), None),
-                         arrays, rows, dst, span)
+                         arrays, rows, dst, span, layout)
     return constrain(layout, arrays)
 
 
@@ -118,7 +118,8 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
     """`scored_block_program` over the rows that receive tokens only; scores are `[len(rows), T]`."""
     forward = functools.partial(model_hidden, graphdef)
     arrays, scores = _on_rows(
-        lambda sub: scored_block(forward, params, sub, tokens, token_valid, None, temperature), arrays, rows, dst, span)
+        lambda sub: scored_block(forward, params, sub, tokens, token_valid, None, temperature), arrays, rows, dst, span,
+        layout)
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
@@ -190,4 +191,5 @@ PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_bloc
 def sampler_programs() -> dict[str, object]:
     """The jitted block forward (prefill / append / repack chunks), decode loop and row copies, for
     ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
-    return {"block": block_program, "decode": decode_program, "place": place_program, "take": take_program}
+    return {"block": block_program, "decode": decode_program, "rows_block": rows_block_program, "place": place_program,
+            "take": take_program}

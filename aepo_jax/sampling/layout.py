@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 
 from aepo_jax.parallel import named_sharding
 from aepo_jax.sampling.cache_sharding import KV_AXES, DecodeSharding
@@ -33,24 +32,30 @@ def grow_slots(arrays: DecodeArrays, new_length: int) -> DecodeArrays:
     return arrays.replace(cache=_map_kv(arrays.cache, pad), slot_valid=slot_valid)
 
 
-def _take_layer_by_layer(x: jax.Array, rows: jax.Array, sharding: NamedSharding) -> jax.Array:
-    """[L, B, ...] -> [L, len(rows), ...], rows taken one layer at a time (a loop, so only one layer's
-    worth of rows crosses the mesh's batch shards at once)."""
-    out = jax.lax.with_sharding_constraint(jnp.zeros((x.shape[0], rows.shape[0], *x.shape[2:]), x.dtype), sharding)
+def _take_layer_by_layer(x: jax.Array, rows: jax.Array, mesh, span: int | None = None) -> jax.Array:
+    """[L, B, KVH, S, Dh] -> [L, len(rows), KVH, span, Dh]: the first `span` slots (None: all) of rows
+    `rows`, taken one layer at a time (a loop, so only one layer's worth of rows crosses the mesh's
+    batch shards at once)."""
+    span = x.shape[3] if span is None else span
+    shape = (x.shape[0], rows.shape[0], x.shape[2], span, x.shape[4])
+    out = jax.lax.with_sharding_constraint(jnp.zeros(shape, x.dtype), named_sharding(KV_AXES, shape, mesh))
 
     def one_layer(layer, out):
-        taken = jnp.take(jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False), rows, axis=0)
+        taken = jnp.take(jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False), rows, axis=0)[:, :, :span]
         return jax.lax.dynamic_update_index_in_dim(out, taken, layer, 0)
 
     return jax.lax.fori_loop(0, x.shape[0], one_layer, out)
 
 
-def _place_layer_by_layer(x: jax.Array, dst: jax.Array, y: jax.Array, src: jax.Array) -> jax.Array:
-    """x with rows dst[i] of every layer set to rows src[i] of y, one layer at a time (as above)."""
+def _place_layer_by_layer(x: jax.Array, dst: jax.Array, y: jax.Array, src: jax.Array | None = None) -> jax.Array:
+    """x with the first slots of rows dst[i] of every layer set to row src[i] of y (None: row i), as many
+    slots as y has, one layer at a time (as above); dst entries past the batch are dropped."""
+    span = y.shape[3]
 
     def one_layer(layer, x):
-        rows = jnp.take(jax.lax.dynamic_index_in_dim(y, layer, 0, keepdims=False), src, axis=0)
-        placed = jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False).at[dst].set(rows, mode="drop")
+        rows = jax.lax.dynamic_index_in_dim(y, layer, 0, keepdims=False)
+        rows = rows if src is None else jnp.take(rows, src, axis=0)
+        placed = jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False).at[dst, :, :span].set(rows, mode="drop")
         return jax.lax.dynamic_update_index_in_dim(x, placed, layer, 0)
 
     return jax.lax.fori_loop(0, x.shape[0], one_layer, x)
@@ -70,10 +75,8 @@ def take_rows(arrays: DecodeArrays, rows: jax.Array, layout: DecodeSharding | No
     if layout is None:
         cache = _map_kv(arrays.cache, take)
     else:
-        k = arrays.cache.k
-        sharding = named_sharding(KV_AXES, (k.shape[0], rows.shape[0], *k.shape[2:]), layout.mesh)
-        cache = arrays.cache.replace(k=_take_layer_by_layer(k, rows, sharding),
-                                     v=_take_layer_by_layer(arrays.cache.v, rows, sharding))
+        cache = arrays.cache.replace(k=_take_layer_by_layer(arrays.cache.k, rows, layout.mesh),
+                                     v=_take_layer_by_layer(arrays.cache.v, rows, layout.mesh))
     return DecodeArrays(
         cache=cache,
         slot_valid=take(arrays.slot_valid),
@@ -125,12 +128,19 @@ def place_rows(arrays: DecodeArrays, dst: jax.Array, source: DecodeArrays, src: 
     )
 
 
-def take_leading_rows(arrays: DecodeArrays, rows: jax.Array, span: int | None = None) -> DecodeArrays:
+def take_leading_rows(arrays: DecodeArrays, rows: jax.Array, span: int | None = None,
+                      layout: DecodeSharding | None = None) -> DecodeArrays:
     """New arrays of `span` slots (None: all) whose row i is the first `span` slots of old row rows[i]:
-    a block whose receiving rows end within `span` slots reads and writes nothing past them."""
+    a block whose receiving rows end within `span` slots reads and writes nothing past them. On a mesh
+    (`layout`) the cache moves one layer at a time (`take_rows`)."""
     if span is None or span >= arrays.slot_valid.shape[1]:
-        return take_rows(arrays, rows)  # whole rows: the plain take ran as fast as the slice form on XLA:CPU, or faster
-    cache = arrays.cache.replace(k=arrays.cache.k[:, rows, :, :span], v=arrays.cache.v[:, rows, :, :span])
+        # whole rows: the plain take ran as fast as the slice form on XLA:CPU, or faster
+        return take_rows(arrays, rows, layout)
+    if layout is None:
+        cache = arrays.cache.replace(k=arrays.cache.k[:, rows, :, :span], v=arrays.cache.v[:, rows, :, :span])
+    else:
+        cache = arrays.cache.replace(k=_take_layer_by_layer(arrays.cache.k, rows, layout.mesh, span),
+                                     v=_take_layer_by_layer(arrays.cache.v, rows, layout.mesh, span))
     return DecodeArrays(
         cache=cache,
         slot_valid=arrays.slot_valid[rows, :span],
@@ -140,14 +150,20 @@ def take_leading_rows(arrays: DecodeArrays, rows: jax.Array, span: int | None = 
     )
 
 
-def put_leading_rows(arrays: DecodeArrays, dst: jax.Array, sub: DecodeArrays) -> DecodeArrays:
+def put_leading_rows(arrays: DecodeArrays, dst: jax.Array, sub: DecodeArrays,
+                     layout: DecodeSharding | None = None) -> DecodeArrays:
     """`arrays` with the first slots of row dst[i] replaced by row i of `sub` (as many slots as it has), in
-    place under donation; dst entries past the batch are dropped (padding). The inverse of `take_leading_rows`."""
+    place under donation; dst entries past the batch are dropped (padding). The inverse of `take_leading_rows`
+    (on a mesh, one layer at a time as well)."""
     span = sub.slot_valid.shape[1]
     if span >= arrays.slot_valid.shape[1]:
-        return place_rows(arrays, dst, sub, jnp.arange(sub.cursor.shape[0], dtype=jnp.int32))
-    cache = arrays.cache.replace(k=arrays.cache.k.at[:, dst, :, :span].set(sub.cache.k, mode="drop"),
-                                 v=arrays.cache.v.at[:, dst, :, :span].set(sub.cache.v, mode="drop"))
+        return place_rows(arrays, dst, sub, jnp.arange(sub.cursor.shape[0], dtype=jnp.int32), layout)
+    if layout is None:
+        cache = arrays.cache.replace(k=arrays.cache.k.at[:, dst, :, :span].set(sub.cache.k, mode="drop"),
+                                     v=arrays.cache.v.at[:, dst, :, :span].set(sub.cache.v, mode="drop"))
+    else:
+        cache = arrays.cache.replace(k=_place_layer_by_layer(arrays.cache.k, dst, sub.cache.k),
+                                     v=_place_layer_by_layer(arrays.cache.v, dst, sub.cache.v))
     return DecodeArrays(
         cache=cache,
         slot_valid=arrays.slot_valid.at[dst, :span].set(sub.slot_valid, mode="drop"),

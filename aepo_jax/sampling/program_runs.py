@@ -180,8 +180,7 @@ class ProgramRuns:
         receiving = [row for row, ids in enumerate(token_lists) if len(ids)]
         # One sub-batch size per batch (a quarter of it), not one per count of receiving rows: each
         # size is another compiled program for every block and cache length.
-        shards = self._data_size  # the sub-batch is sharded like the batch: a multiple of the batch devices
-        sub_batch = -(-max(state.batch_size // SUB_BATCH_FRACTION, 1) // shards) * shards
+        sub_batch = sub_batch_rows(state.batch_size, self._data_size)
         extra = () if score_temperature is None else (score_temperature,)
         # Variants that do not need compiling now (a single-chunk block only): longer spans, then longer
         # blocks; then the same over the whole batch when the exact one runs on sub-batches.
@@ -293,6 +292,12 @@ def _block_program(on_rows: bool, score_temperature: float | None):
     if on_rows:
         return rows_block_program if score_temperature is None else rows_scored_block_program
     return block_program if score_temperature is None else scored_block_program
+
+
+def sub_batch_rows(batch: int, batch_devices: int) -> int:
+    """Rows of a sub-batch append to a batch of `batch` rows: a quarter of it, sharded like the batch (a
+    multiple of its devices)."""
+    return -(-max(batch // SUB_BATCH_FRACTION, 1) // batch_devices) * batch_devices
 
 
 def padded_rows(rows: Sequence[int], size: int) -> np.ndarray:
