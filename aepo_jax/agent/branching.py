@@ -3,7 +3,8 @@
 A row's segment after a tool result is measured by the entropy of its first K
 tokens; once it is, the branch policy says how many branches start from the
 decode state *as it was right after the tool result* (a snapshot the loop took
-then: the generator's marks of those rows, which copy no cache, or a fork), or, for `branch_by="prefill"` and reused finished globals (AEPO's
+then: the generator's marks of those rows, which copy no cache, or a fork),
+or, for `branch_by="prefill"` and reused finished globals (AEPO's
 pre-monitoring samples), from a prefill of the shared prefix.
 """
 

@@ -338,7 +338,9 @@ class Sampler(ProgramRuns):
         """Marks rows `rows` as they stand now, for `fork_marked` later: a branch snapshot that copies
         no cache (their cursors, positions and logits only; `Marks`)."""
         rows = self._checked_rows(state, rows, "mark")
-        index = padded_rows(rows, self._batch_for(len(rows)))
+        # As many marks as the state has rows (padding repeats the first): one mark and one marked-fork
+        # program per batch size, not one per count of marked rows.
+        index = padded_rows(rows, state.batch_size)
         return Marks(self._call("reshape", mark_program, state.arrays, index, self.layout), state.cursors[rows].copy())
 
     def fork_marked(self, state: DecodeState, rows: Sequence[int], marks: Marks, mark_rows: Sequence[int]) -> DecodeState:
