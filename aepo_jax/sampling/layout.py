@@ -2,7 +2,9 @@
 
 These move whole rows or slots and never change what a row attends to:
 keys are stored already rotated, so a token's slot number does not matter,
-only `slot_valid` and the order of slots.
+only `slot_valid` and the order of slots. A marked row (`mark_rows`) is taken
+back as it was by invalidating the slots it wrote since (`take_marked_rows`).
+On a mesh the cache's rows move one layer at a time.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ keys, counters. All arithmetic happens in `programs.py`, `layout.py` and
 Consumption rule: `generate` and `append` donate the arrays of the state they
 receive (the cache is updated in place); use only the state they return.
 `fork` and `concat` copy and leave their inputs usable; `place` donates its
-destination and leaves its source usable.
+destination and leaves its source usable; `extend` and `reserve` consume the
+state they grow. `mark` copies no cache, and `fork_marked` reads the live rows.
 """
 
 from __future__ import annotations
