@@ -123,28 +123,51 @@ def rows_scored_block_program(graphdef, params, arrays, rows, dst, tokens, token
     return constrain(layout, arrays), (scores.logp, scores.entropy)
 
 
-@functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span"),
-                   donate_argnums=(2,))
+_DECODE_STATICS = ("max_steps", "sampling", "pad_id", "num_top_logprobs", "layout", "span")
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_DECODE_STATICS, donate_argnums=(2,))
 def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
-                    pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
+                   pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
     """One decode window. With `layer_params` (`split_layers_program(params)`) the window runs on
     those per-layer parameters and on per-layer copies of the cache's first `span` slots (`LayerKV`,
     made before its steps and written back after), the layers unrolled; otherwise every step scans
     the stacked layers and reads the span out of the stacked cache."""
+    arrays, out, progress = _decode_window(graphdef, params, arrays, row_keys, budget, stop_table, progress,
+                                           max_steps=max_steps, sampling=sampling, pad_id=pad_id,
+                                           num_top_logprobs=num_top_logprobs, span=span, layer_params=layer_params)
+    return constrain(layout, arrays), out, progress
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=_DECODE_STATICS, donate_argnums=(2,))
+def rows_decode_program(graphdef, params, arrays, rows, dst, row_keys, budget, stop_table, progress, *, max_steps,
+                        sampling, pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
+    """`decode_program` over rows `rows` of `arrays` only (`row_keys`, `budget` and `progress` are theirs):
+    their first `span` slots (None: all) are taken, decoded for one window and put back, row i into row
+    dst[i] (entries past the batch are padding, dropped). A decode of at most half the batch so costs
+    those rows' forward and a copy of their live span, not copies of their whole rows."""
+    sub = take_leading_rows(arrays, rows, span, layout)
+    sub, out, progress = _decode_window(graphdef, params, sub, row_keys, budget, stop_table, progress,
+                                        max_steps=max_steps, sampling=sampling, pad_id=pad_id,
+                                        num_top_logprobs=num_top_logprobs, span=None, layer_params=layer_params)
+    return constrain(layout, put_leading_rows(arrays, dst, sub, layout)), out, progress
+
+
+def _decode_window(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling, pad_id,
+                   num_top_logprobs, span, layer_params):
+    """The body of `decode_program`: one window over every row of `arrays`."""
     loop = functools.partial(decode_loop, max_steps=max_steps, sampling=sampling, pad_id=pad_id,
                              num_top_logprobs=num_top_logprobs)
     if layer_params is None:
-        arrays, out, progress = loop(functools.partial(model_forward, graphdef), params, arrays, row_keys, budget,
-                                     stop_table, progress, span=span)
-        return constrain(layout, arrays), out, progress
+        return loop(functools.partial(model_forward, graphdef), params, arrays, row_keys, budget, stop_table,
+                    progress, span=span)
     span = arrays.slot_valid.shape[1] if span is None else span
     window = arrays.replace(cache=LayerKV.from_stacked(arrays.cache, span), slot_valid=arrays.slot_valid[:, :span])
     forward = functools.partial(model_forward, graphdef, layer_params=layer_params)
     window, out, progress = loop(forward, params, window, row_keys, budget, stop_table, progress)
     arrays = window.replace(cache=window.cache.into_stacked(arrays.cache),
                             slot_valid=jax.lax.dynamic_update_slice(arrays.slot_valid, window.slot_valid, (0, 0)))
-    return constrain(layout, arrays), out, progress
+    return arrays, out, progress
 
 
 @jax.jit
@@ -184,7 +207,7 @@ def place_program(arrays, dst, source, src, layout):
 
 
 PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program,
-            rows_scored_block_program, decode_program, grow_program, take_program, place_program, mark_program,
+            rows_scored_block_program, decode_program, rows_decode_program, grow_program, take_program, place_program, mark_program,
             fork_marked_program)
 
 

@@ -19,6 +19,7 @@ from aepo_jax.sampling.jitted import (
     block_program,
     decode_program,
     rows_block_program,
+    rows_decode_program,
     rows_scored_block_program,
     scored_block_program,
     start_program,
@@ -49,20 +50,24 @@ class ProgramRuns:
     _check_ids and last_decode_spans)."""
 
     def _decode(self, state: DecodeState, budgets: np.ndarray, row_keys: jax.Array, sampling: SamplingParams,
-                top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
-        """The decode windows of `generate` over every row of `state` (budgets int32[batch])."""
+                top_logprobs: int, rows: Sequence[int] | None = None) -> tuple[DecodeState, SampleOutput]:
+        """The decode windows of `generate` over every row of `state` (budgets int32[batch]), or over rows
+        `rows` only (at most half the batch; `budgets` and `row_keys` are then theirs, padded to half the
+        batch, and the output's rows are theirs): each window takes their live span, decodes it and puts
+        it back (`rows_decode_program`)."""
+        target = _DecodeTarget(state, rows)
         longest = int(budgets.max())
         row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
         # The variant any window of this batch may run (the longest window over the whole cache): a later
         # window whose own shape and every longer span are not compiled runs as it, not compiling on the spot.
-        self._compile_window_later(state, (self._graphdef, self._params_state, state.arrays, row_keys, budget,
-                                           self._stop_table, progress), DECODE_WINDOW, state.cache_length,
-                                   sampling, top_logprobs)
-        arrays, cursors, windows = state.arrays, state.cursors, []
+        self._compile_window_later(target, (self._graphdef, self._params_state, state.arrays, *target.row_inputs(self.layout),
+                                            row_keys, budget, self._stop_table, progress), DECODE_WINDOW,
+                                   state.cache_length, sampling, top_logprobs)
+        arrays, cursors, windows = state.arrays, target.cursors, []
         self.last_decode_spans = []
-        n, width = state.num_rows, max(longest, 0)
+        n, width = target.num_rows, max(longest, 0)
         num_tokens = np.zeros((n,), np.int32)
         decoding = budgets[:n] > 0  # rows with no budget (waiting on a tool, free slots) write nothing
         while True:
@@ -70,15 +75,16 @@ class ProgramRuns:
             # with no budget may be longer: it writes nothing, and its outputs are discarded). Variants
             # that do not need compiling now: longer spans, then the longest window (the budgets stop
             # rows in time).
-            variants, keys = self._window_variants(state, longest - int(num_tokens.max(initial=0)),
+            variants, keys = self._window_variants(target, longest - int(num_tokens.max(initial=0)),
                                                    int((cursors + num_tokens)[decoding].max(initial=0)),
                                                    sampling, top_logprobs)
             pick = self._compiles.choose(keys)
-            args = (self._graphdef, self._params_state, arrays, row_keys, budget, self._stop_table, progress)
+            args = (self._graphdef, self._params_state, arrays, *target.row_inputs(self.layout), row_keys, budget,
+                    self._stop_table, progress)
             options = self._decode_options(sampling, top_logprobs)
             if pick:
-                self._compile_window_later(state, args, *variants[0], sampling, top_logprobs)
-            arrays, out, progress = self._call("decode", decode_program, *args, max_steps=variants[pick][0],
+                self._compile_window_later(target, args, *variants[0], sampling, top_logprobs)
+            arrays, out, progress = self._call("decode", target.program, *args, max_steps=variants[pick][0],
                                                span=variants[pick][1], **options)
             self._compiles.ran(keys[pick])
             windows.append(out)
@@ -103,10 +109,10 @@ class ProgramRuns:
             top_ids=joined("top_ids"),
         )
         self._counters["decode_tokens"] += int(result.num_tokens.sum())
-        return DecodeState(arrays, n), result
+        return DecodeState(arrays, state.num_rows), result
 
     @staticmethod
-    def _window_variants(state: DecodeState, tokens_left: int, end: int, sampling: SamplingParams,
+    def _window_variants(state: _DecodeTarget, tokens_left: int, end: int, sampling: SamplingParams,
                          top_logprobs: int) -> tuple[list[tuple[int, int]], list[tuple]]:
         """(window, span) variants a decode window may run, the exact one first, and their compile keys.
 
@@ -119,14 +125,14 @@ class ProgramRuns:
                     for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
         return variants, [_decode_key(state, w, s, sampling, top_logprobs) for w, s in variants]
 
-    def _compile_window_later(self, state: DecodeState, args: tuple, window: int, span: int,
+    def _compile_window_later(self, target: _DecodeTarget, args: tuple, window: int, span: int,
                               sampling: SamplingParams, top_logprobs: int) -> None:
-        """Queues the background compile of the decode window of `window` steps over `span` slots on
-        `state`'s batch (`args`: the decode program's arguments), unless it is compiled or queued."""
-        key = _decode_key(state, window, span, sampling, top_logprobs)
+        """Queues the background compile of the decode window of `window` steps over `span` slots of
+        `target` (`args`: its program's arguments), unless it is compiled or queued."""
+        key = _decode_key(target, window, span, sampling, top_logprobs)
         if not self._compiles.knows(key):  # (before the options: they split the layer weights on first use)
-            self._compiles.compile_later(key, decode_program, args, {**self._decode_options(sampling, top_logprobs),
-                                                                     "max_steps": window, "span": span})
+            self._compiles.compile_later(key, target.program, args, {
+                **self._decode_options(sampling, top_logprobs), "max_steps": window, "span": span})
 
     def _decode_options(self, sampling: SamplingParams, top_logprobs: int) -> dict:
         """The decode program's static options."""
@@ -136,7 +142,7 @@ class ProgramRuns:
     def _halves_would_serve(self, state: DecodeState) -> bool:
         """Whether a decode over more than half of `state`'s batch should run as two half-batch decodes
         (`_decode_in_halves`): no decode program at this batch has run or compiled, and the
-        half-batch decode of this batch has (its take, decode and place programs are compiled)."""
+        half-batch decode of this batch has (`rows_decode_program` at this batch ran)."""
         compiles, batch, length = self._compiles, state.batch_size, state.cache_length
         return (compiles.enabled and not compiles.has_ready(("decode", batch, length))
                 and compiles.has_ready(("rows", batch, length)))
@@ -151,12 +157,13 @@ class ProgramRuns:
         # Shapes only (a budget array would compile a staging program here): as `_decode` places them.
         budget = jax.ShapeDtypeStruct(budgets.shape, jnp.int32, sharding=None if self.layout is None else self.layout.rows(1))
         progress = jax.eval_shape(start_program, budget, self._stop_table)
-        variants, _ = self._window_variants(state, int(budgets.max()),
+        target = _DecodeTarget(state, None)
+        variants, _ = self._window_variants(target, int(budgets.max()),
                                             int(state.cursors[budgets[: state.num_rows] > 0].max(initial=0)),
                                             sampling, top_logprobs)
         args = (self._graphdef, self._params_state, state.arrays, place_rows(self.layout, row_keys), budget,
                 self._stop_table, progress)
-        self._compile_window_later(state, args, *variants[0], sampling, top_logprobs)
+        self._compile_window_later(target, args, *variants[0], sampling, top_logprobs)
         self._compiles.fallback_calls += 1
         state, first = self._generate_rows(state, active[:half], budgets, row_keys, sampling, top_logprobs)
         state, second = self._generate_rows(state, active[half:], budgets, row_keys, sampling, top_logprobs)
@@ -282,9 +289,33 @@ class ProgramRuns:
         return None if span >= state.cache_length else span
 
 
-def _decode_key(state: DecodeState, window: int, span: int, sampling: SamplingParams, top_logprobs: int) -> tuple:
-    """The compiled-variant key of a decode window of `window` steps over `span` slots of `state`'s batch."""
-    return "decode", state.batch_size, state.cache_length, window, span, sampling, int(top_logprobs)
+class _DecodeTarget:
+    """What a generate's decode windows run on: every row of `state` (`decode_program`), or rows `rows`
+    of it (`rows_decode_program`, padded to half the batch)."""
+
+    def __init__(self, state: DecodeState, rows: Sequence[int] | None) -> None:
+        self.batch_size, self.cache_length = state.batch_size, state.cache_length
+        if rows is None:
+            self.rows, self.num_rows, self.cursors = None, state.num_rows, state.cursors
+            self.program, self.name, self.decoded_rows = decode_program, "decode", state.batch_size
+            return
+        rows = [int(r) for r in rows]
+        self.decoded_rows = state.batch_size // 2  # (the Sampler decodes rows only when it divides the mesh's batch)
+        self.rows, self.num_rows = padded_rows(rows, self.decoded_rows), len(rows)
+        self.dst = np.full((self.decoded_rows,), state.batch_size, np.int32)  # padding rows: written nowhere
+        self.dst[: len(rows)] = rows
+        self.cursors = np.asarray(state.arrays.cursor)[rows]
+        self.program, self.name = rows_decode_program, "rows_decode"
+
+    def row_inputs(self, layout) -> tuple:
+        """The program's row-index arguments: none, or (rows, dst) placed like the batch."""
+        return () if self.rows is None else (place_rows(layout, self.rows), place_rows(layout, self.dst))
+
+
+def _decode_key(target: _DecodeTarget, window: int, span: int, sampling: SamplingParams, top_logprobs: int) -> tuple:
+    """The compiled-variant key of a decode window of `window` steps over `span` slots of `target`."""
+    return (target.name, target.batch_size, target.cache_length, target.decoded_rows, window, span, sampling,
+            int(top_logprobs))
 
 
 def _block_program(on_rows: bool, score_temperature: float | None):

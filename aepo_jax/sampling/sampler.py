@@ -40,7 +40,6 @@ from aepo_jax.sampling.jitted import (
     HashedGraphDef,
     grow_program,
     split_layers_program,
-    take_program,
 )
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.program_runs import (
@@ -312,20 +311,17 @@ class Sampler(ProgramRuns, RowOps):
 
     def _generate_rows(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
                        sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
-        """`generate` when at most half the batch has a budget (the others wait on tools or are done):
-        those rows are taken into a batch of half the size, decoded there with their own keys, and put
-        back, so the decode costs half the batch's forward. The other rows are untouched. One half-size
-        batch per batch, not one per count of budgeted rows: each size is another decode program for
-        every span and window."""
+        """`generate` when at most half the batch has a budget (the others wait on tools or are done): each
+        decode window runs on those rows only, in a batch of half the size, taking their live span and
+        putting it back (`rows_decode_program`), with their own keys, so the decode costs half the batch's
+        forward. The other rows are untouched. One half-size batch per batch, not one per count of
+        budgeted rows: each size is another decode program for every span and window."""
         rows = active.tolist()
         index = padded_rows(rows, state.batch_size // 2)
-        inner = DecodeState(self._call("reshape", take_program, state.arrays, index, self.layout), len(rows))
-        inner_budgets = np.zeros((inner.batch_size,), np.int32)
+        inner_budgets = np.zeros((len(index),), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
-        inner, out = self._decode(inner, inner_budgets, row_keys[index], sampling, top_logprobs)
-        # One place program per batch: the half batch's width, however many rows it holds.
-        state = self._place_rows(state, rows, inner, list(range(len(rows))), inner.batch_size)
-        self._compiles.ran(("rows", state.batch_size, state.cache_length))  # its take and place are compiled
+        state, out = self._decode(state, inner_budgets, row_keys[index], sampling, top_logprobs, rows=rows)
+        self._compiles.ran(("rows", state.batch_size, state.cache_length))  # its decode windows ran
         return state, out.spread(rows, state.num_rows, self.pad_id)
 
     # ----------------------------------------------------------------- internals

@@ -138,6 +138,56 @@ def test_sub_batch_appends_over_a_leading_span_on_a_mesh_match_single_device(tin
         np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_decode_of_a_few_rows_over_their_live_span_on_a_mesh_matches_single_device(tiny_model, greedy_sampler,
+                                                                                    full_logits, layerwise):
+    """On a (data 2, fsdp 2, tensor 2) mesh, a generate where 5 of 16 rows have a budget decodes those rows
+    in half the batch over their first slots only (`rows_decode_program`), with the layerwise window and
+    with the stacked scan; the cache keeps its layout, the other rows are untouched, and tokens, log-probs
+    and entropies equal the unsharded sampler's; the decoded rows continue like a full forward."""
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 fake CPU devices set in tests/conftest.py")
+    from aepo_jax.sampling.jitted import rows_decode_program
+
+    _, graphdef, state = tiny_model
+    mesh = make_mesh(DATA_FSDP_TENSOR)
+    sharded = Sampler(graphdef, state, params=SamplingParams(greedy=True), mesh=mesh, max_cache_len=512,
+                      min_cache_len=512, layerwise_decode=layerwise)
+    prompts = random_prompts(40, [3 + (7 * i) % 17 for i in range(16)])
+    budgets = [0] * 16
+    for row, n in zip([1, 4, 6, 11, 15], [5, 9, 3, 8, 6], strict=True):
+        budgets[row] = n
+    calls, call = [], sharded._call
+
+    def spy(kind, program, *args, **kwargs):
+        if program is rows_decode_program:
+            calls.append((args[3].shape[0], kwargs["span"]))
+        return call(kind, program, *args, **kwargs)
+
+    sharded._call = spy
+    runs = []
+    for sampler in (sharded, greedy_sampler):
+        st = sampler.prefill(prompts)
+        before = jax.device_get(st.arrays)
+        st, out = sampler.generate(st, budgets)
+        after = jax.device_get(st.arrays)
+        if sampler is sharded:
+            _assert_cache_layout(st.arrays, mesh)
+            for row in (r for r in range(16) if budgets[r] == 0):
+                np.testing.assert_array_equal(after.cache.k[:, row], before.cache.k[:, row])
+                np.testing.assert_array_equal(after.slot_valid[row], before.slot_valid[row])
+            for row in (r for r in range(16) if budgets[r] > 0):
+                ids = prompts[row] + out.row_tokens(row)
+                np.testing.assert_allclose(after.last_logits[row], full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
+        runs.append(sampler.generate(st, 4)[1])  # every row, after it
+        runs.append(out)
+    assert calls and all(rows == 8 and span < 512 for rows, span in calls), calls
+    for on_mesh, alone in ((runs[1], runs[3]), (runs[0], runs[2])):
+        assert on_mesh.tokens.tolist() == alone.tokens.tolist()
+        np.testing.assert_allclose(on_mesh.logp, alone.logp, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(on_mesh.entropy, alone.entropy, rtol=1e-4, atol=1e-5)
+
+
 def test_marks_and_marked_forks_on_a_mesh_match_single_device(tiny_model, greedy_sampler):
     """`mark` / `fork_marked` on a (data 2, fsdp 2, tensor 2) mesh: the marks are split over the batch
     axes like the rows they mark, the marked fork keeps the cache layout, and it continues as on one device."""

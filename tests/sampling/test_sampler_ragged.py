@@ -380,18 +380,22 @@ def test_min_cache_len_fixes_the_cache_and_blocks_still_read_only_their_span(tin
 
 def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, full_logits):
     """When at most half the batch has a budget (the others wait on tools), generate decodes those rows in
-    half the batch and puts them back: they sample what they sample in the whole batch (each row keeps
-    its own key), the other rows are untouched bit for bit, and every row continues like a full forward."""
+    half the batch, taking their live span and putting it back: they sample what they sample in the whole
+    batch (each row keeps its own key), the other rows and the decoded rows' slots past the span are
+    untouched bit for bit, and every row continues like a full forward."""
     from aepo_jax.sampling import Sampler, SamplingParams
-    from aepo_jax.sampling.jitted import decode_program
+    from aepo_jax.sampling.jitted import decode_program, rows_decode_program
 
     _, graphdef, state = tiny_model
     sampler = Sampler(graphdef, state, params=SamplingParams(temperature=1.0), seed=3)
-    batches, call = [], sampler._call
+    batches, spans, call = [], [], sampler._call
 
     def spy(kind, program, *args, **kwargs):
         if program is decode_program:
             batches.append(args[2].slot_valid.shape[0])
+        if program is rows_decode_program:
+            batches.append(args[3].shape[0])
+            spans.append(kwargs["span"])
         return call(kind, program, *args, **kwargs)
 
     sampler._call = spy
@@ -402,6 +406,8 @@ def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, ful
     before = jax.device_get(st.arrays)
     st, out = sampler.generate(st, few, rng=key)
     assert batches == [4], batches  # two rows decoded in half the batch
+    span = spans[0]
+    assert span < st.cache_length, (span, st.cache_length)  # only the live span moved
     _, ref = sampler.generate(sampler.prefill(prompts), [5, 1, 1, 3, 1, 1, 1, 1], rng=key)
     assert batches[1:] == [8]
     assert out.num_tokens.tolist() == few and out.stop_reason[1] == "length"
@@ -412,6 +418,9 @@ def test_generate_with_few_budgeted_rows_decodes_only_those_rows(tiny_model, ful
         ids = prompts[row] + out.row_tokens(row)
         np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids)[-1], rtol=1e-5, atol=1e-4)
     after = jax.device_get(st.arrays)
+    for row in (0, 3):
+        np.testing.assert_array_equal(after.cache.k[:, row, :, span:], before.cache.k[:, row, :, span:])
+        np.testing.assert_array_equal(after.slot_valid[row, span:], before.slot_valid[row, span:])
     for row in (1, 2, 4, 5, 6, 7):
         assert out.row_tokens(row) == [] and out.logp[row].tolist() == [0.0] * out.logp.shape[1]
         for name in ("last_logits", "cursor", "slot_valid", "next_position"):
