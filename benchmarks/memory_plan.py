@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # configs/ lives a
 
 GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
-SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_append_rows", "sampler_grow", "sampler_shrink")
+SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
+                    "sampler_shrink")
 PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS)
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
 # (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
@@ -118,8 +119,8 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
 
 
 def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
-    """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_append_rows": ..., "sampler_grow": ...,
-    "sampler_shrink": ...} at the config's rollout batch and lengths.
+    """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_decode_rows": ..., "sampler_append_rows": ...,
+    "sampler_grow": ..., "sampler_shrink": ...} at the config's rollout batch and lengths.
 
     Rows: all trajectories of a step in one decode state (`data.prompts_per_step` x
     `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
@@ -182,6 +183,13 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     decode_kwargs = {"max_steps": steps, "sampling": sampling_params_from(cfg), "pad_id": 0, "layout": layout,
                      "span": slots}
     decode_args = (graphdef, params, arrays, keys, budget, stop_table, progress)
+    # The same window over half the rows only (`Sampler(half_batch_decode=True)`, on by default on CPU): their
+    # whole-cache span taken out of the full state, decoded and put back inside the one program.
+    half_rows, half_keys = rows_of((rows // 2,), jnp.int32), jax.ShapeDtypeStruct(
+        (rows // 2, *keys.shape[1:]), keys.dtype, sharding=layout.rows(1))
+    half_progress = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows // 2, *x.shape[1:]), x.dtype, sharding=x.sharding)
+                                 if x.ndim else x, progress)
+    decode_rows_args = (graphdef, params, arrays, half_rows, half_rows, half_keys, half_rows, stop_table, half_progress)
     meta = {"rows": rows, "cache_slots": slots}
     # The rollout's two whole-cache copies (docs/scaling.md, "The rollout's caches alive at once"): a batch
     # of half the rows grown into the full one (`Sampler.reserve`: the grown state donated, the old one
@@ -196,6 +204,8 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
                    rows_of((sub, block), jnp.int32), rows_of((sub, block), jnp.bool_), layout, None)
     return {"sampler_prefill": (programs["block"], prefill_args, {}, {**meta, "seq_len": block}),
             "sampler_decode": (programs["decode"], decode_args, decode_kwargs, {**meta, "seq_len": steps}),
+            "sampler_decode_rows": (programs["rows_decode"], decode_rows_args, decode_kwargs,
+                                    {**meta, "seq_len": steps}),
             "sampler_append_rows": (programs["rows_block"], append_args, {}, {**meta, "seq_len": block}),
             "sampler_grow": (programs["place"], grow_args, {}, {**meta, "seq_len": None}),
             "sampler_shrink": (programs["take"], shrink_args, {}, {**meta, "seq_len": None})}

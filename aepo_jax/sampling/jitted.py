@@ -214,5 +214,5 @@ PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_bloc
 def sampler_programs() -> dict[str, object]:
     """The jitted block forward (prefill / append / repack chunks), decode loop and row copies, for
     ahead-of-time plans (`benchmarks/memory_plan.py`) that lower them on abstract arrays."""
-    return {"block": block_program, "decode": decode_program, "rows_block": rows_block_program, "place": place_program,
-            "take": take_program}
+    return {"block": block_program, "decode": decode_program, "rows_decode": rows_decode_program,
+            "rows_block": rows_block_program, "place": place_program, "take": take_program}

@@ -28,12 +28,13 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
                              "--json", str(out)])
     assert json.loads(out.read_text()) == rows
     assert [row["program"] for row in rows] == ["train_step", "score", "sampler_prefill", "sampler_decode",
-                                                "sampler_append_rows", "sampler_grow", "sampler_shrink"]
+                                                "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
+                                                "sampler_shrink"]
     for row in rows:
         assert row["topology"] == "cpu:8" and row["mesh"] == "data8xfsdp1xtensor1" and row["n_layers"] == 1
         assert row["argument_bytes"] > 0
         assert row["per_device_bytes"] >= row["argument_bytes"] + row["temp_bytes"]
-    train, score, prefill, decode, append, grow, shrink = rows
+    train, score, prefill, decode, decode_rows, append, grow, shrink = rows
     for row in (train, score):
         assert row["seq_len"] == 32 and row["rows"] == 8 and row["temp_bytes"] > 0
     # The train step's arguments hold the optimiser state too: more than the scorer's parameters.
@@ -55,9 +56,14 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
 
     assert prefill["seq_len"] == 256 and decode["seq_len"] == DECODE_WINDOW
     assert decode["output_bytes"] < decode["argument_bytes"]  # the cache is donated: it aliases its output
+    # The window over half the rows reads the full state (donated, aliased) and takes their whole-cache span
+    # out as temporaries: half the cache at least, and its outputs are half the rows'.
+    cache = 2 * (16 // 8) * 512 * cfg_kv_bytes_per_slot(cfg)  # this device's K and V of the full batch
+    assert decode_rows["rows"] == 16 and decode_rows["seq_len"] == DECODE_WINDOW
+    assert decode_rows["argument_bytes"] >= cache and decode_rows["temp_bytes"] >= 0.5 * cache
+    assert decode_rows["output_bytes"] < decode["output_bytes"]
     # The rollout's whole-cache copies: growing 8 rows into 16 reads both caches (the grown one donated,
     # aliasing its output); shrinking 16 rows to 8 reads the full cache and writes a half one.
-    cache = 2 * (16 // 8) * 512 * cfg_kv_bytes_per_slot(cfg)  # this device's K and V of the full batch
     assert grow["rows"] == shrink["rows"] == append["rows"] == 16 and grow["cache_slots"] == shrink["cache_slots"] == 512
     assert append["seq_len"] == 256 and append["argument_bytes"] > cache  # the whole cache: donated, aliased
     assert grow["argument_bytes"] >= 1.5 * cache and grow["output_bytes"] < 0.5 * cache
