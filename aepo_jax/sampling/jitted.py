@@ -207,8 +207,8 @@ def place_program(arrays, dst, source, src, layout):
 
 
 PROGRAMS = (split_layers_program, block_program, scored_block_program, rows_block_program,
-            rows_scored_block_program, decode_program, rows_decode_program, grow_program, take_program, place_program, mark_program,
-            fork_marked_program)
+            rows_scored_block_program, decode_program, rows_decode_program, grow_program, take_program, place_program,
+            mark_program, fork_marked_program)
 
 
 def sampler_programs() -> dict[str, object]:

@@ -62,9 +62,9 @@ class ProgramRuns:
         progress = self._call("decode", start_program, budget, self._stop_table)
         # The variant any window of this batch may run (the longest window over the whole cache): a later
         # window whose own shape and every longer span are not compiled runs as it, not compiling on the spot.
-        self._compile_window_later(target, (self._graphdef, self._params_state, state.arrays, *target.row_inputs(self.layout),
-                                            row_keys, budget, self._stop_table, progress), DECODE_WINDOW,
-                                   state.cache_length, sampling, top_logprobs)
+        self._compile_window_later(target, (self._graphdef, self._params_state, state.arrays,
+                                            *target.row_inputs(self.layout), row_keys, budget, self._stop_table,
+                                            progress), DECODE_WINDOW, state.cache_length, sampling, top_logprobs)
         arrays, cursors, windows = state.arrays, target.cursors, []
         self.last_decode_spans = []
         n, width = target.num_rows, max(longest, 0)
@@ -112,7 +112,7 @@ class ProgramRuns:
         return DecodeState(arrays, state.num_rows), result
 
     @staticmethod
-    def _window_variants(state: _DecodeTarget, tokens_left: int, end: int, sampling: SamplingParams,
+    def _window_variants(target: _DecodeTarget, tokens_left: int, end: int, sampling: SamplingParams,
                          top_logprobs: int) -> tuple[list[tuple[int, int]], list[tuple]]:
         """(window, span) variants a decode window may run, the exact one first, and their compile keys.
 
@@ -121,9 +121,10 @@ class ProgramRuns:
         budget may be longer: it writes nothing, and its outputs are discarded). Variants that do not
         need compiling now: longer spans, then the longest window (the budgets stop rows in time)."""
         steps = min(DECODE_WINDOW, bucket_length(max(tokens_left, 1), MIN_NEW_TOKENS))
+        length = target.cache_length
         variants = [(w, s) for w in dict.fromkeys((steps, DECODE_WINDOW))
-                    for s in span_ladder(attention_span(end + w, state.cache_length, MIN_SPAN), state.cache_length, MIN_SPAN)]
-        return variants, [_decode_key(state, w, s, sampling, top_logprobs) for w, s in variants]
+                    for s in span_ladder(attention_span(end + w, length, MIN_SPAN), length, MIN_SPAN)]
+        return variants, [_decode_key(target, w, s, sampling, top_logprobs) for w, s in variants]
 
     def _compile_window_later(self, target: _DecodeTarget, args: tuple, window: int, span: int,
                               sampling: SamplingParams, top_logprobs: int) -> None:
@@ -306,10 +307,15 @@ class _DecodeTarget:
         self.dst[: len(rows)] = rows
         self.cursors = np.asarray(state.arrays.cursor)[rows]
         self.program, self.name = rows_decode_program, "rows_decode"
+        self._placed: tuple | None = None
 
     def row_inputs(self, layout) -> tuple:
-        """The program's row-index arguments: none, or (rows, dst) placed like the batch."""
-        return () if self.rows is None else (place_rows(layout, self.rows), place_rows(layout, self.dst))
+        """The program's row-index arguments: none, or (rows, dst) placed like the batch (once per generate)."""
+        if self.rows is None:
+            return ()
+        if self._placed is None:
+            self._placed = (place_rows(layout, self.rows), place_rows(layout, self.dst))
+        return self._placed
 
 
 def _decode_key(target: _DecodeTarget, window: int, span: int, sampling: SamplingParams, top_logprobs: int) -> tuple:
