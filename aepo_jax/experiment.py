@@ -23,8 +23,6 @@ import json
 import math
 import os
 import shutil
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +38,7 @@ from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.tools.timing import TimedTools
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.vocab")
 
@@ -360,32 +359,6 @@ def pipeline_from(cfg: ml_collections.ConfigDict, examples: Sequence[dict], proc
                           process_index=process_index, process_count=process_count, shuffle=bool(cfg.data.shuffle))
 
 
-class _TimedTools:
-    """Forwards `run_many` to a tool registry and adds up the wall time spent in it (summed over
-    threads: under the continuous schedule calls overlap each other and decoding)."""
-
-    def __init__(self, tools: Any):
-        self.tools, self.seconds, self._lock = tools, 0.0, threading.Lock()
-
-    @property
-    def max_workers(self) -> int | None:
-        """The registry's limit on calls in flight (the continuous schedule sizes its threads by it)."""
-        return getattr(self.tools, "max_workers", None)
-
-    def run_many(self, calls):
-        start = time.perf_counter()
-        try:
-            return self.tools.run_many(calls)
-        finally:
-            with self._lock:
-                self.seconds += time.perf_counter() - start
-
-    def take_seconds(self) -> float:
-        with self._lock:
-            seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
 class AgentRollout:
     """The RL trainer's rollout seam: `(prompts, k, params, key, rng) -> (groups, stats)`.
 
@@ -393,14 +366,16 @@ class AgentRollout:
     a caller can inspect what the rollouts run on.
     """
 
-    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: _TimedTools):
+    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: TimedTools):
         self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
 
     def __call__(self, prompts, k, current_params, key, rng):
         self.sampler.set_params(current_params)
         groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
         stats = stats.as_dict()
-        stats["tool_seconds"] = self._tools.take_seconds()  # wall time spent waiting on tools
+        tool_time = self._tools.take()
+        stats["tool_seconds"] = tool_time.busy  # wall time with some tool call in flight
+        stats["tool_call_seconds"] = tool_time.summed  # the calls' durations added up (they overlap)
         return groups, stats
 
 
@@ -408,7 +383,7 @@ def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
                     mesh: Any = None) -> AgentRollout:
     """The RL trainer's rollout function; its sampler's KV cache lives on `mesh` (the trainer's)."""
     sampler = sampler_from(cfg, graphdef, params, env.tokenizer, mesh)
-    timed_tools = _TimedTools(env.tools)
+    timed_tools = TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
     return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools)
 

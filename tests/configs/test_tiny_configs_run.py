@@ -120,6 +120,9 @@ def test_tiny_config_runs_one_step(family, agent_env, tmp_path):
     cfg = _shrink(_load_config(family), vocab_size=int(agent_env.tokenizer.vocab_size))
     record, returned = _train_one_step(cfg, agent_env, tmp_path)
     assert record["step"] == 1 and returned["step"] == 1
+    # tools_s is the wall time with some tool call in flight: within the rollout, and at most the calls' summed time
+    assert 0.0 <= record["tools_s"] == record["rollout/tool_seconds"] <= record["rollout/tool_call_seconds"] + 1e-9
+    assert record["tools_s"] <= record["rollout_s"]
     if record.get("skipped_update"):
         # DAPO dynamic sampling: a random policy never writes the answer format, so every
         # group has equal rewards; it really rolls out max_resample_rounds more batches,

@@ -76,7 +76,8 @@ def test_max_workers_is_the_number_of_calls_in_flight_and_must_be_positive():
 
 
 def test_the_config_sets_the_registry_concurrency():
-    from aepo_jax.experiment import _TimedTools, tools_from
+    from aepo_jax.experiment import tools_from
+    from aepo_jax.tools.timing import TimedTools
     from configs.aepo_tiny import get_config
 
     cfg = get_config()
@@ -84,7 +85,7 @@ def test_the_config_sets_the_registry_concurrency():
     registry, closers = tools_from(cfg, None)
     try:
         assert registry.max_workers == 5 and set(registry.tools) == {"python"}
-        assert _TimedTools(registry).max_workers == 5  # what the training loop's agent sees
+        assert TimedTools(registry).max_workers == 5  # what the training loop's agent sees
     finally:
         for close in reversed(closers):
             close()
