@@ -11,6 +11,7 @@ pre-monitoring samples), from a prefill of the shared prefix.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from aepo_jax.agent.loop_config import RolloutEvent
@@ -28,10 +29,52 @@ class MarkedRows:
     parent_slots: list[int]
 
 
+class Replays:
+    """Reused finished globals (AEPO's pre-monitoring samples) that still draw their branch decisions,
+    one tool result per round of their prompt: decision j in round start + 1 + j, when the globals that
+    start in round `start` draw theirs (under `rounds` a prompt's round is the loop's round; under
+    `continuous`, its own, `PromptRounds`). Under `continuous`, where a prompt's rows reach their tool
+    results ticks apart, decision j also comes as soon as another trajectory of the prompt has its
+    result j appended: before any row can draw its own decision j, as in a lockstep round."""
+
+    def __init__(self, trajs: list[Trajectory]) -> None:
+        self.trajs: list[Trajectory] = []
+        self._start: dict[int, int] = {}
+        self._next: dict[int, int] = {}  # the tool step whose decision comes next
+        for traj in trajs:
+            self.add(traj, 1)
+
+    def add(self, traj: Trajectory, start: int) -> None:
+        """`traj` replays from its prompt's round `start + 1` on."""
+        self.trajs.append(traj)
+        self._start[traj.traj_id], self._next[traj.traj_id] = start, 0
+
+    def left(self, traj: Trajectory) -> bool:
+        """True while `traj` has a tool result whose decision is still to come."""
+        return self._next[traj.traj_id] < len(traj.tool_steps)
+
+    def any_left(self) -> bool:
+        return any(self.left(t) for t in self.trajs)
+
+    def due(self, prompt_round: Callable[[int], int], depth: Callable[[int], int] | None = None
+            ) -> list[Trajectory]:
+        """Replays whose next decision is due now: by their prompt's round (`prompt_round(prompt)`), or
+        (`depth` given) once another trajectory of the prompt has that many tool results and more."""
+        return [t for t in self.trajs if self.left(t) and (
+            self._next[t.traj_id] <= prompt_round(t.prompt_index) - 1 - self._start[t.traj_id]
+            or (depth is not None and depth(t.prompt_index) > self._next[t.traj_id]))]
+
+    def take(self, traj: Trajectory) -> int:
+        """The tool step `traj` decides now; from here on it counts as decided (also for `left`)."""
+        step = self._next[traj.traj_id]
+        self._next[traj.traj_id] = step + 1
+        return step
+
+
 class BranchDecisions:
     """The branch-decision methods of the loop's per-run state (`loop._Run`), which provides rows,
     pending, snapshots_by_marks, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, slots,
-    _pauses, _active and _replay_step."""
+    _pauses, _active, _prompt_round and _depth."""
 
     def _decide_branches(self, outputs: list[tuple[list[int], str]]
                          ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
@@ -47,8 +90,8 @@ class BranchDecisions:
             return []
         by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
         prefilled: list[Trajectory] = []
-        for traj in self._due_replays():
-            prefilled += self._decide(traj, traj.tool_steps[self._replay_step(traj)].result_end)
+        for traj in self.replays.due(self._prompt_round, self._depth if self.cfg.schedule == "continuous" else None):
+            prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
         waiting: dict[int, tuple[Any, int]] = {}
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
@@ -82,10 +125,6 @@ class BranchDecisions:
         if prefilled:
             states.append((PREFILL, prefilled, None))
         return states
-
-    def _due_replays(self) -> list[Trajectory]:
-        """Reused finished globals whose (round - 1)-th tool result is decided this round."""
-        return [t for t in self.replays if 0 <= self._replay_step(t) < len(t.tool_steps)]
 
     def branch_budget(self, prompt: int) -> int:
         """Trajectories `prompt` may still get (spec 2.2 budget); groups only grow, so once 0 it stays 0."""

@@ -12,7 +12,9 @@ and no cache row is copied out or back. At every tick boundary the results that
 have arrived are appended, in place, in one `append`. Branch decisions,
 compaction and top-ups run at every tick exactly as at the end of a lockstep
 round (`aepo_jax.agent.loop`); only when every row is waiting does the loop
-block, on the first result. docs/rollout_engine.md says what this does and does
+block, on the first result. What counts per round (a reused sample's decisions, the
+prompt-scope consecutive-branch counter) counts each prompt's own rounds
+(`PromptRounds`), not ticks. docs/rollout_engine.md says what this does and does
 not do yet.
 """
 
@@ -22,8 +24,44 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from aepo_jax.agent.protocol import ToolCall
+from aepo_jax.agent.trajectory import Trajectory
 
 TOOL_THREADS = 32  # the continuous schedule's tool threads when the runner does not say its own limit
+
+
+class PromptRounds:
+    """Each prompt's own lockstep rounds, under the continuous schedule: a prompt's round ends once every
+    row it had live when the round began has reached a tool result (appended) or finished, as a lockstep
+    round ends for all rows at once. Rows that start during a round (branches, top-ups) join the next."""
+
+    def __init__(self, num_prompts: int) -> None:
+        self.index = [1] * num_prompts  # the round each prompt is in
+        self._members: list[list[tuple[Trajectory, int]]] = [[] for _ in range(num_prompts)]
+        self._new = [0] * num_prompts  # trajectories each prompt got in its current round
+
+    def begin(self, live: list[Trajectory]) -> None:
+        """Round 1 of every prompt holds the rows live when the run starts."""
+        for p in range(len(self.index)):
+            self._members[p] = self._live_of(live, p)
+
+    def end_tick(self, live: list[Trajectory], new: list[int]) -> list[int | None]:
+        """Counts the tick's `new` trajectories per prompt and ends the rounds that are over. Returns, per
+        prompt, the trajectories its round got if the round ended at this tick, else None."""
+        ended: list[int | None] = []
+        for p, members in enumerate(self._members):
+            self._new[p] += new[p]
+            if not all(t.finished or len(t.tool_steps) > steps for t, steps in members):
+                ended.append(None)
+                continue
+            ended.append(self._new[p])
+            self._new[p] = 0
+            self.index[p] += 1
+            self._members[p] = self._live_of(live, p)
+        return ended
+
+    @staticmethod
+    def _live_of(live: list[Trajectory], prompt: int) -> list[tuple[Trajectory, int]]:
+        return [(t, len(t.tool_steps)) for t in live if t.prompt_index == prompt and not t.finished]
 
 
 def resolved(value: Any) -> Future:
@@ -35,12 +73,13 @@ def resolved(value: Any) -> Future:
 
 class ContinuousSchedule:
     """The continuous schedule's methods of the loop's per-run state (`loop._Run`), which provides
-    rows, state, waiting, parked, pool and the round steps (_decode, _decide_branches, _classify,
-    _append_results, _compact, _add_children, _shrink, _top_up)."""
+    rows, state, waiting, parked, pool, replays, prompt_rounds and the round steps (_decode,
+    _decide_branches, _classify, _append_results, _compact, _add_children, _shrink, _top_up)."""
 
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
-        while self.rows or any(self._replay_left(t) for t in self.replays):
+        self.prompt_rounds.begin(self.rows)
+        while self.rows or self.replays.any_left():
             self.round += 1
             while self.waiting and self._too_few_generating():
                 # Too few rows to decode (none, or a small fraction of the batch): wait for results.
@@ -61,12 +100,13 @@ class ContinuousSchedule:
             self._add_children(children)
             self._shrink()
             self._top_up()
+            new_per_prompt = [0] * len(self.prompts)
+            for e in self.events:
+                if e.round == self.round and e.kind in ("branch", "topup"):  # as a lockstep round counts
+                    new_per_prompt[e.prompt_index] += 1
+            ended = self.prompt_rounds.end_tick(self.rows, new_per_prompt)
             if self.policy is not None:
-                new_per_prompt = [0] * len(self.prompts)
-                for e in self.events:
-                    if e.round == self.round and e.kind in ("branch", "topup"):  # as a lockstep round counts
-                        new_per_prompt[e.prompt_index] += 1
-                self.policy.end_round(new_per_prompt)
+                self.policy.end_round(ended)
 
     def _wait_for_results(self) -> None:
         """Blocks until a tool result arrives, then while more keep arriving within the arrival window."""

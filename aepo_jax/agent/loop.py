@@ -37,8 +37,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from aepo_jax.agent.branching import PREFILL, BranchDecisions, MarkedRows
-from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
+from aepo_jax.agent.branching import PREFILL, BranchDecisions, MarkedRows, Replays
+from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule, PromptRounds
 from aepo_jax.agent.entropy import (
     TOP_LOGPROBS,
     reported_logprobs,
@@ -169,8 +169,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         self.snapshots_by_marks = callable(getattr(self.gen, "mark", None)) and callable(
             getattr(self.gen, "fork_marked", None))
         # Reused finished globals that still branch (only under a policy).
-        self.replays = [t for g in groups for t in g if t.tool_steps] if policy is not None else []
-        self.replay_start = {t.traj_id: 1 for t in self.replays}  # the round that is a replay's round 1
+        self.replays = Replays([t for g in groups for t in g if t.tool_steps] if policy is not None else [])
+        self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds (continuous)
         # In-run pre-monitoring (`AgentLoop.run`'s premonitor): prompt -> its sample, until that finishes.
         self.premonitor = premonitor
         self.premonitoring: dict[int, Trajectory] = {}
@@ -189,16 +189,18 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
         """Unfinished trajectories of `prompt`, plus reused globals with tool results still to decide."""
-        replaying = sum(1 for t in self.replays if t.prompt_index == prompt and self._replay_left(t))
+        replaying = sum(1 for t in self.replays.trajs if t.prompt_index == prompt and self.replays.left(t))
         return replaying + sum(1 for t in self.groups[prompt] if not t.finished)
 
-    def _replay_left(self, traj: Trajectory) -> bool:
-        """True while a reused global has a tool result whose decision comes in a later round."""
-        return self.round - self.replay_start[traj.traj_id] < len(traj.tool_steps)
+    def _depth(self, prompt: int) -> int:
+        """The most tool results any trajectory of `prompt` that is not a reused sample has appended."""
+        replaying = {t.traj_id for t in self.replays.trajs}
+        return max((len(t.tool_steps) for t in self.groups[prompt] if t.traj_id not in replaying), default=0)
 
-    def _replay_step(self, traj: Trajectory) -> int:
-        """The tool step of a reused global whose decision is drawn this round (its round j + 1 decides step j - 1)."""
-        return self.round - 1 - self.replay_start[traj.traj_id]
+    def _prompt_round(self, prompt: int) -> int:
+        """The round `prompt` is in: the loop's under `rounds`; its own under `continuous` (`PromptRounds`:
+        a tick is a chunk, and a prompt's rows reach their tool results ticks apart)."""
+        return self.prompt_rounds.index[prompt] if self.cfg.schedule == "continuous" else self.round
 
     def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
         if not prompt_indices:
@@ -291,7 +293,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         return LoopResult(self.groups, self.events, self.round, counters, self.repacks)
 
     def _run_rounds(self) -> None:
-        while self.rows or any(self._replay_left(t) for t in self.replays):
+        while self.rows or self.replays.any_left():
             self.round += 1
             outputs = self._decode() if self.rows else []
             children = self._decide_branches(outputs)
@@ -475,7 +477,6 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             if more < 0 or len(self.groups[p]) + more > self.ks[p]:
                 raise ValueError(f"premonitor asked for {more} more globals for prompt {p} with k={self.ks[p]}")
             if traj.tool_steps:
-                self.replays.append(traj)
-                self.replay_start[traj.traj_id] = self.round + 1
+                self.replays.add(traj, self._prompt_round(p) + 1)
             starts += [p] * more
         self._new_globals(starts, "initial")

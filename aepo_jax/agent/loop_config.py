@@ -42,8 +42,10 @@ class BranchPolicy(Protocol):
         """New trajectories to fork at `traj`'s latest tool result (0: no branch)."""
         ...
 
-    def end_round(self, new_trajectories: Sequence[int]) -> None:
-        """Told, per prompt, how many trajectories the round just created."""
+    def end_round(self, new_trajectories: Sequence[int | None]) -> None:
+        """Told at the end of every round (under `continuous`, every tick), per prompt, how many
+        trajectories the prompt's round just ended created; None where the prompt's own round goes on
+        (`continuous`: a prompt's round ends when its rows have all reached a tool result or finished)."""
         ...
 
 

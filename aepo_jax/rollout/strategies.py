@@ -120,9 +120,11 @@ class EntropyBranchPolicy:
         )
         return self.branch_width - 1 if branched else 0
 
-    def end_round(self, new_trajectories: Sequence[int]) -> None:
-        """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0."""
-        self.prompt_counters = [c + 1 if n > 0 else 0 for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
+    def end_round(self, new_trajectories: Sequence[int | None]) -> None:
+        """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0 (None: the
+        prompt's own round goes on, under the continuous schedule; its counter stays)."""
+        self.prompt_counters = [c if n is None else c + 1 if n > 0 else 0
+                                for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
         self.rounds_ended += 1
 
 

@@ -103,8 +103,14 @@ def test_the_sample_makes_no_decision_while_it_samples_and_replays_them_after(sc
         assert all(e.kind == "topup" and e.round > made[-1]["round"] for e in others)
         assert (p == 1) == (others == [])  # q4's four decisions fill its group; q1's one cannot
         # Its globals' first round is the next one; their first decisions, and its own, come in their second.
+        # Under `rounds` one per round from then on; under `continuous`, one per round of the prompt's own,
+        # which ends when its rows (the sample's branches) have all reached their next tool result.
         first = finished_round[p] + 2
-        assert [d["round"] for d in made] == list(range(first, first + len(made)))
+        rounds = [d["round"] for d in made]
+        if schedule == "rounds":
+            assert rounds == list(range(first, first + len(made)))
+        else:
+            assert rounds[0] == first and rounds == sorted(set(rounds))
         assert made and sample.lineage and sample.lineage[0]
         assert any(t.parent_id == sample.traj_id for t in group)
         for child in (t for t in group if t.parent_id == sample.traj_id):
@@ -154,3 +160,33 @@ def test_critical_path_starts_a_prompts_globals_and_its_samples_branches_after_t
     events = [RolloutEvent(0, 0, 0, "premonitor", 0), RolloutEvent(0, 1, 1, "premonitor", 0),
               RolloutEvent(4, 0, 2, "initial", 0), RolloutEvent(5, 0, 3, "branch", 1)]
     assert run_tool_path(LoopResult([[s, g, b], [other]], events)) == ToolCallPath(serial=5, total=3 + 1 + 2 + 1)
+
+
+def long_segment_script(ids, rng):
+    """Four searches, then an answer; every segment is about 230 tokens, longer than a continuous tick's
+    chunk, and of one entropy (every decision under tau = 0 branches). Deterministic."""
+    body = "<search>q</search>" if ids.count(RESULT) < 4 else "<answer>\\boxed{1}</answer>"
+    tokens = TOK.encode("<think>" + "r" * 200 + "</think>" + body)
+    return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+
+@pytest.mark.parametrize("schedule, overlap", [("rounds", False), ("continuous", False), ("continuous", True)])
+def test_a_reused_sample_draws_its_decisions_as_its_prompts_globals_do_with_segments_longer_than_a_tick(
+        schedule, overlap):
+    """k = 8, m = 5: 3 branches per prompt. Each round, the reused sample decides first, then the four
+    globals, so the sample's tree gets 1 of the 3 under `rounds`. Under `continuous` a tick decodes one
+    64-token chunk of these 230-token segments; a sample paced by ticks drew all its decisions before
+    the globals reached theirs and took all 3 (regression)."""
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=4000, max_context_len=6000, schedule=schedule)
+    assert config.chunk_tokens < 200
+    loop = AgentLoop(ScriptedGenerator(long_segment_script), TOK, EchoTools(), config)
+    strategy = RolloutConfig(strategy="aepo", branch_threshold=0.0, entropy_weight=0.0, premonitor_overlap=overlap)
+    groups, stats = rollout([TOK.encode(f"question {i}?") for i in range(4)], 8, loop=loop, config=strategy,
+                            rng=np.random.default_rng(0), key=jax.random.key(0))
+    assert stats.global_budgets == [5] * 4
+    for group in groups:
+        sample = min(group, key=lambda t: t.traj_id)
+        branches = [t for t in group if not t.is_global]
+        assert len(group) == 8 and len(branches) == 3
+        assert sum(t.root_id == sample.traj_id for t in branches) == 1
+    check_masks([t for g in groups for t in g])

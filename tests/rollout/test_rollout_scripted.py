@@ -256,6 +256,33 @@ def test_prompt_scope_counts_rounds_with_new_trajectories():
     assert max(d["consecutive"] for d in policy.log) >= 2
 
 
+def long_rising_entropy_script(max_calls: int):
+    """`rising_entropy_script` with every segment about 130 tokens: longer than a continuous tick's chunk."""
+
+    def script(ids, rng):
+        calls = ids.count(TOK.token_to_id("<result>"))
+        body = "<search>q</search>" if calls < max_calls else "<answer>\\boxed{1}</answer>"
+        tokens = TOK.encode("<think>" + "r" * 100 + "</think>" + body)
+        return ScriptedSegment(tokens, [0.0 if calls == 0 else 10.0] * len(tokens), "stop")
+
+    return script
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_prompt_scope_counter_grows_while_every_round_branches_even_when_a_segment_spans_ticks(schedule):
+    """One root, P = (alpha + 2)(1 - 0.05 l) >= 0.5 always (l <= 4 here), so every decision branches and
+    every round of the prompt gets new trajectories: the counter never resets. Under `continuous` a
+    segment spans two or three ticks; a counter ended at every tick reset to 0 after the ticks that
+    made no branch (regression: l read 0, 0, 1, 0, 0, ...)."""
+    policy = EntropyBranchPolicy(1, 0.2, 0.5, 2, 0.05, "prompt")
+    loop = make_loop(long_rising_entropy_script(4), max_tool_calls=4, max_response_tokens=4000,
+                     max_context_len=6000, schedule=schedule)
+    loop.run(prompts(1), 16, 1, rng=np.random.default_rng(5), key=jax.random.key(0), policy=policy)
+    counters = [d["consecutive"] for d in policy.log]
+    assert all(d["branched"] for d in policy.log) and len(counters) == 15
+    assert counters[0] == 0 and counters == sorted(counters) and counters[-1] >= 4
+
+
 def test_reused_premonitoring_trajectory_branches_like_a_global():
     """Rising entropy gives m = 1: the reused pre-monitoring sample is the only global, so every branch
     must grow from it, its decisions drawn one per tool result (regression: it could never branch, and
