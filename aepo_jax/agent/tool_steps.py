@@ -75,11 +75,10 @@ class ToolSteps:
             call, result_text, ok = done[i]
             traj = self.rows[i]
             result_ids = list(self.loop.tokenizer.encode(format_tool_result(result_text)))
-            if len(traj.response_ids) + len(result_ids) >= self.cfg.max_response_tokens:
-                traj.stop_reason = END_LENGTH
-                continue
-            if traj.total_length + len(result_ids) >= self.cfg.max_context_len:
-                traj.stop_reason = END_CONTEXT
+            too_long = len(traj.response_ids) + len(result_ids) >= self.cfg.max_response_tokens
+            if too_long or traj.total_length + len(result_ids) >= self.cfg.max_context_len:
+                traj.stop_reason = END_LENGTH if too_long else END_CONTEXT
+                traj.unappended_tool_calls += int(call is not None)
                 continue
             start = len(traj.response_ids)
             traj.add_tool_result(result_ids)

@@ -76,6 +76,9 @@ class Trajectory:
     decisions: list[tuple[int, bool]] = field(default_factory=list)
     h_init: float | None = None  # entropy of the lineage root's first segment (spec 2.2)
     stop_reason: str | None = None
+    # A tool call that ran but whose result did not fit (the trajectory ended there, by length or
+    # context): made, so counted as made (`rollout.critical_path`), though not a tool step.
+    unappended_tool_calls: int = 0
 
     @property
     def finished(self) -> bool:

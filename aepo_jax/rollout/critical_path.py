@@ -32,9 +32,11 @@ class ToolCallPath:
 
 
 def own_calls(traj: Trajectory) -> int:
-    """Tool calls `traj` made itself: after its branch point, each one a real call."""
+    """Tool calls `traj` made itself: after its branch point, each one a real call, and a last call
+    whose result did not fit."""
     point = traj.branch_point or 0
-    return sum(1 for s in traj.tool_steps if s.tag != NO_CALL_TAG and s.result_start >= point)
+    appended = sum(1 for s in traj.tool_steps if s.tag != NO_CALL_TAG and s.result_start >= point)
+    return appended + traj.unappended_tool_calls
 
 
 def _calls_before(traj: Trajectory, point: int) -> int:

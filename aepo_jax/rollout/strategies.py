@@ -168,8 +168,9 @@ def rollout(
         slope = config.penalty_slope if config.strategy == "aepo" else 0.0
         scope = config.penalty_scope if config.strategy == "aepo" else "lineage"
         policy = EntropyBranchPolicy(num, config.entropy_weight, config.branch_threshold, config.branch_width, slope, scope)
-        initial = [config.initial_for(k)] * num
-        if config.strategy == "aepo" and config.dynamic_budget and overlaps_premonitoring(config, loop):
+        dynamic = config.strategy == "aepo" and config.dynamic_budget
+        initial = None if dynamic else [config.initial_for(k)] * num  # pre-monitoring sets m (initial_rollouts unused)
+        if dynamic and overlaps_premonitoring(config, loop):
             budget_of: dict[int, int] = {}
 
             def more_globals(sample: Trajectory) -> int:
@@ -178,7 +179,7 @@ def rollout(
 
             main = loop.run(prompts, k, 1, rng=rng, key=key, policy=policy, premonitor=more_globals)
             return _finish(main.groups, [main], k, [budget_of[i] for i in range(num)], policy)
-        if config.strategy == "aepo" and config.dynamic_budget:
+        if dynamic:
             key, sub = jax.random.split(key)
             pre = loop.run(prompts, 1, 1, rng=rng, key=sub)
             runs.append(pre)

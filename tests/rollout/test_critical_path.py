@@ -110,3 +110,33 @@ def test_loop_run_counts_match_the_tool_runner(schedule, initial, serial):
     assert seconds >= path.serial * tools.latency
     if schedule == "rounds":
         assert tools.batches == serial
+
+
+
+def short_short_long_script(ids, rng):
+    """Two searches for "short", a third for "long", then an answer."""
+    n = ids.count(TOK.token_to_id("<result>"))
+    body = "<search>short</search>" if n < 2 else "<search>long</search>" if n == 2 else "<answer>\\boxed{1}</answer>"
+    tokens = TOK.encode("<think>x</think>" + body)
+    return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+
+class LongResultTools(LoggingTools):
+    """`LoggingTools` whose result to a "long" search is 300 characters more."""
+
+    def run_many(self, calls):
+        return [SimpleNamespace(text=r.text + "Z" * 300 * (c.content == "long"), ok=True)
+                for r, c in zip(super().run_many(calls), calls, strict=True)]
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "continuous"])
+def test_a_call_whose_result_does_not_fit_counts_as_made(schedule):
+    """Each row's third call runs, but its result would pass max_response_tokens: the row ends by length
+    with two tool steps, and the call still counts as made, the last of its chain (regression: uncounted)."""
+    tools = LongResultTools(latency=0.0)
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=300, max_context_len=1000, schedule=schedule)
+    result = AgentLoop(ScriptedGenerator(short_short_long_script), TOK, tools, config).run(
+        [TOK.encode(f"q{i}") for i in range(3)], 1, 1, rng=np.random.default_rng(0), key=jax.random.key(0))
+    trajs = [t for g in result.groups for t in g]
+    assert [(t.stop_reason, t.num_tool_calls, t.unappended_tool_calls) for t in trajs] == [("length", 2, 1)] * 3
+    assert run_tool_path(result) == ToolCallPath(serial=3, total=tools.calls) and tools.calls == 9

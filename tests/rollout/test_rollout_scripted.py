@@ -340,3 +340,15 @@ def test_few_uncertain_lineages_scenario_and_what_the_penalty_does_there():
     run = np.subtract(penalty["mean_lineage_branch_run"], arpo["mean_lineage_branch_run"])
     spread = np.subtract(penalty["effective_branch_roots"], arpo["effective_branch_roots"])
     assert run.mean() < -0.03 and spread.mean() > 0.1
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_aepo_with_pre_monitoring_ignores_a_fixed_initial_rollouts_above_k(schedule):
+    """Pre-monitoring sets m, so the fixed m (the base config's 6) is unused and must not stop a run with
+    k = 4 (regression: "initial_rollouts=6 exceeds k=4"); without pre-monitoring it is the m, and too many."""
+    loop = make_loop(rising_entropy_script(2), schedule=schedule)
+    run = {"loop": loop, "rng": np.random.default_rng(0), "key": jax.random.key(0)}
+    groups, stats = rollout(prompts(2), 4, config=RolloutConfig(strategy="aepo", initial_rollouts=6), **run)
+    assert [len(g) for g in groups] == [4, 4] and all(1 <= m <= 4 for m in stats.global_budgets)
+    with pytest.raises(ValueError, match="initial_rollouts=6 exceeds k=4"):
+        rollout(prompts(2), 4, config=RolloutConfig(strategy="aepo", initial_rollouts=6, dynamic_budget=False), **run)
