@@ -31,11 +31,10 @@ class MarkedRows:
 
 class Replays:
     """Reused finished globals (AEPO's pre-monitoring samples) that still draw their branch decisions,
-    one tool result per round of their prompt: decision j in round start + 1 + j, when the globals that
-    start in round `start` draw theirs (under `rounds` a prompt's round is the loop's round; under
-    `continuous`, its own, `PromptRounds`). Under `continuous`, where a prompt's rows reach their tool
-    results ticks apart, decision j also comes as soon as another trajectory of the prompt has its
-    result j appended: before any row can draw its own decision j, as in a lockstep round."""
+    one tool result per round of their prompt (`PromptRounds`): decision j in round start + 1 + j, when
+    the globals that start in round `start` draw theirs. Where a prompt's rows reach their tool results
+    at different times (`continuous`), decision j also comes as soon as another trajectory of the prompt
+    has its result j appended: before any row can draw its own decision j, as in a lockstep round."""
 
     def __init__(self, trajs: list[Trajectory]) -> None:
         self.trajs: list[Trajectory] = []
@@ -56,13 +55,13 @@ class Replays:
     def any_left(self) -> bool:
         return any(self.left(t) for t in self.trajs)
 
-    def due(self, prompt_round: Callable[[int], int], depth: Callable[[int], int] | None = None
-            ) -> list[Trajectory]:
-        """Replays whose next decision is due now: by their prompt's round (`prompt_round(prompt)`), or
-        (`depth` given) once another trajectory of the prompt has that many tool results and more."""
+    def due(self, prompt_round: Callable[[int], int], depth: Callable[[int], int]) -> list[Trajectory]:
+        """Replays whose next decision j is due now: in their prompt's round (`prompt_round(prompt)`)
+        start + 1 + j, or once another trajectory of the prompt has its tool result j (`depth(prompt)`
+        results or more)."""
         return [t for t in self.trajs if self.left(t) and (
             self._next[t.traj_id] <= prompt_round(t.prompt_index) - 1 - self._start[t.traj_id]
-            or (depth is not None and depth(t.prompt_index) > self._next[t.traj_id]))]
+            or depth(t.prompt_index) > self._next[t.traj_id])]
 
     def take(self, traj: Trajectory) -> int:
         """The tool step `traj` decides now; from here on it counts as decided (also for `left`)."""
@@ -90,7 +89,7 @@ class BranchDecisions:
             return []
         by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
         prefilled: list[Trajectory] = []
-        for traj in self.replays.due(self._prompt_round, self._depth if self.cfg.schedule == "continuous" else None):
+        for traj in self.replays.due(self._prompt_round, self._depth):
             prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
         waiting: dict[int, tuple[Any, int]] = {}
         for row, traj in enumerate(self.rows):

@@ -14,8 +14,8 @@ compaction and top-ups run at every tick exactly as at the end of a lockstep
 round (`aepo_jax.agent.loop`); only when every row is waiting does the loop
 block, on the first result. What counts per round (a reused sample's decisions, the
 prompt-scope consecutive-branch counter) counts each prompt's own rounds
-(`PromptRounds`), not ticks. docs/rollout_engine.md says what this does and does
-not do yet.
+(`aepo_jax.agent.prompt_rounds`), not ticks. docs/rollout_engine.md says what this
+does and does not do yet.
 """
 
 from __future__ import annotations
@@ -24,44 +24,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from aepo_jax.agent.protocol import ToolCall
-from aepo_jax.agent.trajectory import Trajectory
 
 TOOL_THREADS = 32  # the continuous schedule's tool threads when the runner does not say its own limit
-
-
-class PromptRounds:
-    """Each prompt's own lockstep rounds, under the continuous schedule: a prompt's round ends once every
-    row it had live when the round began has reached a tool result (appended) or finished, as a lockstep
-    round ends for all rows at once. Rows that start during a round (branches, top-ups) join the next."""
-
-    def __init__(self, num_prompts: int) -> None:
-        self.index = [1] * num_prompts  # the round each prompt is in
-        self._members: list[list[tuple[Trajectory, int]]] = [[] for _ in range(num_prompts)]
-        self._new = [0] * num_prompts  # trajectories each prompt got in its current round
-
-    def begin(self, live: list[Trajectory]) -> None:
-        """Round 1 of every prompt holds the rows live when the run starts."""
-        for p in range(len(self.index)):
-            self._members[p] = self._live_of(live, p)
-
-    def end_tick(self, live: list[Trajectory], new: list[int]) -> list[int | None]:
-        """Counts the tick's `new` trajectories per prompt and ends the rounds that are over. Returns, per
-        prompt, the trajectories its round got if the round ended at this tick, else None."""
-        ended: list[int | None] = []
-        for p, members in enumerate(self._members):
-            self._new[p] += new[p]
-            if not all(t.finished or len(t.tool_steps) > steps for t, steps in members):
-                ended.append(None)
-                continue
-            ended.append(self._new[p])
-            self._new[p] = 0
-            self.index[p] += 1
-            self._members[p] = self._live_of(live, p)
-        return ended
-
-    @staticmethod
-    def _live_of(live: list[Trajectory], prompt: int) -> list[tuple[Trajectory, int]]:
-        return [(t, len(t.tool_steps)) for t in live if t.prompt_index == prompt and not t.finished]
 
 
 def resolved(value: Any) -> Future:

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from aepo_jax.agent.branching import PREFILL, BranchDecisions, MarkedRows, Replays
-from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule, PromptRounds
+from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
 from aepo_jax.agent.entropy import (
     TOP_LOGPROBS,
     reported_logprobs,
@@ -59,6 +59,7 @@ from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's
     cache_slots,
     next_power_of_two,
 )
+from aepo_jax.agent.prompt_rounds import PromptRounds
 from aepo_jax.agent.tool_steps import ToolSteps
 from aepo_jax.agent.trajectory import (
     END_CONTEXT,
@@ -170,7 +171,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             getattr(self.gen, "fork_marked", None))
         # Reused finished globals that still branch (only under a policy).
         self.replays = Replays([t for g in groups for t in g if t.tool_steps] if policy is not None else [])
-        self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds (continuous)
+        self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds
         # In-run pre-monitoring (`AgentLoop.run`'s premonitor): prompt -> its sample, until that finishes.
         self.premonitor = premonitor
         self.premonitoring: dict[int, Trajectory] = {}
@@ -198,9 +199,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         return max((len(t.tool_steps) for t in self.groups[prompt] if t.traj_id not in replaying), default=0)
 
     def _prompt_round(self, prompt: int) -> int:
-        """The round `prompt` is in: the loop's under `rounds`; its own under `continuous` (`PromptRounds`:
-        a tick is a chunk, and a prompt's rows reach their tool results ticks apart)."""
-        return self.prompt_rounds.index[prompt] if self.cfg.schedule == "continuous" else self.round
+        """The round `prompt` is in (`PromptRounds`: without `max_segment_tokens`, the loop's under `rounds`)."""
+        return self.prompt_rounds.index[prompt]
 
     def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
         if not prompt_indices:
@@ -293,6 +293,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         return LoopResult(self.groups, self.events, self.round, counters, self.repacks)
 
     def _run_rounds(self) -> None:
+        self.prompt_rounds.begin(self.rows)
         while self.rows or self.replays.any_left():
             self.round += 1
             outputs = self._decode() if self.rows else []
@@ -309,8 +310,9 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             self._top_up()
             for e in self.events[before:]:
                 new_per_prompt[e.prompt_index] += 1
+            ended = self.prompt_rounds.end_tick(self.rows, new_per_prompt)
             if self.policy is not None:
-                self.policy.end_round(new_per_prompt)
+                self.policy.end_round(ended)
 
     def _limit(self, traj: Trajectory) -> int:
         return min(self.cfg.max_response_tokens - len(traj.response_ids), self.cfg.max_context_len - traj.total_length)

@@ -268,15 +268,16 @@ def long_rising_entropy_script(max_calls: int):
     return script
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_prompt_scope_counter_grows_while_every_round_branches_even_when_a_segment_spans_ticks(schedule):
-    """One root, P = (alpha + 2)(1 - 0.05 l) >= 0.5 always (l <= 4 here), so every decision branches and
+@pytest.mark.parametrize("schedule, max_segment_tokens", [("rounds", None), ("rounds", 40), ("continuous", None)])
+def test_prompt_scope_counter_grows_while_every_round_branches_even_when_a_segment_spans_ticks(
+        schedule, max_segment_tokens):
+    """One root, P = (alpha + 2)(1 - 0.05 l) >= 0.5 always (l <= 6 here), so every decision branches and
     every round of the prompt gets new trajectories: the counter never resets. Under `continuous` a
-    segment spans two or three ticks; a counter ended at every tick reset to 0 after the ticks that
-    made no branch (regression: l read 0, 0, 1, 0, 0, ...)."""
+    segment spans two or three ticks, and under `rounds` with 40-token segments, rounds; a counter ended
+    at each of them reset to 0 after those that made no branch (regression: l read 0, 0, 1, 0, 0, ...)."""
     policy = EntropyBranchPolicy(1, 0.2, 0.5, 2, 0.05, "prompt")
     loop = make_loop(long_rising_entropy_script(4), max_tool_calls=4, max_response_tokens=4000,
-                     max_context_len=6000, schedule=schedule)
+                     max_context_len=6000, schedule=schedule, max_segment_tokens=max_segment_tokens)
     loop.run(prompts(1), 16, 1, rng=np.random.default_rng(5), key=jax.random.key(0), policy=policy)
     counters = [d["consecutive"] for d in policy.log]
     assert all(d["branched"] for d in policy.log) and len(counters) == 15
