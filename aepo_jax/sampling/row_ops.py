@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from aepo_jax.sampling.buckets import bucket_length
@@ -113,7 +114,10 @@ class RowOps:
     def _place_rows(self, state: DecodeState, dst: list[int], source: DecodeState, src: list[int],
                     width: int) -> DecodeState:
         """`place` with its index lists padded to `width` entries (padding writes out of range: dropped);
-        each width is a compiled program."""
+        each width is a compiled program. A source that shares buffers with `state` (rows copied within
+        one state) is copied out first: `state`'s buffers are donated."""
+        if any(a is b for a, b in zip(jax.tree.leaves(state.arrays), jax.tree.leaves(source.arrays), strict=False)):
+            source, src = self.fork(source, src), list(range(len(src)))
         length = max(state.cache_length, source.cache_length)
         arrays, source_arrays = state.arrays, source.arrays
         if state.cache_length < length:

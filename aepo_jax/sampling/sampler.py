@@ -228,9 +228,10 @@ class Sampler(ProgramRuns, RowOps):
             if len(prompt) == 0:
                 raise ValueError(f"prefill: prompt {row} is empty")
         batch = self._batch_for(len(prompts))
-        block = bucket_length(max(len(p) for p in prompts), MIN_BLOCK)
-        self._check_capacity(block)
-        arrays = self._empty_arrays(batch, bucket_length(block, self.min_cache_len))
+        longest = max(len(p) for p in prompts)
+        self._check_capacity(longest)  # rows write their real tokens only: the block's padding needs no slot
+        block = bucket_length(longest, MIN_BLOCK)
+        arrays = self._empty_arrays(batch, min(bucket_length(block, self.min_cache_len), self.max_cache_len))
         state = DecodeState(arrays, len(prompts))
         state = self._run_block(state, prompts, block, "prefill")
         self._counters["prefill_tokens"] += sum(len(p) for p in prompts)

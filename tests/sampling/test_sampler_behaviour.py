@@ -196,6 +196,24 @@ def test_bad_input_raises_clear_errors(greedy_sampler):
         sampler.generate(st, 5000)
 
 
+def test_a_cache_of_any_length_takes_every_prompt_that_fits(tiny_model, full_logits):
+    """max_cache_len 40 (not a power of two): a 36-token prompt (a 64-token block) fits, and its row
+    fills the cache to the last slot (regression: refused, "would need 64 slots"); one more does not."""
+    _, graphdef, state = tiny_model
+    sampler = Sampler(graphdef, state, params=SamplingParams(greedy=True), max_cache_len=40)
+    prompt = random_prompts(41, [36])[0]
+    st = sampler.prefill([prompt])
+    assert st.cache_length == 40 and st.cursors.tolist() == [36]
+    st, out = sampler.generate(st, 4)
+    assert st.cursors.tolist() == [40]
+    np.testing.assert_allclose(np.asarray(st.last_logits[0]), full_logits(prompt + out.row_tokens(0))[-1],
+                               rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="would need 41 slots but max_cache_len is 40"):
+        sampler.append(st, [[5]])
+    with pytest.raises(ValueError, match="would need 41 slots but max_cache_len is 40"):
+        sampler.prefill([random_prompts(42, [41])[0]])
+
+
 def test_prefill_of_left_padded_array_equals_ragged_lists(greedy_sampler):
     prompts = random_prompts(40, [3, 6])
     padded = np.zeros((2, 6), np.int32)

@@ -188,6 +188,27 @@ def test_place_reuses_rows_in_place_and_they_continue_like_fresh_rows(greedy_sam
         sampler.place(st, [3], source, [0])
 
 
+def test_place_and_extend_copy_rows_within_one_state(greedy_sampler, full_logits):
+    """The source may be the destination itself (a row copied into a free row of the same state): its
+    buffers are donated, so the rows are copied out first (regression: an XLA donation error)."""
+    sampler = greedy_sampler
+    prompts = random_prompts(33, [5, 9, 4])
+    st = sampler.prefill(prompts)
+    assert st.batch_size == 4
+    st = sampler.place(st, [2], st, [0])  # row 2 <- row 0
+    st = sampler.extend(st, st)  # no spare rows for 3 more: a concat of the state with itself
+    expected = [prompts[0], prompts[1], prompts[0]] * 2
+    assert st.num_rows == 6 and st.cursors.tolist() == [len(ids) for ids in expected]
+    one = sampler.reserve(sampler.fork(st, [1]), 2)  # one row, a spare one: extend places into it
+    one = sampler.extend(one, one)
+    st, out = sampler.generate(st, 3)
+    one, out_one = sampler.generate(one, 3)
+    for row, ids in enumerate(expected):
+        np.testing.assert_allclose(np.asarray(st.last_logits[row]), full_logits(ids + out.row_tokens(row))[-1],
+                                   rtol=1e-5, atol=1e-4)
+    assert out_one.row_tokens(0) == out_one.row_tokens(1) == out.row_tokens(1)
+
+
 def _assert_row_untouched(after, before, row: int) -> None:
     """Row `row` of two host copies of a state's arrays is equal, bit for bit (cache included)."""
     for name in ("last_logits", "cursor", "slot_valid", "next_position"):
