@@ -43,9 +43,9 @@ class BranchPolicy(Protocol):
         ...
 
     def end_round(self, new_trajectories: Sequence[int | None]) -> None:
-        """Told at the end of every round (under `continuous`, every tick), per prompt, how many
-        trajectories the prompt's round just ended created; None where the prompt's own round goes on
-        (`continuous`: a prompt's round ends when its rows have all reached a tool result or finished)."""
+        """Told at the end of every loop round (under `continuous`, every tick), per prompt, how many
+        trajectories the prompt's own round that just ended created; None where that round goes on
+        (`agent.prompt_rounds`: it ends when the prompt's rows have all reached a tool result or finished)."""
         ...
 
 

@@ -122,7 +122,7 @@ class EntropyBranchPolicy:
 
     def end_round(self, new_trajectories: Sequence[int | None]) -> None:
         """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0 (None: the
-        prompt's own round goes on, under the continuous schedule; its counter stays)."""
+        prompt's own round goes on, `agent.prompt_rounds`; its counter stays)."""
         self.prompt_counters = [c if n is None else c + 1 if n > 0 else 0
                                 for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
         self.rounds_ended += 1
