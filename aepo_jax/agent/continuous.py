@@ -45,6 +45,7 @@ class ContinuousSchedule:
         self.prompt_rounds.begin(self.rows)
         while self.rows or self.replays.any_left():
             self.round += 1
+            tick_events = len(self.events)
             while self.waiting and self._too_few_generating():
                 # Too few rows to decode (none, or a small fraction of the batch): wait for results.
                 self._wait_for_results()
@@ -65,8 +66,8 @@ class ContinuousSchedule:
             self._shrink()
             self._top_up()
             new_per_prompt = [0] * len(self.prompts)
-            for e in self.events:
-                if e.round == self.round and e.kind in ("branch", "topup"):  # as a lockstep round counts
+            for e in self.events[tick_events:]:
+                if e.kind in ("branch", "topup"):  # as a lockstep round counts
                     new_per_prompt[e.prompt_index] += 1
             ended = self.prompt_rounds.end_tick(self.rows, new_per_prompt)
             if self.policy is not None:
