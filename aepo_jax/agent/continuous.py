@@ -8,8 +8,8 @@ keeps collecting those that follow within `LoopConfig.arrival_window_ms` of
 each other, so calls started together resume together). A row that stops at a
 tool call has the call submitted to a thread pool at once and stays where it is in the decode state: rows are ragged (each
 has its own cache cursor), so a waiting row decodes nothing and writes no slots,
-and no cache row is copied out or back. At every tick boundary the results that
-have arrived are appended, in place, in one `append`. Branch decisions,
+and no cache row is copied out or back. Each tick starts by appending every result
+that has arrived (after any wait), in place, in one `append`. Branch decisions,
 compaction and top-ups run at every tick exactly as at the end of a lockstep
 round (`aepo_jax.agent.loop`); only when every row is waiting does the loop
 block, on the first result. What counts per round (a reused sample's decisions, the
@@ -43,15 +43,24 @@ class ContinuousSchedule:
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
         self.prompt_rounds.begin(self.rows)
+        tick_events = len(self.events)
         while self.rows or self.replays.any_left():
             self.round += 1
-            tick_events = len(self.events)
+            # Results are appended once a tick, just before it decodes: those that arrived while the last
+            # tick decoded, and, when too few rows could decode, those waited for (module docstring), all
+            # in one append. Then the last tick ends as a lockstep round does: rows a result ended are
+            # dropped, the prompts' new trajectories counted, and the prompt rounds those results complete
+            # end, before any decision of this tick.
             while self.waiting and self._too_few_generating():
-                # Too few rows to decode (none, or a small fraction of the batch): wait for results.
                 self._wait_for_results()
-                self._fold_in_arrived()
+            if self._fold_in_arrived():
                 self._compact()
                 self._top_up()
+            if self.round > 1:
+                ended = self.prompt_rounds.end_tick(self.rows, self._new_per_prompt(tick_events))
+                if self.policy is not None:
+                    self.policy.end_round(ended)
+            tick_events = len(self.events)
             generating = any(t.traj_id not in self.waiting for t in self.rows)
             outputs = self._decode() if generating else [None] * len(self.rows)
             children = self._decide_branches(outputs)
@@ -60,22 +69,22 @@ class ContinuousSchedule:
                 self.waiting[self.rows[i].traj_id] = self.pool.submit(self._call_tool, call)
             for i, message in malformed.items():
                 self.waiting[self.rows[i].traj_id] = resolved((None, message, False))
-            self._fold_in_arrived()
             self._compact(shrink=False)  # the children first: the marked parents stay in their rows until then
             self._add_children(children)
             self._shrink()
             self._top_up()
-            new_per_prompt = [0] * len(self.prompts)
-            for e in self.events[tick_events:]:
-                if e.kind in ("branch", "topup"):  # as a lockstep round counts
-                    new_per_prompt[e.prompt_index] += 1
-            ended = self.prompt_rounds.end_tick(self.rows, new_per_prompt)
-            if self.policy is not None:
-                self.policy.end_round(ended)
+
+    def _new_per_prompt(self, since: int) -> list[int]:
+        """Trajectories each prompt got (branches and top-ups, as a lockstep round counts) from event `since` on."""
+        new = [0] * len(self.prompts)
+        for e in self.events[since:]:
+            if e.kind in ("branch", "topup"):
+                new[e.prompt_index] += 1
+        return new
 
     def _wait_for_results(self) -> None:
         """Blocks until a tool result arrives, then while more keep arriving within the arrival window."""
-        pending = list(self.waiting.values())
+        pending = [future for future in self.waiting.values() if not future.done()]
         wait(pending, return_when=FIRST_COMPLETED)
         window = self.cfg.arrival_window_ms / 1000.0
         while window > 0:
@@ -84,8 +93,9 @@ class ContinuousSchedule:
                 return
 
     def _too_few_generating(self) -> bool:
-        """No row can decode, or few can while the tool runner is busy: wait for results first."""
-        generating = sum(1 for t in self.rows if t.traj_id not in self.waiting)
+        """No row can decode, or few can while the tool runner is busy: wait for results first. A row whose
+        result has arrived counts as decoding: the tick appends it first."""
+        generating = sum(1 for t in self.rows if t.traj_id not in self.waiting or self.waiting[t.traj_id].done())
         if generating == 0:
             return True
         unfinished = sum(1 for future in self.waiting.values() if not future.done())
@@ -95,10 +105,11 @@ class ContinuousSchedule:
         (result,) = self.loop.tools.run_many([call])
         return call, str(result.text), bool(result.ok)
 
-    def _fold_in_arrived(self) -> None:
-        """Append the tool results that have arrived to their rows, in place (one append)."""
+    def _fold_in_arrived(self) -> bool:
+        """Append the tool results that have arrived to their rows, in place (one append); False when none had."""
         arrived = [tid for tid, future in self.waiting.items() if future.done()]
         if not arrived:
-            return
+            return False
         row_of = {t.traj_id: i for i, t in enumerate(self.rows)}
         self._append_results({row_of[tid]: self.waiting.pop(tid).result() for tid in arrived})
+        return True

@@ -576,6 +576,41 @@ def test_continuous_schedule_resumes_results_that_arrive_together_in_one_tick():
     assert gen.decoding == [4, 4], gen.decoding
 
 
+class CallLog(ScriptedGenerator):
+    """Records the order of generate ("decode") and append calls."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.calls = []
+
+    def generate(self, state, max_new_tokens, rng=None):
+        self.calls.append("decode")
+        return super().generate(state, max_new_tokens, rng)
+
+    def append(self, state, tokens):
+        self.calls.append("append")
+        return super().append(state, tokens)
+
+
+class TwoWorkerStaggeredTools(StaggeredTools):
+    max_workers = 2  # the loop then runs two calls at once and waits while fewer than half the rows decode
+
+
+def test_continuous_schedule_appends_the_results_of_a_tick_in_one_append():
+    """Four searches, two tool workers: the results come back 40 ms apart, and the loop waits for a second
+    one (half the rows) before it decodes. Both go into the cache in one append, just before that decode;
+    appended as each arrived, the tick made two appends (regression: one append per wait)."""
+    gen = CallLog(staggered_script)
+    config = LoopConfig(max_tool_calls=2, max_response_tokens=500, max_context_len=1000, schedule="continuous",
+                        arrival_window_ms=5.0, min_generating_fraction=0.5)
+    result = AgentLoop(gen, TOK, TwoWorkerStaggeredTools(base=0.05, gap=0.04), config).run(
+        [TOK.encode(f"q{i}") for i in range(4)], 1, 1, rng=np.random.default_rng(0), key=jax.random.key(0))
+    assert all(t.stop_reason == END_ANSWER and len(t.tool_steps) == 1 for g in result.groups for t in g)
+    between = "".join("a" if c == "append" else "|" for c in gen.calls).split("|")[1:]
+    assert gen.calls[0] == "decode" and gen.calls.count("append") >= 2, gen.calls
+    assert all(len(appends) <= 1 for appends in between), gen.calls
+
+
 def test_arrival_window_is_checked():
     with pytest.raises(ValueError, match="arrival_window_ms"):
         LoopConfig(arrival_window_ms=-1.0)
