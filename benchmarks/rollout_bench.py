@@ -12,7 +12,8 @@ the sampler's appends, `Sampler.score_append`). Prints a table; `--json OUT` wri
 
 Compiles: background compiles (under `continuous`) that the warm-ups queued, or that a timed run
 leaves unfinished, are waited for between runs, outside their time (`compile_drain_seconds`), so no
-run is slowed by compiles another run queued; compiles within a run count in its time (`compile_seconds`).
+run is slowed by compiles another run queued; compiles within a run count in its time (`compile_seconds`:
+tracing, lowering and XLA's compile of the programs it meets first, from jax's monitoring events).
 Under `--background-compile auto` (the default) a continuous run holds the compiles it asks for until it
 ends (`after_run`), so they are among the drained ones (`held_compiles` counts them).
 
@@ -60,7 +61,9 @@ from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 from benchmarks.bench_json import add_json_flag, write_json
 from benchmarks.cache_census import LiveCacheCensus
 
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax's monitoring event of one XLA compile
+# jax's monitoring events of making one program: tracing it, lowering it to MLIR, XLA's compile.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
 
 SUMMARY_KEYS = ("seconds", "trajectories_per_s", "trajectories_per_s_without_compiles", "device_busy_fraction",
                 "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches",
@@ -196,11 +199,11 @@ def _free_tokens(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--free-tokens takes N or LOW:HIGH, got {text!r}") from None
 
 
-_COMPILE_SECONDS = [0.0]  # XLA compile seconds of this process so far (jax.monitoring, below)
+_COMPILE_SECONDS = [0.0]  # seconds this process spent making programs so far (jax.monitoring, below)
 
 
 def _count_compile(event: str, seconds: float, **_) -> None:
-    if event == BACKEND_COMPILE_EVENT:
+    if event in COMPILE_EVENTS:
         _COMPILE_SECONDS[0] += seconds
 
 
@@ -210,7 +213,7 @@ jax.monitoring.register_event_duration_secs_listener(_count_compile)
 def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat: int, latency_s: float = 0.0,
                    concurrency: int = 1, census: bool = False) -> dict:
     """One AEPO rollout, timed: wall seconds, sampler program seconds (forced tokens are scored inside
-    them), the XLA compile seconds among them (shapes the warm-ups did not meet) and the tool bound;
+    them), the seconds spent making programs among them (shapes the warm-ups did not meet) and the tool bound;
     with `census`, also the most KV cache alive at once (`LiveCacheCensus`)."""
     device_before = sampler.device_seconds
     counters_before = sampler.compile_counters

@@ -33,3 +33,20 @@ def test_no_benchmark_defaults_to_writing_into_the_repository():
     for script in SCRIPTS:
         text = (REPO / "benchmarks" / f"{script}.py").read_text()
         assert 'default="benchmarks/' not in text and "default=Path(" not in text, script
+
+
+def test_rollout_bench_counts_tracing_lowering_and_compiling_of_a_new_program():
+    """The rollout bench takes a run's on-the-spot compile seconds out of its seconds: every jax event of
+    making a program must reach its count (regression: only XLA's compile counted, not tracing or lowering)."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import rollout_bench
+
+    seen: list[tuple[str, float]] = []
+    jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: seen.append((event, seconds)))
+    before = rollout_bench._COMPILE_SECONDS[0]
+    jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+    made = [(event, seconds) for event, seconds in seen if event in rollout_bench.COMPILE_EVENTS]
+    assert {event for event, _ in made} == set(rollout_bench.COMPILE_EVENTS), seen
+    assert rollout_bench._COMPILE_SECONDS[0] - before == pytest.approx(sum(seconds for _, seconds in made), abs=1e-9)
