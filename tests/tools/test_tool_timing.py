@@ -36,18 +36,21 @@ def _start(timed: TimedTools, name: str, results: dict) -> threading.Thread:
     return thread
 
 
+def _finish(clock: StepClock, tools: GatedTools, name: str, thread: threading.Thread, at: float) -> None:
+    """Call `name` returns at clock time `at`."""
+    clock.now = at
+    tools.gates[name].set()
+    thread.join(10)
+
+
 def test_overlapping_calls_count_once_in_busy_and_fully_in_summed():
     clock, tools, results = StepClock(), GatedTools(), {}
     timed = TimedTools(tools, clock=clock)
     first = _start(timed, "a", results)  # a runs over [0, 3]
     clock.now = 1.0
     second = _start(timed, "b", results)  # b runs over [1, 4]
-    clock.now = 3.0
-    tools.gates["a"].set()
-    first.join(10)
-    clock.now = 4.0
-    tools.gates["b"].set()
-    second.join(10)
+    _finish(clock, tools, "a", first, at=3.0)
+    _finish(clock, tools, "b", second, at=4.0)
     assert results == {"a": ["A"], "b": ["B"]}
     assert timed.take() == ToolTime(busy=4.0, summed=6.0)
     assert timed.take() == ToolTime(busy=0.0, summed=0.0)  # take starts a fresh count
@@ -58,16 +61,12 @@ def test_gaps_between_calls_are_not_busy_and_a_call_in_flight_counts_up_to_the_t
     timed = TimedTools(tools, clock=clock)
     clock.now = 2.0
     first = _start(timed, "a", results)  # a runs over [2, 3]
-    clock.now = 3.0
-    tools.gates["a"].set()
-    first.join(10)
+    _finish(clock, tools, "a", first, at=3.0)
     clock.now = 10.0
     second = _start(timed, "b", results)  # b starts at 10, still running at the take at 12
     clock.now = 12.0
     assert timed.take() == ToolTime(busy=3.0, summed=1.0)
-    clock.now = 15.0
-    tools.gates["b"].set()
-    second.join(10)
+    _finish(clock, tools, "b", second, at=15.0)
     assert timed.take() == ToolTime(busy=3.0, summed=5.0)  # busy from the last take; summed whole
 
 
