@@ -131,6 +131,20 @@ def test_aepo_end_to_end_real_model_and_tools(agent):
     check_branches(agent["model"], by_id)
 
 
+def test_aepo_under_rounds_repeats_bit_for_bit(agent):
+    """`rounds` depends on no timing: AEPO's pre-monitoring run, the reused samples' replayed decisions and
+    the branches give the same trees from the same seeds, token for token and score for score."""
+    assert agent["loop"].config.schedule == "rounds"
+    config = RolloutConfig(strategy="aepo", branch_threshold=0.0)  # every decision with budget left branches
+    runs = [rollout(agent["prompts"], 4, loop=agent["loop"], config=config, rng=np.random.default_rng(7),
+                    key=jax.random.key(7)) for _ in range(2)]
+    (groups_a, stats_a), (groups_b, stats_b) = runs
+    assert stats_a.num_branch > 0 and stats_a.global_budgets == stats_b.global_budgets
+    for a, b in zip(groups_a, groups_b, strict=True):
+        assert [(t.traj_id, t.parent_id, t.branch_point, t.response_ids, t.logp_old, t.entropy) for t in a] == [
+            (t.traj_id, t.parent_id, t.branch_point, t.response_ids, t.logp_old, t.entropy) for t in b]
+
+
 def test_branches_re_prefilled_cost_their_prefix_in_prefill_tokens(agent):
     """The contrast to the fork path above: `branch_by="prefill"` recomputes every branch's prefix."""
     base = agent["loop"]
