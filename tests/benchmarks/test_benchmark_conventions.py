@@ -44,9 +44,16 @@ def test_rollout_bench_counts_tracing_lowering_and_compiling_of_a_new_program():
     from benchmarks import rollout_bench
 
     seen: list[tuple[str, float]] = []
-    jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: seen.append((event, seconds)))
-    before = rollout_bench._COMPILE_SECONDS[0]
-    jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+
+    def listen(event: str, seconds: float, **_) -> None:
+        seen.append((event, seconds))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        before = rollout_bench._COMPILE_SECONDS[0]
+        jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)  # no listener left behind for later tests
     made = [(event, seconds) for event, seconds in seen if event in rollout_bench.COMPILE_EVENTS]
     assert {event for event, _ in made} == set(rollout_bench.COMPILE_EVENTS), seen
     assert rollout_bench._COMPILE_SECONDS[0] - before == pytest.approx(sum(seconds for _, seconds in made), abs=1e-9)
