@@ -29,37 +29,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import tempfile
 import time
-from pathlib import Path
 
 import jax
 import jax.monitoring
 import numpy as np
-from flax import nnx
 
 from aepo_jax.agent.forcing import ToolForcingGenerator
 from aepo_jax.agent.loop import SCHEDULES, AgentLoop, LoopConfig
 from aepo_jax.agent.loop_config import BACKGROUND_COMPILE
 from aepo_jax.agent.prompts import PromptConfig, render_prompts
-from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
-from aepo_jax.models import Decoder, get_preset
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import SamplingParams
-from aepo_jax.servers import start_search_server
-from aepo_jax.tokenizers import train_sentencepiece
-from aepo_jax.tools import (
-    PythonSandbox,
-    PythonTool,
-    SandboxLimits,
-    SearchTool,
-    ToolRegistry,
-)
 from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 from benchmarks.bench_json import add_json_flag, write_json
 from benchmarks.cache_census import LiveCacheCensus
+from benchmarks.forced_tools_world import SYSTEM, build_world, live_tools
 
 # jax's monitoring events of making one program: tracing it, lowering it to MLIR, XLA's compile.
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -69,9 +55,6 @@ SUMMARY_KEYS = ("seconds", "trajectories_per_s", "trajectories_per_s_without_com
                 "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s", "ticks", "branches",
                 "compile_seconds", "compile_drain_seconds", "tool_calls", "serial_tool_calls", "tool_bound_seconds")
 
-
-TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelby", "Tarn", "Dunmore", "Fallow", "Harrow"]
-SYSTEM = "Think, then use <search>query</search> or <python>code</python>; answer as <answer>\\boxed{x}</answer>."
 
 
 def main() -> None:
@@ -106,13 +89,8 @@ def main() -> None:
     schedules = [x for x in args.schedules.split(",") if x]
     branch_modes = [x for x in args.branch_by.split(",") if x]
 
-    corpus = {t.lower(): f"{t}\n{t} is a town of {1000 + 37 * i} people founded in {1800 + 7 * i}."
-              for i, t in enumerate(TOWNS)}
-    questions = [f"How many people live in {TOWNS[i % len(TOWNS)]} (case {i})?" for i in range(args.prompts)]
-    tok = train_sentencepiece(list(corpus.values()) + questions + [SYSTEM, "print(6 * 7)"] * 3, vocab_size=400,
-                              special_tokens=AGENT_SPECIAL_TOKENS)
-    model = Decoder(get_preset(args.preset, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
+    world = build_world(args.prompts, args.preset)
+    tok, graphdef, params, plan = world.tokenizer, world.graphdef, world.params, world.plan
     loop_configs = {(branch_by, schedule): LoopConfig(
         max_tool_calls=4, max_response_tokens=512, max_context_len=1024, branch_by=branch_by, schedule=schedule,
         chunk_tokens=args.chunk_tokens, arrival_window_ms=args.arrival_window_ms,
@@ -121,36 +99,26 @@ def main() -> None:
     # loop: whether it compiles in the background follows the loop's schedule. Compiled programs are shared.
     samplers = {key: agent_sampler(graphdef, params, tok, config, SamplingParams(), seed=0)
                 for key, config in loop_configs.items()}
-    plan = [tok.encode("<think>look</think><search>Brindle people</search>"), tok.encode("<python>print(6 * 7)</python>"),
-            tok.encode("<search>Marrow founded</search>"), tok.encode("<answer>\\boxed{42}</answer>")]
-    prompts = render_prompts(tok, questions, PromptConfig(system_prompt=SYSTEM))
+    prompts = render_prompts(tok, world.questions, PromptConfig(system_prompt=SYSTEM))
     rollout_config = RolloutConfig(strategy="aepo", premonitor_overlap=args.premonitor_overlap == "on")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "corpus.jsonl"
-        path.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n" for k, v in corpus.items()))
-        limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_bytes=256 << 20)
-        latency = args.tool_latency_ms
-        with (start_search_server(str(path), latency_ms=latency) as server,
-              PythonSandbox(limits, pool_size=4, latency_seconds=latency / 1000.0) as sandbox):
-            registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=120),
-                                     "python": PythonTool(sandbox)}, max_workers=args.tool_concurrency)
-            loops = {key: AgentLoop(ToolForcingGenerator(samplers[key], plan, free_tokens=args.free_tokens), tok, registry,
-                                    config) for key, config in loop_configs.items()}
-            # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
-            # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
-            # still unseen fall on every schedule alike.
-            for warmup in range(args.warmups):
-                for key, loop in loops.items():
-                    _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup, census=False)
-            for sampler in samplers.values():  # the warm-ups' queued compiles finish here, not inside a timed run
-                sampler.wait_for_compiles()
-            for repeat in range(1, args.repeats + 1):
-                for (branch_by, schedule), loop in loops.items():
-                    rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
-                                               latency / 1000.0, args.tool_concurrency, census=args.cache_census)
-                                | {"schedule": schedule, "branch_by": branch_by})
-            registry.close()
+    latency = args.tool_latency_ms
+    with live_tools(world.corpus, latency, args.tool_concurrency) as registry:
+        loops = {key: AgentLoop(ToolForcingGenerator(samplers[key], plan, free_tokens=args.free_tokens), tok, registry,
+                                config) for key, config in loop_configs.items()}
+        # Warm-ups of every schedule first (they compile the programs of the shapes they meet, which all
+        # schedules share), then the timed runs interleaved, so load drift and compiles of shapes
+        # still unseen fall on every schedule alike.
+        for warmup in range(args.warmups):
+            for key, loop in loops.items():
+                _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup, census=False)
+        for sampler in samplers.values():  # the warm-ups' queued compiles finish here, not inside a timed run
+            sampler.wait_for_compiles()
+        for repeat in range(1, args.repeats + 1):
+            for (branch_by, schedule), loop in loops.items():
+                rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
+                                           latency / 1000.0, args.tool_concurrency, census=args.cache_census)
+                            | {"schedule": schedule, "branch_by": branch_by})
     summary = _summaries(rows, schedules, branch_modes[0])
     low, high = args.free_tokens
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "

@@ -135,6 +135,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.compilation_cache_dir = ""
     c.train.length_bucket = 256  # pad T up to a multiple of this: few compiled shapes
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
+    # Roll out step s + 1 on a background thread while step s trains, with the parameters step s started
+    # from: every rollout after the first is one update round stale (aepo_jax/training/rollout_ahead.py).
+    # Single process only; holds up to two extra copies of the parameters.
+    c.train.rollout_ahead = False
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
     # update (docs/packing.md); "flat": every trajectory padded to T. Loss and gradients are the same.
     c.train.pack = "tree"

@@ -10,6 +10,10 @@ The target's shapes are checked against the step's metadata before any array
 is read, so a checkpoint of another model is a `ValueError` naming the leaf
 (and no half-started read is left behind); a target of another dtype gets the
 saved values cast to it.
+
+A run that rolls out ahead (`train.rollout_ahead`) also saves the parameters
+its next rollout samples with (item `rollout_params`), so a resumed run
+samples that rollout as the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -59,8 +63,12 @@ def abstract_like(tree: Any, shardings: Any | None = None) -> Any:
     )
 
 
+ROLLOUT_PARAMS = "rollout_params"  # the item of the parameters the next rollout samples with
+
+
 class Checkpointer:
-    """Thin wrapper over `ocp.CheckpointManager` with items `state` and `data`."""
+    """Thin wrapper over `ocp.CheckpointManager` with items `state`, `data` and, when given,
+    `rollout_params`."""
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True, save_every: int = 1):
         self.directory = os.path.abspath(directory)
@@ -72,19 +80,18 @@ class Checkpointer:
         )
         self._manager = ocp.CheckpointManager(
             self.directory, options=options,
-            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()},
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+                           ROLLOUT_PARAMS: ocp.StandardCheckpointHandler()},
         )
 
-    def save(self, step: int, state: Any, data_position: dict | None = None, force: bool = False) -> bool:
-        """Start saving `state` and the JSON-able `data_position` at `step`; returns if saved."""
-        return self._manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(dict(data_position or {})),
-            ),
-            force=force,
-        )
+    def save(self, step: int, state: Any, data_position: dict | None = None, force: bool = False,
+             rollout_params: Any = None) -> bool:
+        """Start saving `state`, the JSON-able `data_position` and (when given) `rollout_params` at
+        `step`; returns if saved."""
+        items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(dict(data_position or {}))}
+        if rollout_params is not None:
+            items[ROLLOUT_PARAMS] = ocp.args.StandardSave(rollout_params)
+        return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
 
     def latest_step(self) -> int | None:
         """Newest complete step on disk (unfinished temporary saves are ignored)."""
@@ -121,6 +128,23 @@ class Checkpointer:
             ),
         )
         return restored.state, dict(restored.data or {})
+
+    def has_rollout_params(self, step: int) -> bool:
+        """Whether `step` holds a `rollout_params` item (saved by a run that rolls out ahead)."""
+        return os.path.isdir(os.path.join(self.directory, str(int(step)), ROLLOUT_PARAMS))
+
+    def restore_rollout_params(self, target: Any, step: int, shardings: Any | None = None) -> Any:
+        """The `rollout_params` item of `step`, shaped like `target` (checked against the saved shapes)."""
+        if not self.has_rollout_params(step):
+            raise FileNotFoundError(f"checkpoint {self.directory}/{int(step)} has no {ROLLOUT_PARAMS}")
+        abstract = abstract_like(target, shardings)
+        metadata = self._manager.item_metadata(int(step))
+        saved = metadata[ROLLOUT_PARAMS] if metadata is not None and ROLLOUT_PARAMS in metadata else None
+        if saved is not None:
+            check_fits_metadata(abstract, getattr(saved, "tree", saved), f"{self.directory}/{int(step)}")
+        restored = self._manager.restore(int(step), args=ocp.args.Composite(
+            **{ROLLOUT_PARAMS: ocp.args.StandardRestore(abstract)}))
+        return restored[ROLLOUT_PARAMS]
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()

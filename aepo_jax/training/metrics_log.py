@@ -24,7 +24,7 @@ DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar show
 # Metrics that measure wall-clock time (and rates over it): the only ones two
 # runs of one seeded config may differ in.
 WALL_CLOCK_METRICS = frozenset({
-    "rollout_s", "prepare_s", "train_s", "step_time_s", "tokens_per_s", "tools_s", "rollout/tool_seconds",
+    "rollout_s", "rollout_wait_s", "prepare_s", "train_s", "step_time_s", "tokens_per_s", "tools_s", "rollout/tool_seconds",
     "rollout/tool_call_seconds",
 })
 

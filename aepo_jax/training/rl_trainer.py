@@ -10,6 +10,12 @@ docs/packing.md; "flat": padded rows; same loss and gradients) -> metrics
 and checkpoints. `--resume` restores parameters, optimiser, step, RNG and
 data position, so an interrupted run continues exactly.
 
+`train.rollout_ahead` rolls out step s + 1 on a background thread while step
+s scores and updates, with the parameters step s started from
+(`training/rollout_ahead.py`): each rollout after the first is one update
+round stale. Checkpoints then also hold those parameters, so a resumed run
+continues exactly too.
+
 The rollout is a seam: `rollout_fn(prompts, k, params, key, rng) -> (groups,
 stats)` where `groups[i]` holds the `k` finished trajectories of prompt `i`
 and `stats` is a mapping (or has `as_dict()`) of tree statistics.
@@ -52,6 +58,7 @@ from aepo_jax.training.packing import (
     per_sequence_values,
     place_train_batch,
 )
+from aepo_jax.training.rollout_ahead import Collected, RolloutAhead
 from aepo_jax.training.rollout_batch import (
     RolloutSequences,
     rollout_metrics,
@@ -121,6 +128,11 @@ class RLTrainer(CheckpointedTrainer):
         process_index: int = 0,
         mesh: jax.sharding.Mesh | None = None,
     ):
+        self.rollout_ahead = bool(config.train.get("rollout_ahead", False))
+        if self.rollout_ahead and jax.process_count() > 1:
+            raise ValueError(f"train.rollout_ahead needs a single process, got {jax.process_count()}: a background "
+                             "rollout and the train step would launch multi-host programs in different orders "
+                             "on different hosts")
         self.config = config
         self.workdir = workdir
         self.rollout_fn = rollout_fn
@@ -158,10 +170,20 @@ class RLTrainer(CheckpointedTrainer):
             jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.run.state_sharding.params)(
                 self.state.params) if self.needs_reference else None
         )
+        # rollout_ahead: the background rollout, the parameters the next step's rollout samples with (a
+        # copy: the train step donates its state; None: the current ones) and the data position before
+        # the rollout in flight drew its prompts (what a checkpoint saves while it runs).
+        self._ahead = RolloutAhead() if self.rollout_ahead else None
+        self._next_rollout_params = None
+        self._position_before_ahead: dict = {}
+        self._copy_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                                    out_shardings=self.run.state_sharding.params)
         self._open_outputs(workdir, process_index)
 
     # -- data position and progress (CheckpointedTrainer hooks) ------------
     def _data_position(self) -> dict:
+        if self._ahead is not None and self._ahead.pending_step is not None:
+            return self._position_before_ahead  # the rollout in flight is redone after a resume
         return self.pipeline.state() if hasattr(self.pipeline, "state") else {}
 
     def _restore_data_position(self, position: dict) -> None:
@@ -173,23 +195,23 @@ class RLTrainer(CheckpointedTrainer):
                 "loss": f"{metrics.get('loss', float('nan')):.4f}"}
 
     # -- one step ----------------------------------------------------------
-    def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator):
+    def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator, params: Any):
         prompts = [list(map(int, self.encode_prompt(ex))) for ex in examples]
         if self.process_count > 1:  # every process samples its own prompts with its own (local) key
             key = jax.random.fold_in(jax.random.wrap_key_data(np.asarray(jax.random.key_data(key))),
                                      jax.process_index())
-        groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), self.state.params, key, rng)
+        groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), params, key, rng)
         if len(groups) != len(examples):
             raise RuntimeError(f"rollout_fn returned {len(groups)} groups for {len(examples)} prompts")
         rewards = [[float(self.reward_fn(ex, traj)) for traj in group] for ex, group in zip(examples, groups)]
         return groups, rewards, stats
 
-    def _collect(self, key: jax.Array, rng: np.random.Generator):
-        """Rollouts for one step; DAPO dynamic sampling drops groups whose rewards
+    def _collect(self, key: jax.Array, rng: np.random.Generator, params: Any):
+        """Rollouts for one step with `params`; DAPO dynamic sampling drops groups whose rewards
         are all equal and rolls out more prompts, at most `max_resample_rounds` times."""
         examples = next(self.pipeline)
         key, sub = jax.random.split(key)
-        groups, rewards, stats = self._rollout(examples, sub, rng)
+        groups, rewards, stats = self._rollout(examples, sub, rng, params)
         info = {"resample_rounds": 0.0, "dropped_groups": 0.0}
         if not self.preset.dynamic_sampling:
             return groups, rewards, stats, info
@@ -205,7 +227,7 @@ class RLTrainer(CheckpointedTrainer):
         while len(groups) < wanted and rounds < int(self.config.objective.max_resample_rounds):
             rounds += 1
             key, sub = jax.random.split(key)
-            more_groups, more_rewards, _ = self._rollout(next(self.pipeline), sub, rng)
+            more_groups, more_rewards, _ = self._rollout(next(self.pipeline), sub, rng, params)
             more_groups, more_rewards = informative(more_groups, more_rewards)
             groups += more_groups[: wanted - len(groups)]
             rewards += more_rewards[: wanted - len(rewards)]
@@ -214,6 +236,31 @@ class RLTrainer(CheckpointedTrainer):
         if not groups:  # nothing informative: train on nothing rather than on noise
             info["skipped_update"] = 1.0
         return groups, rewards, stats, info
+
+    def _collect_step(self, step: int, key: jax.Array, params: Any, stale: bool) -> Collected:
+        """Step `step`'s rollout with `params` (on the caller's thread), and the step's numpy generator."""
+        rng = np.random.default_rng([int(self.config.seed), step])
+        start = time.perf_counter()
+        groups, rewards, stats, info = self._collect(key, rng, params)
+        return Collected(groups, rewards, stats, info, rng, time.perf_counter() - start, stale)
+
+    def _step_rollout(self, step: int, key: jax.Array) -> tuple[Collected, float]:
+        """(step `step`'s rollout, seconds the step waited for it). With `rollout_ahead`, also starts
+        step `step + 1`'s rollout in the background with a copy of the parameters this step starts from."""
+        taken = self._ahead.take(step, key) if self._ahead is not None else None
+        if taken is None:
+            stale = self._next_rollout_params is not None
+            params = self._next_rollout_params if stale else self.state.params
+            collected = self._collect_step(step, key, params, stale)
+            taken = collected, collected.seconds
+        if self._ahead is not None:
+            self._next_rollout_params = params = self._copy_params(self.state.params)
+            end = self._run_end if self._run_end is not None else int(self.config.train.total_steps)
+            if step + 1 < end:
+                self._position_before_ahead = self.pipeline.state() if hasattr(self.pipeline, "state") else {}
+                _, next_key = self.state.next_rng()  # the key step + 1 draws (the train step keeps the RNG)
+                self._ahead.launch(step + 1, next_key, lambda: self._collect_step(step + 1, next_key, params, True))
+        return taken
 
     def _advantages(self, seqs: RolloutSequences, logp_ref: np.ndarray | None) -> dict[str, float]:
         """Token advantages of the preset into every sequence (`advantages`); returns their metrics."""
@@ -277,10 +324,13 @@ class RLTrainer(CheckpointedTrainer):
         t0 = time.perf_counter()
         step = int(self.state.rounds)
         self.state, key = self.state.next_rng()
-        rng = np.random.default_rng([int(cfg.seed), step])
-        groups, rewards, stats, info = self._collect(key, rng)
+        collected, waited = self._step_rollout(step, key)
+        groups, rewards, stats, info, rng = (collected.groups, collected.rewards, collected.stats, collected.info,
+                                             collected.rng)
         t_rollout = time.perf_counter()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {"rollout_s": collected.seconds, "rollout_wait_s": waited}
+        if self._ahead is not None:
+            metrics["rollout_stale_params"] = float(collected.stale_params)
         if groups:
             metrics.update(rollout_metrics(groups, rewards))
         metrics.update(info)
@@ -340,7 +390,7 @@ class RLTrainer(CheckpointedTrainer):
 
     def _finish_step(self, metrics, t0, t_rollout, t_train, train_tokens) -> dict[str, float]:
         now = time.perf_counter()
-        metrics["rollout_s"] = t_rollout - t0
+        metrics.setdefault("rollout_s", t_rollout - t0)
         metrics["prepare_s"] = t_train - t_rollout
         metrics["train_s"] = now - t_train
         metrics["step_time_s"] = now - t0
@@ -348,3 +398,30 @@ class RLTrainer(CheckpointedTrainer):
         if "rollout/tool_seconds" in metrics:  # reported by rollouts that time their tools
             metrics["tools_s"] = metrics["rollout/tool_seconds"]
         return metrics
+
+    # -- checkpoints with rollout_ahead ------------------------------------
+    def save(self, force: bool = False) -> None:
+        """Checkpoint the state and data position, plus (rollout_ahead) the next rollout's parameters."""
+        self.checkpointer.save(int(self.state.rounds), self.state, self._data_position(), force=force,
+                               rollout_params=self._next_rollout_params)
+
+    def restore_latest(self) -> bool:
+        """Continue from the newest complete checkpoint. With rollout_ahead, the next rollout samples with
+        the parameters the checkpoint saved for it; a checkpoint without them (saved without
+        rollout_ahead) leaves it the current parameters."""
+        if self._ahead is not None and self._ahead.pending_step is not None:
+            raise RuntimeError("restore_latest: a rollout is in flight; restore before training")
+        if not super().restore_latest():
+            return False
+        step = self.checkpointer.latest_step()
+        self._next_rollout_params = None
+        if self._ahead is not None and self.checkpointer.has_rollout_params(step):
+            self._next_rollout_params = self.checkpointer.restore_rollout_params(
+                self.state.params, step, shardings=self.run.state_sharding.params)
+        return True
+
+    def close(self) -> None:
+        """Wait for a rollout in flight (rollout_ahead), then close the checkpointer and the logs."""
+        if self._ahead is not None:
+            self._ahead.close()
+        super().close()

@@ -29,6 +29,7 @@ class CheckpointedTrainer:
     state: Any  # TrainState; `state.rounds` counts finished steps
     run: RunParts
     progress_name: str = "train"
+    _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
@@ -79,6 +80,7 @@ class CheckpointedTrainer:
             bar = tqdm(total=end - start, desc=self.progress_name, unit="step", dynamic_ncols=True)
         records = []
         every = max(1, int(self.config.checkpoint.every))
+        self._run_end = end
         try:
             for _ in range(start, end):
                 metrics = self.train_step()
@@ -91,6 +93,7 @@ class CheckpointedTrainer:
                     bar.update(1)
                     bar.set_postfix(self._progress_postfix(metrics))
         finally:
+            self._run_end = None
             if bar is not None:
                 bar.close()
             self.checkpointer.wait_until_finished()

@@ -73,3 +73,32 @@ def low_token_reward(example: dict, trajectory: Trajectory) -> float:
     del example
     ids = np.asarray(trajectory.response_ids)
     return float(np.mean(ids < 16))
+
+
+def small_rl_config(factory, total_steps: int = 3):
+    """A tiny config of `factory` (a configs/*_tiny.py `get_config`) sized for these rollouts: 8 new
+    tokens, sequences of 16, a checkpoint every 2 steps and at the last one, no progress bar."""
+    c = factory()
+    c.train.total_steps = total_steps
+    c.train.max_seq_len = 16
+    c.train.length_bucket = 16
+    c.rollout.max_response_len = 8
+    c.checkpoint.every = 2
+    c.checkpoint.async_save = True
+    c.log.progress_bar = False
+    c.log.tensorboard = False
+    return c
+
+
+def sampling_trainer(config, workdir, rollout_fn=None):
+    """An `RLTrainer` of the tiny model over 16 digit prompts, rolling out with `make_sampling_rollout`
+    unless given another `rollout_fn`."""
+    from aepo_jax.data import PromptPipeline
+    from aepo_jax.training.rl_trainer import RLTrainer
+    from tests.training.fixtures import tiny_model
+
+    graphdef, params = tiny_model(seed=config.seed)
+    pipeline = PromptPipeline(digit_examples(16), config.data.prompts_per_step, seed=config.seed)
+    return RLTrainer(config, str(workdir), rollout_fn=rollout_fn or make_sampling_rollout(graphdef),
+                     pipeline=pipeline, encode_prompt=encode_digits, reward_fn=low_token_reward, graphdef=graphdef,
+                     params=params)

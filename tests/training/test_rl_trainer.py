@@ -19,27 +19,17 @@ from tests.training.sampling_fixture import (
     encode_digits,
     low_token_reward,
     make_sampling_rollout,
+    sampling_trainer,
+    small_rl_config,
 )
 
 
 def _config(factory=aepo_config, total_steps=3):
-    c = factory()
-    c.train.total_steps = total_steps
-    c.train.max_seq_len = 16
-    c.train.length_bucket = 16
-    c.rollout.max_response_len = 8
-    c.checkpoint.every = 2
-    c.checkpoint.async_save = True
-    c.log.progress_bar = False
-    c.log.tensorboard = False
-    return c
+    return small_rl_config(factory, total_steps)
 
 
 def _trainer(config, workdir):
-    graphdef, params = tiny_model(seed=config.seed)
-    pipeline = PromptPipeline(digit_examples(16), config.data.prompts_per_step, seed=config.seed)
-    return RLTrainer(config, str(workdir), rollout_fn=make_sampling_rollout(graphdef), pipeline=pipeline,
-                     encode_prompt=encode_digits, reward_fn=low_token_reward, graphdef=graphdef, params=params)
+    return sampling_trainer(config, workdir)
 
 
 def test_trainer_writes_metrics_and_checkpoints_and_resumes_exactly(tmp_path):
