@@ -96,8 +96,8 @@ def test_shared_tools_answer_on_loopback(agent_env):
     assert python.ok and "42" in python.text, python
 
 
-def _train_one_step(cfg, agent_env, tmp_path) -> tuple[dict, dict]:
-    """One real RL step of `cfg` in `tmp_path`: (the metrics.jsonl record, what `train` returned)."""
+def _train(cfg, agent_env, tmp_path) -> tuple[list[dict], list[dict]]:
+    """A real RL run of `cfg` in `tmp_path`: (the metrics.jsonl records, what `train` returned)."""
     workdir = str(tmp_path)
     prepare_workdir(cfg, workdir, resume=False)
     graphdef, params = init_model(cfg, model_config_from(cfg).replace(n_layers=1))
@@ -107,12 +107,36 @@ def _train_one_step(cfg, agent_env, tmp_path) -> tuple[dict, dict]:
         reward_fn=agent_env.reward_fn, graphdef=graphdef, params=params, pad_id=int(agent_env.tokenizer.pad_id),
     )
     try:
-        (returned,) = trainer.train()
+        returned = trainer.train()
     finally:
         trainer.close()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 1
-    return json.loads(lines[0]), returned
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()], returned
+
+
+def _train_one_step(cfg, agent_env, tmp_path) -> tuple[dict, dict]:
+    """One real RL step of `cfg` in `tmp_path`: (the metrics.jsonl record, what `train` returned)."""
+    records, (returned,) = _train(cfg, agent_env, tmp_path)
+    assert len(records) == 1
+    return records[0], returned
+
+
+def test_rollout_ahead_runs_the_real_agent_rollout_on_the_background_thread(agent_env, tmp_path):
+    """The composition root's rollout (sampler, agent loop, real tools) as `train.rollout_ahead` runs it: the
+    second step's rollout sampled, on the background thread, with the parameters step 1 started from."""
+    cfg = _shrink(_load_config("aepo"), vocab_size=int(agent_env.tokenizer.vocab_size))
+    cfg.total_steps = 2
+    cfg.train.rollout_ahead = True
+    # A visible step between the parameters the two rollouts sample with, even when a random policy's equal
+    # rewards leave no advantage: decoupled weight decay shrinks every weight by lr * weight_decay = 5%.
+    cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.warmup_steps = 1e-2, 5.0, 0
+    records, _ = _train(cfg, agent_env, tmp_path)
+    assert [r["rollout_stale_params"] for r in records] == [0.0, 1.0]
+    assert all(math.isfinite(r["loss"]) for r in records)
+    # Scored again with the parameters step 2 starts from, its tokens (sampled with step 1's) score differently;
+    # step 1's rollout sampled with the parameters it is scored with.
+    assert records[0]["logp_old_abs_diff"] < 1e-4 < records[1]["logp_old_abs_diff"], records
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+    assert os.path.isdir(tmp_path / "checkpoints" / "2" / "rollout_params")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
