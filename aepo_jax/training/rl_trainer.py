@@ -166,18 +166,17 @@ class RLTrainer(CheckpointedTrainer):
         self.rows_per_mini = -(-self.local_mini_prompts * int(config.rollout.k) // multiple) * multiple
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
         # The reference model: a frozen copy of the initial parameters (spec §3.3), on the same shards.
-        self.reference_params = (
-            jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.run.state_sharding.params)(
-                self.state.params) if self.needs_reference else None
-        )
+        # A copy of the parameters on their shards: the reference model's and rollout_ahead's (the train step
+        # donates its state).
+        self._copy_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                                    out_shardings=self.run.state_sharding.params)
+        self.reference_params = self._copy_params(self.state.params) if self.needs_reference else None
         # rollout_ahead: the background rollout, the parameters the next step's rollout samples with (a
         # copy: the train step donates its state; None: the current ones) and the data position before
         # the rollout in flight drew its prompts (what a checkpoint saves while it runs).
         self._ahead = RolloutAhead() if self.rollout_ahead else None
         self._next_rollout_params = None
         self._position_before_ahead: dict = {}
-        self._copy_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
-                                    out_shardings=self.run.state_sharding.params)
         self._open_outputs(workdir, process_index)
 
     # -- data position and progress (CheckpointedTrainer hooks) ------------
