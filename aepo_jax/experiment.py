@@ -34,6 +34,7 @@ import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
 from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
+from aepo_jax.parallel.host_rollout import HostRolloutPlacement
 from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
@@ -366,11 +367,13 @@ class AgentRollout:
     a caller can inspect what the rollouts run on.
     """
 
-    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: TimedTools):
+    def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: TimedTools,
+                 placement: HostRolloutPlacement | None = None):
         self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
+        self.placement = placement if placement is not None else HostRolloutPlacement(None)
 
     def __call__(self, prompts, k, current_params, key, rng):
-        self.sampler.set_params(current_params)
+        self.sampler.set_params(self.placement(current_params))
         groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
         stats = stats.as_dict()
         tool_time = self._tools.take()
@@ -381,19 +384,23 @@ class AgentRollout:
 
 def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
                     mesh: Any = None) -> AgentRollout:
-    """The RL trainer's rollout function; its sampler's KV cache lives on `mesh` (the trainer's)."""
-    sampler = sampler_from(cfg, graphdef, params, env.tokenizer, mesh)
+    """The RL trainer's rollout function. Its sampler's KV cache lives on `mesh` (the trainer's) on one
+    process; on several, each process samples its own prompts on its own devices
+    (`parallel.host_rollout`), with the parameters copied there once per rollout."""
+    placement = HostRolloutPlacement(mesh)
+    sampler = sampler_from(cfg, graphdef, placement(params), env.tokenizer, placement.mesh)
     timed_tools = TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
-    return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools)
+    return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools, placement)
 
 
 def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,
                     params: Any = None, process_index: int = 0, process_count: int = 1):
     """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`).
 
-    One mesh (`cfg.mesh`) serves the train step and the rollout sampler, whose
-    KV cache is created on it, split over the batch axes and KV heads."""
+    One mesh (`cfg.mesh`) serves the train step and, on one process, the rollout
+    sampler, whose KV cache is created on it, split over the batch axes and KV heads.
+    On several processes each samples on its own devices (`rollout_fn_from`)."""
     from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 

@@ -7,28 +7,11 @@ Run as `python -m tests.training.multihost_rl_worker WORKDIR` with `JAX_COORDINA
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 
 from aepo_jax.parallel.distributed import maybe_initialize_distributed
-
-
-def _digest(params) -> str:
-    """SHA-256 over this process's own shards of every parameter (its devices' memory), one per
-    distinct index, in index order: equal on two processes only if their copies are equal."""
-    import jax
-    import numpy as np
-
-    h = hashlib.sha256()
-    for leaf in jax.tree.leaves(params):
-        shards = {}
-        for shard in leaf.addressable_shards:
-            start = tuple(s.start or 0 for s in shard.index)
-            shards.setdefault(start, np.asarray(shard.data))
-        for start in sorted(shards):
-            h.update(repr(start).encode() + shards[start].tobytes())
-    return h.hexdigest()
+from tests.training.param_digest import shard_digest
 
 
 def main(workdir: str) -> None:
@@ -76,12 +59,12 @@ def main(workdir: str) -> None:
     trainer = RLTrainer(cfg, workdir, rollout_fn=rollout_fn, pipeline=pipeline, encode_prompt=encode_digits,
                         reward_fn=low_token_reward, process_index=index)
     trainer_graphdef = trainer.run.graphdef
-    initial = _digest(trainer.state.params)
+    initial = shard_digest(trainer.state.params)
     records = trainer.train()
     trainer.close()
     print("RESULT " + json.dumps({
         "process": index, "processes": count, "devices": jax.device_count(),
-        "local_devices": jax.local_device_count(), "initial": initial, "final": _digest(trainer.state.params),
+        "local_devices": jax.local_device_count(), "initial": initial, "final": shard_digest(trainer.state.params),
         "steps": [r["step"] for r in records], "loss": [r["loss"] for r in records],
         "trajectories": [r["trajectories"] for r in records], "rounds": int(trainer.state.rounds),
     }), flush=True)

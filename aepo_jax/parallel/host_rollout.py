@@ -1,0 +1,109 @@
+"""Where rollouts run when a training mesh spans several processes: each host on its own devices.
+
+An agent loop's device programs follow its own rows' tool calls and stops, which
+differ from host to host. A sampler whose KV cache spanned every process would need
+all hosts to launch the same programs in the same order, so each process instead
+samples its own share of the prompts on a mesh of its own devices (its *rollout
+mesh*: KV heads and weights over `tensor`, as in the run's mesh, rows over `data`).
+Once per rollout the trainer's parameters, global arrays on the run's mesh, are
+copied to every host by one collective program that all processes run at the same
+point (`HostRolloutPlacement.__call__`). With one process nothing changes: the
+rollout mesh is the run's mesh and the parameters are passed through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from aepo_jax.parallel.mesh import MESH_AXES, make_mesh
+from aepo_jax.parallel.sharding import state_shardings
+
+HOSTS_AXIS = "hosts"  # the leading axis of `hosts_mesh`: one entry per process
+
+
+def host_mesh_shape(run_shape: Mapping[str, int], devices_per_host: int) -> dict[str, int]:
+    """The rollout mesh of one host: the run's `tensor` size, rows over `data` on the rest."""
+    tensor = int(run_shape.get("tensor", 1))
+    if devices_per_host % tensor:
+        raise ValueError(f"mesh tensor={tensor} does not divide the {devices_per_host} devices of each host: "
+                         "each host samples its own rollouts with the weights split over tensor on its own "
+                         "devices, so tensor must divide the devices per host")
+    return {"data": devices_per_host // tensor, "fsdp": 1, "tensor": tensor}
+
+
+def _devices_by_process(devices: Sequence[Any]) -> list[list[Any]]:
+    groups: dict[int, list[Any]] = {}
+    for device in devices:
+        groups.setdefault(int(device.process_index), []).append(device)
+    counts = {p: len(g) for p, g in groups.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"processes hold different numbers of the mesh's devices: {counts}")
+    return [sorted(groups[p], key=lambda d: d.id) for p in sorted(groups)]
+
+
+def hosts_mesh(run_mesh: Mesh) -> Mesh:
+    """The run mesh's devices as [hosts, data, fsdp, tensor]: entry p of `hosts` is the
+    rollout mesh of the p-th process (in process-index order)."""
+    groups = _devices_by_process(list(run_mesh.devices.flat))
+    shape = host_mesh_shape(run_mesh.shape, len(groups[0]))
+    grid = np.stack([make_mesh(shape, devices=group).devices for group in groups])
+    return Mesh(grid, (HOSTS_AXIS, *MESH_AXES), axis_types=(jax.sharding.AxisType.Auto,) * (1 + len(MESH_AXES)))
+
+
+def host_mesh(hosts: Mesh, process_index: int) -> Mesh:
+    """The rollout mesh of process `process_index`: its entry of `hosts`."""
+    for grid in hosts.devices:
+        if int(grid.flat[0].process_index) == process_index:
+            return Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+    raise ValueError(f"process {process_index} holds none of the mesh's devices")
+
+
+def _identity(tree: Any) -> Any:
+    return tree
+
+
+def _local_part(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """This process's shards of `x` (a full copy per host) as one array on its rollout mesh."""
+    shards = {shard.device: shard.data for shard in x.addressable_shards}
+    devices = sharding.addressable_devices_indices_map(x.shape)
+    return jax.make_array_from_single_device_arrays(x.shape, sharding, [shards[d] for d in devices])
+
+
+class HostRolloutPlacement:
+    """The rollout sampler's mesh, and the step's parameters placed on it.
+
+    `mesh`: the run's mesh on one process; on several, this process's rollout mesh.
+    Calling it with the trainer's parameters returns them on `mesh`; with several
+    processes every process must call it at the same point of the run (it is one
+    collective program).
+    """
+
+    def __init__(self, run_mesh: Mesh | None, process_count: int | None = None,
+                 process_index: int | None = None):
+        process_count = jax.process_count() if process_count is None else int(process_count)
+        process_index = jax.process_index() if process_index is None else int(process_index)
+        self.run_mesh = run_mesh
+        self.per_host = run_mesh is not None and process_count > 1
+        self.hosts = hosts_mesh(run_mesh) if self.per_host else None
+        self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
+        self._copies: dict[Any, Any] = {}
+
+    def copy_program(self, state: Any) -> Any:
+        """The jitted copy of a parameter tree like `state` to every host's devices (built once per tree)."""
+        if self.hosts is None:
+            raise ValueError("copy_program needs a run mesh that spans several processes")
+        structure = jax.tree.structure(state)
+        if structure not in self._copies:
+            self._copies[structure] = jax.jit(_identity, out_shardings=state_shardings(state, self.hosts))
+        return self._copies[structure]
+
+    def __call__(self, state: Any) -> Any:
+        if not self.per_host:
+            return state
+        copied = self.copy_program(state)(state)
+        return jax.tree.map(_local_part, copied, state_shardings(state, self.mesh))

@@ -1,0 +1,80 @@
+"""One process of the two-process agentic RL test (`test_multihost_agent_rollout.py`): the composition
+root's trainer (`rl_trainer_from`: sampler, agent loop, search server, sandbox) on a mesh spanning both
+processes, 2 RL steps, then what each process's rollouts ran on and digests of the parameters.
+
+Run as `python -m tests.training.multihost_agent_worker WORKDIR` with `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` and `XLA_FLAGS=--xla_force_host_platform_device_count=4`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+from tests.training.param_digest import shard_digest, value_digest
+
+
+def main(workdir: str) -> None:
+    index, count = maybe_initialize_distributed("auto")
+    import jax
+    from jax.experimental import multihost_utils
+
+    from aepo_jax.experiment import (
+        environment_from,
+        fit_model_to_tokenizer,
+        rl_trainer_from,
+    )
+    from configs.aepo_tiny import get_config
+    from launch.run_setup import prepare_workdir
+
+    cfg = get_config()
+    cfg.model.n_layers = 1
+    cfg.data.prompts_per_step = 4  # global: 2 prompts per process
+    cfg.data.num_examples = 16
+    cfg.rollout.k = 2
+    cfg.rollout.initial_rollouts = 1
+    cfg.rollout.max_response_len = 16
+    cfg.rollout.max_tool_calls = 1
+    cfg.train.mini_batch_prompts = 4
+    cfg.train.micro_batch_size = 2
+    cfg.train.max_seq_len = 512
+    cfg.total_steps = 2
+    cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 2}  # 2 x 2 x 2 over the 8 devices of both processes
+    # A visible step even when a random policy's equal rewards leave no advantage (decoupled weight decay).
+    cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.warmup_steps = 1e-2, 5.0, 0
+    cfg.checkpoint.async_save = False
+    cfg.log.progress_bar = False
+    cfg.log.tensorboard = False
+
+    prepare_workdir(cfg, workdir, resume=False, process_index=index)  # one workdir, shared like a bucket
+    env = environment_from(cfg, workdir)
+    fit_model_to_tokenizer(cfg, env)
+    trainer = rl_trainer_from(cfg, env, workdir, process_index=index, process_count=count)
+    rollout = trainer.rollout_fn
+    try:
+        initial = shard_digest(trainer.state.params)
+        initial_value = value_digest(multihost_utils.process_allgather(trainer.state.params, tiled=True))
+        records = trainer.train()
+        gathered = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+        placed = rollout.placement(trainer.state.params)  # what a third rollout would sample with
+        sampled_with = rollout.sampler._params_state  # what step 2's rollout sampled with
+    finally:
+        trainer.close()
+        env.close()
+    local_ids = sorted(d.id for d in jax.local_devices())
+    print("RESULT " + json.dumps({
+        "process": index, "processes": count, "devices": jax.device_count(),
+        "sampler_devices": sorted(d.id for d in rollout.sampler.mesh.devices.flat), "local_devices": local_ids,
+        "sampler_mesh": dict(rollout.sampler.mesh.shape), "run_mesh": dict(trainer.run.mesh.shape),
+        "initial": initial, "final": shard_digest(trainer.state.params),
+        "initial_value": initial_value, "final_value": value_digest(gathered), "placed_value": value_digest(placed),
+        "placed_local": all(x.is_fully_addressable for x in jax.tree.leaves(placed)),
+        "sampled_with_value": value_digest(sampled_with),
+        "steps": [r["step"] for r in records], "trajectories": [r["trajectories"] for r in records],
+        "loss": [r["loss"] for r in records],
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
