@@ -41,14 +41,17 @@ GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
 SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
                     "sampler_shrink")
-PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS)
+# The collective program that copies the trainer's parameters to every host's rollout mesh
+# (`parallel.host_rollout`); planned only on slices of several hosts.
+COPY_PROGRAM = "rollout_params_copy"
+PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
 # (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
 DEFAULT_PLANS = (
     ("aepo_qwen3_14b", "v5:2x4x4", PROGRAMS),
-    ("aepo_qwen3_14b", "v5:4x4x4", SAMPLER_PROGRAMS),
+    ("aepo_qwen3_14b", "v5:4x4x4", (*SAMPLER_PROGRAMS, COPY_PROGRAM)),
     ("aepo_qwen2_5_7b", "v5:2x4x4", PROGRAMS),
-    ("aepo_qwen2_5_7b", "v5:4x4x4", SAMPLER_PROGRAMS),
+    ("aepo_qwen2_5_7b", "v5:4x4x4", (*SAMPLER_PROGRAMS, COPY_PROGRAM)),
 )
 
 
@@ -118,12 +121,14 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
     return {"train_step": (train, (state, batch), {}, meta), "score": (score, (state.params, score_batch), {}, meta)}
 
 
-def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
+def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None,
+                           hosts: int = 1) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
     """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_decode_rows": ..., "sampler_append_rows": ...,
-    "sampler_grow": ..., "sampler_shrink": ...} at the config's rollout batch and lengths.
+    "sampler_grow": ..., "sampler_shrink": ...} at the config's rollout batch and lengths, on `mesh` (one
+    host's rollout mesh when the slice has several hosts).
 
-    Rows: all trajectories of a step in one decode state (`data.prompts_per_step` x
-    `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
+    Rows: all trajectories of one host's share of a step in one decode state
+    (`data.prompts_per_step` / `hosts` x `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
     agent loop's sampler may grow to (`agent.loop.cache_slots`). sampler_prefill is
     the block forward every prefill, repack and append runs, one chunk of
     `MAX_BLOCK_TOKENS` (or the whole prompt block, if shorter) into that full
@@ -134,6 +139,7 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     from aepo_jax.agent.loop import cache_slots
     from aepo_jax.experiment import loop_config_from, sampling_params_from
     from aepo_jax.parallel import state_shardings
+    from aepo_jax.parallel.multihost import local_share
     from aepo_jax.sampling.buckets import bucket_batch, bucket_length
     from aepo_jax.sampling.cache_sharding import DecodeSharding, _empty_arrays
     from aepo_jax.sampling.jitted import sampler_programs
@@ -153,7 +159,8 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
                           state_shardings(params, mesh))
     layout = DecodeSharding(mesh)
     loop = loop_config_from(cfg)
-    rows = bucket_batch(int(cfg.data.prompts_per_step) * int(cfg.rollout.k), layout.batch_devices)
+    prompts = local_share(int(cfg.data.prompts_per_step), hosts, "data.prompts_per_step")
+    rows = bucket_batch(prompts * int(cfg.rollout.k), layout.batch_devices)
     slots = cache_slots(loop)
     cache_dtype = jnp.dtype(model_config.dtype).name
     def decode_arrays(batch: int):
@@ -190,7 +197,7 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
     half_progress = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows // 2, *x.shape[1:]), x.dtype, sharding=x.sharding)
                                  if x.ndim else x, progress)
     decode_rows_args = (graphdef, params, arrays, half_rows, half_rows, half_keys, half_rows, stop_table, half_progress)
-    meta = {"rows": rows, "cache_slots": slots}
+    meta = {"rows": rows, "cache_slots": slots, "hosts": hosts}
     # The rollout's two whole-cache copies (docs/scaling.md, "The rollout's caches alive at once"): a batch
     # of half the rows grown into the full one (`Sampler.reserve`: the grown state donated, the old one
     # read), and the full batch shrunk to half its rows (the loop's dense copy of the live rows).
@@ -211,10 +218,31 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str,
             "sampler_shrink": (programs["take"], shrink_args, {}, {**meta, "seq_len": None})}
 
 
+def build_copy_program(cfg: Any, mesh: Any, placement: Any, layers: int | None) -> tuple[Any, tuple[Any, ...], dict, dict]:
+    """The per-rollout copy of the trainer's parameters (on the run's mesh) whole to every host.
+
+    `HostRolloutPlacement` copies with `jax.device_put`, which relabels the input's shards to the hosts
+    mesh's device order and compiles one jitted reshard; this is that program. The relabelling only
+    changes which device holds which shard, not any device's bytes."""
+    from aepo_jax.parallel import state_shardings
+    from aepo_jax.training.build import abstract_model
+
+    _, params = abstract_model(model_config_of(cfg, layers))
+    relabelled = jax.sharding.Mesh(placement.hosts.devices.reshape(mesh.devices.shape), mesh.axis_names,
+                                   axis_types=mesh.axis_types)
+    params_in = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(relabelled, s.spec)),
+        params, state_shardings(params, mesh))
+    program = jax.jit(lambda tree: tree, out_shardings=placement.host_shardings(params))
+    hosts = int(placement.hosts.shape["hosts"])
+    return program, (params_in,), {}, {"rows": 0, "seq_len": None, "hosts": hosts}
+
+
 def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, programs: list[str],
               hbm_bytes: int, seq_len: int | None = None, attention: str | None = None) -> list[dict[str, Any]]:
     """Compiles every program of one config for one topology and returns its memory rows."""
     from aepo_jax.parallel import make_mesh
+    from aepo_jax.parallel.host_rollout import HostRolloutPlacement
 
     cfg = load_config(cfg_name)
     if seq_len is not None:
@@ -223,17 +251,27 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
         cfg.model.attention = attention
     devices = tpu_devices(topology) if platform == "tpu" else jax.devices()
     mesh = make_mesh(dict(cfg.mesh.shape), devices=devices)
-    mesh_text = "x".join(f"{axis}{size}" for axis, size in mesh.shape.items())
+    # Several hosts: each samples its own prompts on its own chips (`parallel.host_rollout`); the sampler's
+    # programs are planned on the first host's rollout mesh, with that host's share of the rows.
+    hosts = len({int(d.process_index) for d in devices})
+    placement = HostRolloutPlacement(mesh, process_count=hosts, process_index=int(devices[0].process_index))
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}
     if {"train_step", "score"} & set(programs):
         built.update(build_programs(cfg, mesh, layers))
     if set(SAMPLER_PROGRAMS) & set(programs):
-        built.update(build_sampler_programs(cfg, mesh, layers))
-    with jax.set_mesh(mesh):
-        for program in programs:
-            fn, args, kwargs, meta = built[program]
+        built.update(build_sampler_programs(cfg, placement.mesh, layers, hosts))
+    if COPY_PROGRAM in programs:
+        if not placement.per_host:
+            programs = [p for p in programs if p != COPY_PROGRAM]  # one host: the rollout uses the run's mesh
+        else:
+            built[COPY_PROGRAM] = build_copy_program(cfg, mesh, placement, layers)
+    for program in programs:
+        fn, args, kwargs, meta = built[program]
+        program_mesh = {COPY_PROGRAM: placement.hosts}.get(program, placement.mesh if program in SAMPLER_PROGRAMS
+                                                          else mesh)
+        with jax.set_mesh(program_mesh):
             start, start_cpu = time.perf_counter(), time.process_time()
             error = None
             try:
@@ -255,7 +293,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
                 argument, temp, output = shard_bytes(args), temp_needed, 0
             rows.append({
                 "config": cfg_name, "topology": topology if platform == "tpu" else f"cpu:{len(devices)}",
-                "mesh": mesh_text, "program": program,
+                "mesh": "x".join(f"{a}{n}" for a, n in program_mesh.shape.items()), "program": program,
                 "n_layers": model_config_of(cfg, layers).n_layers, **meta,
                 "remat": cfg.model.get("remat", "none"), "logits_chunk_size": cfg.model.get("logits_chunk_size"),
                 "attention": model_config_of(cfg, layers).attention,

@@ -6,8 +6,8 @@ all hosts to launch the same programs in the same order, so each process instead
 samples its own share of the prompts on a mesh of its own devices (its *rollout
 mesh*: KV heads and weights over `tensor`, as in the run's mesh, rows over `data`).
 Once per rollout the trainer's parameters, global arrays on the run's mesh, are
-copied to every host by one collective program that all processes run at the same
-point (`HostRolloutPlacement.__call__`). With one process nothing changes: the
+copied whole to every host by one collective program that all processes run at the
+same point (`HostRolloutPlacement.__call__`). With one process nothing changes: the
 rollout mesh is the run's mesh and the parameters are passed through.
 """
 
@@ -63,10 +63,6 @@ def host_mesh(hosts: Mesh, process_index: int) -> Mesh:
     raise ValueError(f"process {process_index} holds none of the mesh's devices")
 
 
-def _identity(tree: Any) -> Any:
-    return tree
-
-
 def _local_part(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     """This process's shards of `x` (a full copy per host) as one array on its rollout mesh."""
     shards = {shard.device: shard.data for shard in x.addressable_shards}
@@ -91,19 +87,18 @@ class HostRolloutPlacement:
         self.per_host = run_mesh is not None and process_count > 1
         self.hosts = hosts_mesh(run_mesh) if self.per_host else None
         self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
-        self._copies: dict[Any, Any] = {}
 
-    def copy_program(self, state: Any) -> Any:
-        """The jitted copy of a parameter tree like `state` to every host's devices (built once per tree)."""
-        if self.hosts is None:
-            raise ValueError("copy_program needs a run mesh that spans several processes")
-        structure = jax.tree.structure(state)
-        if structure not in self._copies:
-            self._copies[structure] = jax.jit(_identity, out_shardings=state_shardings(state, self.hosts))
-        return self._copies[structure]
+    def host_shardings(self, state: Any) -> Any:
+        """Where the copy of a parameter tree like `state` lives: on `hosts_mesh`, whole on every host
+        (each variable's spec on the rollout mesh names no `hosts` axis)."""
+        if not self.per_host:
+            raise ValueError("host_shardings needs a run mesh that spans several processes")
+        return state_shardings(state, self.hosts)
 
     def __call__(self, state: Any) -> Any:
         if not self.per_host:
             return state
-        copied = self.copy_program(state)(state)
+        # The run's mesh and `hosts_mesh` hold the same devices in different orders: device_put relabels the
+        # input's shards to the target's device order and gathers in one jitted program on every process.
+        copied = jax.device_put(state, self.host_shardings(state))
         return jax.tree.map(_local_part, copied, state_shardings(state, self.mesh))

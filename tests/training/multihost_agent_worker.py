@@ -15,6 +15,32 @@ from aepo_jax.parallel.distributed import maybe_initialize_distributed
 from tests.training.param_digest import shard_digest, value_digest
 
 
+def _copy_over_interleaved_mesh(index: int) -> dict:
+    """A run mesh whose tensor pairs span both processes (as a TPU slice's mesh may): the copy to this
+    process's rollout mesh still holds the global value whole."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from aepo_jax.parallel.host_rollout import HostRolloutPlacement
+
+    devices = sorted(jax.devices(), key=lambda d: (d.id % 4, d.process_index))  # alternate the processes
+    grid = np.array(devices, dtype=object).reshape(2, 2, 2)
+    auto = (jax.sharding.AxisType.Auto,) * 3
+    run_mesh = Mesh(grid, ("data", "fsdp", "tensor"), axis_types=auto)
+    value = jax.jit(lambda: jnp.arange(4 * 6, dtype=jnp.float32).reshape(4, 6),
+                    out_shardings=NamedSharding(run_mesh, PartitionSpec("fsdp", "tensor")))()
+    placement = HostRolloutPlacement(run_mesh)
+    copied = placement({"w": value})["w"]
+    expected = np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return {"tensor_pairs_span_processes": all(len({d.process_index for d in grid[i, j]}) == 2
+                                               for i in range(2) for j in range(2)),
+            "devices": sorted(d.id for d in copied.sharding.mesh.devices.flat),
+            "equal": bool(np.array_equal(np.asarray(copied), expected)) and copied.is_fully_addressable}
+
+
 def main(workdir: str) -> None:
     index, count = maybe_initialize_distributed("auto")
     import jax
@@ -63,6 +89,7 @@ def main(workdir: str) -> None:
         trainer.close()
         env.close()
     local_ids = sorted(d.id for d in jax.local_devices())
+    interleaved = _copy_over_interleaved_mesh(index)
     print("RESULT " + json.dumps({
         "process": index, "processes": count, "devices": jax.device_count(),
         "sampler_devices": sorted(d.id for d in rollout.sampler.mesh.devices.flat), "local_devices": local_ids,
@@ -72,7 +99,7 @@ def main(workdir: str) -> None:
         "placed_local": all(x.is_fully_addressable for x in jax.tree.leaves(placed)),
         "sampled_with_value": value_digest(sampled_with),
         "steps": [r["step"] for r in records], "trajectories": [r["trajectories"] for r in records],
-        "loss": [r["loss"] for r in records],
+        "loss": [r["loss"] for r in records], "interleaved": interleaved,
     }), flush=True)
 
 

@@ -27,6 +27,10 @@ def test_each_process_rolls_out_on_its_own_devices_with_the_trainers_parameters(
         assert result["placed_value"] == result["final_value"]
         # Step 2's rollout sampled with the parameters after step 1: neither the initial nor the final ones.
         assert result["sampled_with_value"] not in (result["initial_value"], result["final_value"])
+        # A run mesh whose tensor pairs span the processes: each still gets the whole value on its devices.
+        interleaved = result["interleaved"]
+        assert interleaved["tensor_pairs_span_processes"] and interleaved["equal"]
+        assert interleaved["devices"] == result["local_devices"]
     assert set(first["local_devices"]).isdisjoint(second["local_devices"])
     assert first["steps"] == second["steps"] == [1, 2]
     assert first["trajectories"] == second["trajectories"] == [8.0, 8.0]  # 4 global prompts x k = 2
