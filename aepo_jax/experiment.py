@@ -372,8 +372,14 @@ class AgentRollout:
         self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
         self.placement = placement if placement is not None else HostRolloutPlacement(None)
 
+    samples_on_own_devices = True  # every program of a rollout runs on this process's devices (its sampler's mesh)
+
+    def place_params(self, params: Any) -> Any:
+        """`params` on the sampler's mesh: a collective copy with several processes (`HostRolloutPlacement`)."""
+        return self.placement(params)
+
     def __call__(self, prompts, k, current_params, key, rng):
-        self.sampler.set_params(self.placement(current_params))
+        self.sampler.set_params(self.placement(current_params))  # a no-op when `place_params` placed them
         groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
         stats = stats.as_dict()
         tool_time = self._tools.take()

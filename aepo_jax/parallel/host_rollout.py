@@ -88,6 +88,11 @@ class HostRolloutPlacement:
         self.hosts = hosts_mesh(run_mesh) if self.per_host else None
         self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
 
+    def _on_mesh(self, state: Any) -> bool:
+        """Whether `state` is already placed (every array on this process's rollout mesh)."""
+        return all(isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.mesh
+                   for x in jax.tree.leaves(state))
+
     def host_shardings(self, state: Any) -> Any:
         """Where the copy of a parameter tree like `state` lives: on `hosts_mesh`, whole on every host
         (each variable's spec on the rollout mesh names no `hosts` axis)."""
@@ -96,7 +101,7 @@ class HostRolloutPlacement:
         return state_shardings(state, self.hosts)
 
     def __call__(self, state: Any) -> Any:
-        if not self.per_host:
+        if not self.per_host or self._on_mesh(state):
             return state
         # The run's mesh and `hosts_mesh` hold the same devices in different orders: device_put relabels the
         # input's shards to the target's device order and gathers in one jitted program on every process.

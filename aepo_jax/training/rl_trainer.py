@@ -18,7 +18,13 @@ continues exactly too.
 
 The rollout is a seam: `rollout_fn(prompts, k, params, key, rng) -> (groups,
 stats)` where `groups[i]` holds the `k` finished trajectories of prompt `i`
-and `stats` is a mapping (or has `as_dict()`) of tree statistics.
+and `stats` is a mapping (or has `as_dict()`) of tree statistics. A rollout
+function may also have `place_params(params)`, which the trainer calls on its
+own thread, at the same point on every process, to put the parameters where
+the rollout samples (the composition root's `AgentRollout` copies them to each
+host's own devices), and `samples_on_own_devices = True` when it then runs
+only programs on this process's devices: that lets `rollout_ahead` run with
+several processes.
 """
 
 from __future__ import annotations
@@ -70,6 +76,12 @@ from aepo_jax.training.step_loop import CheckpointedTrainer
 class RolloutFn(Protocol):
     def __call__(self, prompts: list[list[int]], k: int, params: Any, key: jax.Array,
                  rng: np.random.Generator) -> tuple[list[list[Any]], Any]: ...
+
+
+def _host_key(key: jax.Array) -> jax.Array:
+    """`key` as a key this process holds by itself (same value): drawing from it launches no program
+    over other processes' devices."""
+    return jax.random.wrap_key_data(np.asarray(jax.random.key_data(key)))
 
 
 RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
@@ -129,10 +141,11 @@ class RLTrainer(CheckpointedTrainer):
         mesh: jax.sharding.Mesh | None = None,
     ):
         self.rollout_ahead = bool(config.train.get("rollout_ahead", False))
-        if self.rollout_ahead and jax.process_count() > 1:
-            raise ValueError(f"train.rollout_ahead needs a single process, got {jax.process_count()}: a background "
-                             "rollout and the train step would launch multi-host programs in different orders "
-                             "on different hosts")
+        if self.rollout_ahead and jax.process_count() > 1 and not getattr(rollout_fn, "samples_on_own_devices", False):
+            raise ValueError(f"train.rollout_ahead with {jax.process_count()} processes needs a rollout function "
+                             "that samples on this process's own devices (`samples_on_own_devices`, as the "
+                             "composition root's AgentRollout does): a background rollout launching programs over "
+                             "several hosts could launch them in another order than the train step on another host")
         self.config = config
         self.workdir = workdir
         self.rollout_fn = rollout_fn
@@ -249,17 +262,28 @@ class RLTrainer(CheckpointedTrainer):
         taken = self._ahead.take(step, key) if self._ahead is not None else None
         if taken is None:
             stale = self._next_rollout_params is not None
-            params = self._next_rollout_params if stale else self.state.params
-            collected = self._collect_step(step, key, params, stale)
+            params = self._place_params(self._next_rollout_params if stale else self.state.params)
+            collected = self._collect_step(step, self._local_key(key), params, stale)
             taken = collected, collected.seconds
         if self._ahead is not None:
-            self._next_rollout_params = params = self._copy_params(self.state.params)
+            self._next_rollout_params = self._copy_params(self.state.params)
             end = self._run_end if self._run_end is not None else int(self.config.train.total_steps)
             if step + 1 < end:
                 self._position_before_ahead = self.pipeline.state() if hasattr(self.pipeline, "state") else {}
                 _, next_key = self.state.next_rng()  # the key step + 1 draws (the train step keeps the RNG)
-                self._ahead.launch(step + 1, next_key, lambda: self._collect_step(step + 1, next_key, params, True))
+                # Every program over several processes is launched here, on this thread: the background
+                # rollout gets parameters already placed and a key this process holds.
+                params, local_key = self._place_params(self._next_rollout_params), self._local_key(next_key)
+                self._ahead.launch(step + 1, next_key, lambda: self._collect_step(step + 1, local_key, params, True))
         return taken
+
+    def _place_params(self, params: Any) -> Any:
+        """`params` where the rollout samples (`rollout_fn.place_params`; as they are without one)."""
+        place = getattr(self.rollout_fn, "place_params", None)
+        return params if place is None else place(params)
+
+    def _local_key(self, key: jax.Array) -> jax.Array:
+        return _host_key(key) if self.process_count > 1 else key
 
     def _advantages(self, seqs: RolloutSequences, logp_ref: np.ndarray | None) -> dict[str, float]:
         """Token advantages of the preset into every sequence (`advantages`); returns their metrics."""

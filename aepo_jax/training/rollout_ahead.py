@@ -11,8 +11,12 @@ ratio's denominator is then the behaviour policy when
 when it is on (`logp_old_abs_diff` measures the gap).
 
 One rollout runs at a time (the sampler and agent loop are not shared between
-threads), and only one process may run (two threads launching multi-host
-programs in different orders on different hosts can deadlock).
+threads). With several processes the background rollout must launch no program
+over other processes' devices (two threads launching multi-host programs in
+different orders on different hosts can deadlock): the trainer places the
+parameters and draws the key on its own thread, and only rollout functions that
+then sample on their own process's devices (`samples_on_own_devices`, the
+composition root's `AgentRollout`) are accepted.
 """
 
 from __future__ import annotations

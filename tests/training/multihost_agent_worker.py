@@ -2,7 +2,10 @@
 root's trainer (`rl_trainer_from`: sampler, agent loop, search server, sandbox) on a mesh spanning both
 processes, 2 RL steps, then what each process's rollouts ran on and digests of the parameters.
 
-Run as `python -m tests.training.multihost_agent_worker WORKDIR` with `JAX_COORDINATOR_ADDRESS`,
+With `--rollout-ahead`, 3 steps with `train.rollout_ahead`: each step's rollout on a background thread
+during the previous step's update.
+
+Run as `python -m tests.training.multihost_agent_worker WORKDIR [--rollout-ahead]` with `JAX_COORDINATOR_ADDRESS`,
 `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` and `XLA_FLAGS=--xla_force_host_platform_device_count=4`.
 """
 
@@ -13,6 +16,24 @@ import sys
 
 from aepo_jax.parallel.distributed import maybe_initialize_distributed
 from tests.training.param_digest import shard_digest, value_digest
+
+
+def _record_copy_threads() -> set[str]:
+    """The names of the threads that copy parameters to the hosts (a program over both processes)."""
+    import threading
+
+    from aepo_jax.parallel.host_rollout import HostRolloutPlacement
+
+    threads: set[str] = set()
+    place = HostRolloutPlacement.__call__
+
+    def recording(self, state):
+        if self.per_host and not self._on_mesh(state):
+            threads.add(threading.current_thread().name)
+        return place(self, state)
+
+    HostRolloutPlacement.__call__ = recording
+    return threads
 
 
 def _copy_over_interleaved_mesh(index: int) -> dict:
@@ -41,7 +62,7 @@ def _copy_over_interleaved_mesh(index: int) -> dict:
             "equal": bool(np.array_equal(np.asarray(copied), expected)) and copied.is_fully_addressable}
 
 
-def main(workdir: str) -> None:
+def main(workdir: str, ahead: bool) -> None:
     index, count = maybe_initialize_distributed("auto")
     import jax
     from jax.experimental import multihost_utils
@@ -65,7 +86,8 @@ def main(workdir: str) -> None:
     cfg.train.mini_batch_prompts = 4
     cfg.train.micro_batch_size = 2
     cfg.train.max_seq_len = 512
-    cfg.total_steps = 2
+    cfg.total_steps = 3 if ahead else 2
+    cfg.train.rollout_ahead = ahead
     cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 2}  # 2 x 2 x 2 over the 8 devices of both processes
     # A visible step even when a random policy's equal rewards leave no advantage (decoupled weight decay).
     cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.warmup_steps = 1e-2, 5.0, 0
@@ -73,6 +95,7 @@ def main(workdir: str) -> None:
     cfg.log.progress_bar = False
     cfg.log.tensorboard = False
 
+    copy_threads = _record_copy_threads()
     prepare_workdir(cfg, workdir, resume=False, process_index=index)  # one workdir, shared like a bucket
     env = environment_from(cfg, workdir)
     fit_model_to_tokenizer(cfg, env)
@@ -100,8 +123,10 @@ def main(workdir: str) -> None:
         "sampled_with_value": value_digest(sampled_with),
         "steps": [r["step"] for r in records], "trajectories": [r["trajectories"] for r in records],
         "loss": [r["loss"] for r in records], "interleaved": interleaved,
+        "stale": [r["rollout_stale_params"] for r in records] if ahead else None,
+        "copy_threads": sorted(copy_threads),
     }), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--rollout-ahead" in sys.argv[2:])

@@ -11,9 +11,8 @@ from tests.training.local_cluster import result_lines, start_processes
 TIMEOUT_S = 300  # the run takes seconds; a process waiting on the other (a deadlock) fails here
 
 
-@pytest.mark.slow  # two processes starting the environment and compiling the tiny trainer
-def test_each_process_rolls_out_on_its_own_devices_with_the_trainers_parameters(tmp_path):
-    procs = start_processes(["-m", "tests.training.multihost_agent_worker", str(tmp_path / "run")], 2, 4)
+def _run(tmp_path, *flags: str) -> tuple[dict, dict]:
+    procs = start_processes(["-m", "tests.training.multihost_agent_worker", str(tmp_path / "run"), *flags], 2, 4)
     results = [json.loads(line[len("RESULT "):]) for line in result_lines(procs, TIMEOUT_S)]
     first, second = sorted(results, key=lambda r: r["process"])
     assert (first["process"], second["process"]) == (0, 1) and first["devices"] == 8
@@ -25,15 +24,34 @@ def test_each_process_rolls_out_on_its_own_devices_with_the_trainers_parameters(
         assert result["placed_local"]
         # The copy on this host's devices is the trainer's global parameters, bit for bit.
         assert result["placed_value"] == result["final_value"]
-        # Step 2's rollout sampled with the parameters after step 1: neither the initial nor the final ones.
+        # The last rollout sampled with parameters from during the run: neither the initial nor the final ones.
         assert result["sampled_with_value"] not in (result["initial_value"], result["final_value"])
         # A run mesh whose tensor pairs span the processes: each still gets the whole value on its devices.
         interleaved = result["interleaved"]
         assert interleaved["tensor_pairs_span_processes"] and interleaved["equal"]
         assert interleaved["devices"] == result["local_devices"]
     assert set(first["local_devices"]).isdisjoint(second["local_devices"])
-    assert first["steps"] == second["steps"] == [1, 2]
-    assert first["trajectories"] == second["trajectories"] == [8.0, 8.0]  # 4 global prompts x k = 2
     assert first["loss"] == second["loss"]
     assert first["final_value"] == second["final_value"] != first["initial_value"]
     assert first["final"] == second["final"] != first["initial"]
+    return first, second
+
+
+@pytest.mark.slow  # two processes starting the environment and compiling the tiny trainer
+def test_each_process_rolls_out_on_its_own_devices_with_the_trainers_parameters(tmp_path):
+    first, second = _run(tmp_path)
+    assert first["steps"] == second["steps"] == [1, 2]
+    assert first["trajectories"] == second["trajectories"] == [8.0, 8.0]  # 4 global prompts x k = 2
+
+
+@pytest.mark.slow
+def test_rollout_ahead_runs_with_several_processes(tmp_path):
+    """Each process's next rollout on its background thread while the train step (programs over both
+    processes) runs on the main thread: no deadlock, one update round stale after the first step."""
+    first, second = _run(tmp_path, "--rollout-ahead")
+    assert first["steps"] == second["steps"] == [1, 2, 3]
+    assert first["stale"] == second["stale"] == [0.0, 1.0, 1.0]
+    # Programs over both processes (the parameter copy) run on the main thread only, in the same order as
+    # the train step's on every process; the background rollout runs this process's programs only.
+    assert first["copy_threads"] == second["copy_threads"] == ["MainThread"]
+    assert first["trajectories"] == second["trajectories"] == [8.0, 8.0, 8.0]

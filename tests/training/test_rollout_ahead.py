@@ -154,9 +154,9 @@ def test_rollout_ahead_raises_what_the_background_rollout_raised(tmp_path):
     assert int(trainer.state.rounds) == 1  # step 0 finished; step 1 stopped at its rollout
 
 
-def test_rollout_ahead_refuses_several_processes(tmp_path, monkeypatch):
+def test_rollout_ahead_refuses_several_processes_for_a_rollout_that_may_span_them(tmp_path, monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ValueError, match="rollout_ahead needs a single process, got 2"):
+    with pytest.raises(ValueError, match="rollout_ahead with 2 processes needs a rollout function that samples on"):
         _trainer(_config(ahead=True), tmp_path)
 
 
