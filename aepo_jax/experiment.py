@@ -393,7 +393,9 @@ def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     """The RL trainer's rollout function. Its sampler's KV cache lives on `mesh` (the trainer's) on one
     process; on several, each process samples its own prompts on its own devices
     (`parallel.host_rollout`), with the parameters copied there once per rollout."""
-    placement = HostRolloutPlacement(mesh)
+    from aepo_jax.training.build import model_config_from
+
+    placement = HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype)  # copies in the compute dtype
     sampler = sampler_from(cfg, graphdef, placement(params), env.tokenizer, placement.mesh)
     timed_tools = TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))

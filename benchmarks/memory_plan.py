@@ -155,6 +155,8 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None,
 
     model_config = model_config_of(cfg, layers)
     graphdef, params = abstract_model(model_config)
+    if hosts > 1:  # each host's copy of the weights is in the compute dtype (`rollout_fn_from`)
+        params = as_dtype(params, model_config.dtype)
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
                           state_shardings(params, mesh))
     layout = DecodeSharding(mesh)
@@ -218,6 +220,14 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None,
             "sampler_shrink": (programs["take"], shrink_args, {}, {**meta, "seq_len": None})}
 
 
+def as_dtype(params: Any, dtype: Any) -> Any:
+    """Abstract parameters with their float leaves in `dtype` (None: unchanged)."""
+    if dtype is None:
+        return params
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)) if jnp.issubdtype(x.dtype, jnp.floating)
+                        else x, params)
+
+
 def build_copy_program(cfg: Any, mesh: Any, placement: Any, layers: int | None) -> tuple[Any, tuple[Any, ...], dict, dict]:
     """The per-rollout copy of the trainer's parameters (on the run's mesh) whole to every host.
 
@@ -227,7 +237,9 @@ def build_copy_program(cfg: Any, mesh: Any, placement: Any, layers: int | None) 
     from aepo_jax.parallel import state_shardings
     from aepo_jax.training.build import abstract_model
 
-    _, params = abstract_model(model_config_of(cfg, layers))
+    model_config = model_config_of(cfg, layers)
+    _, params = abstract_model(model_config)
+    params = as_dtype(params, placement.dtype)  # cast on the run's shards before the copy
     relabelled = jax.sharding.Mesh(placement.hosts.devices.reshape(mesh.devices.shape), mesh.axis_names,
                                    axis_types=mesh.axis_types)
     params_in = jax.tree.map(
@@ -254,7 +266,8 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     # Several hosts: each samples its own prompts on its own chips (`parallel.host_rollout`); the sampler's
     # programs are planned on the first host's rollout mesh, with that host's share of the rows.
     hosts = len({int(d.process_index) for d in devices})
-    placement = HostRolloutPlacement(mesh, process_count=hosts, process_index=int(devices[0].process_index))
+    placement = HostRolloutPlacement(mesh, process_count=hosts, process_index=int(devices[0].process_index),
+                                     dtype=model_config_of(cfg, layers).dtype)
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}

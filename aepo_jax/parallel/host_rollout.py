@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
@@ -80,10 +81,14 @@ class HostRolloutPlacement:
     """
 
     def __init__(self, run_mesh: Mesh | None, process_count: int | None = None,
-                 process_index: int | None = None):
+                 process_index: int | None = None, dtype: Any = None):
         process_count = jax.process_count() if process_count is None else int(process_count)
         process_index = jax.process_index() if process_index is None else int(process_index)
         self.run_mesh = run_mesh
+        # The copies' float dtype (None: the trainer's). The model casts every weight to its compute dtype
+        # where it uses it, so a copy stored in that dtype samples exactly as the float32 weights do.
+        self.dtype = None if dtype is None else jnp.dtype(dtype)
+        self._casts: dict[Any, Any] = {}
         self.per_host = run_mesh is not None and process_count > 1
         self.hosts = hosts_mesh(run_mesh) if self.per_host else None
         self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
@@ -92,6 +97,18 @@ class HostRolloutPlacement:
         """Whether `state` is already placed (every array on this process's rollout mesh)."""
         return all(isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.mesh
                    for x in jax.tree.leaves(state))
+
+    def cast_program(self, state: Any) -> Any:
+        """The jitted cast of a tree like `state` to `dtype` on the run's mesh (same shardings)."""
+        structure = jax.tree.structure(state)
+        if structure not in self._casts:
+            def cast(tree: Any) -> Any:
+                return jax.tree.map(lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                    tree)
+
+            shardings = jax.tree.map(lambda x: x.sharding, state)
+            self._casts[structure] = jax.jit(cast, out_shardings=shardings)
+        return self._casts[structure]
 
     def host_shardings(self, state: Any) -> Any:
         """Where the copy of a parameter tree like `state` lives: on `hosts_mesh`, whole on every host
@@ -105,5 +122,7 @@ class HostRolloutPlacement:
             return state
         # The run's mesh and `hosts_mesh` hold the same devices in different orders: device_put relabels the
         # input's shards to the target's device order and gathers in one jitted program on every process.
+        if self.dtype is not None:
+            state = self.cast_program(state)(state)  # on the run's shards first: half the bytes to move
         copied = jax.device_put(state, self.host_shardings(state))
         return jax.tree.map(_local_part, copied, state_shardings(state, self.mesh))

@@ -53,13 +53,15 @@ def _copy_over_interleaved_mesh(index: int) -> dict:
     run_mesh = Mesh(grid, ("data", "fsdp", "tensor"), axis_types=auto)
     value = jax.jit(lambda: jnp.arange(4 * 6, dtype=jnp.float32).reshape(4, 6),
                     out_shardings=NamedSharding(run_mesh, PartitionSpec("fsdp", "tensor")))()
-    placement = HostRolloutPlacement(run_mesh)
-    copied = placement({"w": value})["w"]
+    copied = HostRolloutPlacement(run_mesh)({"w": value})["w"]
+    half = HostRolloutPlacement(run_mesh, dtype="bfloat16")({"w": value + 1e-3})["w"]  # a copy in compute dtype
     expected = np.asarray(multihost_utils.process_allgather(value, tiled=True))
     return {"tensor_pairs_span_processes": all(len({d.process_index for d in grid[i, j]}) == 2
                                                for i in range(2) for j in range(2)),
             "devices": sorted(d.id for d in copied.sharding.mesh.devices.flat),
-            "equal": bool(np.array_equal(np.asarray(copied), expected)) and copied.is_fully_addressable}
+            "equal": bool(np.array_equal(np.asarray(copied), expected)) and copied.is_fully_addressable,
+            "bfloat16_equal": half.dtype == jnp.bfloat16 and bool(np.array_equal(
+                np.asarray(half), np.asarray(jnp.asarray(expected + 1e-3).astype(jnp.bfloat16))))}
 
 
 def main(workdir: str, ahead: bool) -> None:

@@ -28,7 +28,7 @@ def _run(tmp_path, *flags: str) -> tuple[dict, dict]:
         assert result["sampled_with_value"] not in (result["initial_value"], result["final_value"])
         # A run mesh whose tensor pairs span the processes: each still gets the whole value on its devices.
         interleaved = result["interleaved"]
-        assert interleaved["tensor_pairs_span_processes"] and interleaved["equal"]
+        assert interleaved["tensor_pairs_span_processes"] and interleaved["equal"] and interleaved["bfloat16_equal"]
         assert interleaved["devices"] == result["local_devices"]
     assert set(first["local_devices"]).isdisjoint(second["local_devices"])
     assert first["loss"] == second["loss"]

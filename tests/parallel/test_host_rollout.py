@@ -1,0 +1,52 @@
+"""`parallel.host_rollout` on one process: the rollout mesh is the run's, parameters pass through, and a
+copy in the compute dtype samples exactly as the float32 weights (the multi-process behaviour is
+`tests/training/test_multihost_agent_rollout.py`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.parallel import make_mesh
+from aepo_jax.parallel.host_rollout import HostRolloutPlacement, host_mesh_shape
+from aepo_jax.sampling import Sampler, SamplingParams
+
+
+def test_one_process_keeps_the_run_mesh_and_passes_parameters_through():
+    mesh = make_mesh({"data": -1})
+    placement = HostRolloutPlacement(mesh, dtype="bfloat16")
+    params = {"w": jnp.ones((4, 4), jnp.float32)}
+    assert placement.mesh is mesh and not placement.per_host
+    assert placement(params) is params  # no copy, no cast: the sampler uses the trainer's weights
+
+
+def test_host_mesh_keeps_the_run_tensor_size_and_refuses_one_that_spans_hosts():
+    assert host_mesh_shape({"data": 1, "fsdp": 8, "tensor": 4}, 4) == {"data": 1, "fsdp": 1, "tensor": 4}
+    assert host_mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2}
+    with pytest.raises(ValueError, match="tensor=8 does not divide the 4 devices of each host"):
+        host_mesh_shape({"tensor": 8}, 4)
+
+
+def test_a_copy_in_the_compute_dtype_samples_exactly_as_the_float32_weights():
+    """bfloat16 compute, float32 master weights (biases and q/k norms on, as in Qwen2.5 / Qwen3): a
+    sampler over the weights cast to bfloat16 draws the same tokens with the same log-probs and entropies,
+    bit for bit, as one over the float32 weights. Every weight is cast to the compute dtype where used."""
+    config = get_preset("tiny", dtype="bfloat16", param_dtype="float32", qkv_bias=True, qk_norm=True, n_layers=2)
+    graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(3)))
+    # Weights that bfloat16 does not represent exactly (norm scales and biases start at 1 and 0).
+    state = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(jax.random.key(5), x.shape, x.dtype), state)
+    cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16), state)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b.astype(jnp.float32)))
+               for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(cast)))
+    prompts = [[5, 9, 13, 2], [7, 3], [11, 12, 14, 15, 16]]
+    outputs = []
+    for weights in (state, cast):
+        sampler = Sampler(graphdef, weights, params=SamplingParams(temperature=1.0), seed=0)
+        _, out = sampler.generate(sampler.prefill(prompts), 12, rng=jax.random.key(7))
+        outputs.append(out)
+    full, half = outputs
+    np.testing.assert_array_equal(full.tokens, half.tokens)
+    np.testing.assert_array_equal(full.logp, half.logp)
+    np.testing.assert_array_equal(full.entropy, half.entropy)
