@@ -28,15 +28,20 @@ def start_processes(args: list[str], processes: int, devices_each: int) -> list[
 
 def result_lines(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
     """The `RESULT ...` line of each process (which must exit 0 within `timeout_s`); kills stragglers."""
-    lines = []
+    return [next(line for line in out.splitlines() if line.startswith("RESULT")) for out in outputs(procs, timeout_s)]
+
+
+def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
+    """Each process's stdout (each must exit 0 within `timeout_s`); kills stragglers."""
+    texts = []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=timeout_s)  # a hang fails here instead of blocking the suite
             assert proc.returncode == 0, err[-3000:]
-            lines.append(next(line for line in out.splitlines() if line.startswith("RESULT")))
+            texts.append(out)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return lines
+    return texts

@@ -1,0 +1,42 @@
+"""`python -m launch.train` on two real processes (`jax.distributed` on loopback, 4 fake CPU devices each),
+as every host of a TPU slice runs it: the real agent rollout on each host's own devices, with
+`train.rollout_ahead`. A run stopped after step 2 and resumed with `--resume` writes the same metrics as
+the uninterrupted 3-step run, so the checkpoint (with the next rollout's parameters) is exact across
+processes."""
+
+import os
+
+import pytest
+
+from aepo_jax.training.metrics_log import read_metrics, without_wall_clock
+from tests.training.local_cluster import outputs, start_processes
+
+TIMEOUT_S = 400
+RUN = ["-m", "launch.train", "--config", "configs/aepo_tiny.py", "--config.deterministic=True",
+       "--config.data.num_examples=16", "--config.train.max_seq_len=512",
+       # Every step updates the parameters even with equal rewards (no advantage) in a group.
+       "--config.objective.entropy_coef=0.01", "--config.checkpoint.async_save=False",
+       '--config.mesh.shape={"data": -1, "fsdp": 2, "tensor": 2}', "--config.train.rollout_ahead=True",
+       "--config.data.prompts_per_step=2", "--config.rollout.k=2", "--config.rollout.initial_rollouts=1",
+       "--config.rollout.max_response_len=16", "--config.rollout.max_tool_calls=1",
+       "--config.train.mini_batch_prompts=2", "--config.train.micro_batch_size=2",
+       "--config.log.progress_bar=false", "--config.log.tensorboard=false"]
+
+
+def _launch(workdir, steps: int, *flags: str) -> None:
+    outputs(start_processes([*RUN, f"--config.total_steps={steps}", "--workdir", str(workdir), *flags], 2, 4),
+            TIMEOUT_S)
+
+
+@pytest.mark.slow  # three two-process launches, each starting the environment and compiling the trainer
+def test_two_process_launch_with_rollout_ahead_resumes_exactly(tmp_path):
+    _launch(tmp_path / "whole", 3)
+    _launch(tmp_path / "resumed", 2)
+    _launch(tmp_path / "resumed", 3, "--resume")
+    whole = read_metrics(str(tmp_path / "whole" / "metrics.jsonl"))
+    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
+    assert [r["step"] for r in whole] == [r["step"] for r in resumed] == [1, 2, 3]
+    assert [r["rollout_stale_params"] for r in whole] == [0.0, 1.0, 1.0]
+    assert [r["trajectories"] for r in whole] == [4.0, 4.0, 4.0]  # both processes' rollouts, gathered
+    assert [without_wall_clock(r) for r in resumed] == [without_wall_clock(r) for r in whole]
+    assert os.path.isdir(tmp_path / "resumed" / "checkpoints" / "2" / "rollout_params")
