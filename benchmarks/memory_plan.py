@@ -9,7 +9,11 @@ topology (`jax.experimental.topologies`, needs the `libtpu` wheel; no TPU
 is touched) and prints what the TPU compiler plans per device:
 `compiled.memory_analysis()` argument, temporary and total bytes against the
 chip's HBM, and the compile seconds. One micro-batch = one row of
-`train.max_seq_len` tokens per data-parallel device.
+`train.max_seq_len` tokens per data-parallel device. It also plans the rollout
+sampler's programs at the config's rollout shape (`build_sampler_programs`; on a
+slice of several hosts on one host's rollout mesh with that host's rows, as
+`parallel.host_rollout` runs them) and the per-rollout copy of the weights to
+every host (`rollout_params_copy`).
 
     make memory-plan        # its own venv with libtpu; writes runs/memory_plan.json
     .venv-tpu/bin/python benchmarks/memory_plan.py --json OUT [--config aepo_qwen3_14b:v5:4x4x4] [--layers 2]
@@ -45,8 +49,9 @@ SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", 
 # (`parallel.host_rollout`); planned only on slices of several hosts.
 COPY_PROGRAM = "rollout_params_copy"
 PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
-# (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers
-# (whose KV caches alone are 82 / 57 GiB per device on 32 chips) on the 64-chip slice as well.
+# (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers and the
+# copy on the 64-chip slice as well. On a slice of several hosts the samplers are planned per host (one
+# host's rollout mesh and share of the rows: docs/scaling.md, "Rollouts per host").
 DEFAULT_PLANS = (
     ("aepo_qwen3_14b", "v5:2x4x4", PROGRAMS),
     ("aepo_qwen3_14b", "v5:4x4x4", (*SAMPLER_PROGRAMS, COPY_PROGRAM)),
