@@ -372,14 +372,19 @@ class AgentRollout:
         self.sampler, self.loop, self.strategy, self._tools = sampler, loop, strategy, tools
         self.placement = placement if placement is not None else HostRolloutPlacement(None)
 
-    samples_on_own_devices = True  # every program of a rollout runs on this process's devices (its sampler's mesh)
+    @property
+    def samples_on_own_devices(self) -> bool:
+        """Whether every program of a rollout runs on this process's devices (its sampler's mesh)."""
+        return self.placement.per_host or jax.process_count() == 1
 
     def place_params(self, params: Any) -> Any:
         """`params` on the sampler's mesh: a collective copy with several processes (`HostRolloutPlacement`)."""
         return self.placement(params)
 
     def __call__(self, prompts, k, current_params, key, rng):
-        self.sampler.set_params(self.placement(current_params))  # a no-op when `place_params` placed them
+        # A no-op when `place_params` placed them; otherwise (a caller without the trainer) the copy, which
+        # refuses to run off the main thread with several processes.
+        self.sampler.set_params(self.placement(current_params))
         groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
         stats = stats.as_dict()
         tool_time = self._tools.take()

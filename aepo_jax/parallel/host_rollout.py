@@ -13,6 +13,7 @@ rollout mesh is the run's mesh and the parameters are passed through.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,21 +94,32 @@ class HostRolloutPlacement:
         self.hosts = hosts_mesh(run_mesh) if self.per_host else None
         self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
 
+    def _needs_cast(self, x: Any) -> bool:
+        return self.dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype
+
     def _on_mesh(self, state: Any) -> bool:
-        """Whether `state` is already placed (every array on this process's rollout mesh)."""
+        """Whether `state` is already placed: every array on this process's rollout mesh, in `dtype`."""
         return all(isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.mesh
-                   for x in jax.tree.leaves(state))
+                   and not self._needs_cast(x) for x in jax.tree.leaves(state))
+
+    def _on_run_mesh(self, state: Any) -> Any:
+        """`state` with every array on the run's mesh (weights loaded on one device, e.g. a GGUF policy,
+        are put there from the host: every process holds the same values)."""
+        def place(x: Any, sharding: NamedSharding) -> Any:
+            if isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.run_mesh:
+                return x
+            return jax.device_put(np.asarray(x), sharding)
+
+        return jax.tree.map(place, state, state_shardings(state, self.run_mesh))
 
     def cast_program(self, state: Any) -> Any:
-        """The jitted cast of a tree like `state` to `dtype` on the run's mesh (same shardings)."""
+        """The jitted cast of a tree like `state` to `dtype`, each array on its own shards."""
         structure = jax.tree.structure(state)
         if structure not in self._casts:
             def cast(tree: Any) -> Any:
-                return jax.tree.map(lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                                    tree)
+                return jax.tree.map(lambda x: x.astype(self.dtype) if self._needs_cast(x) else x, tree)
 
-            shardings = jax.tree.map(lambda x: x.sharding, state)
-            self._casts[structure] = jax.jit(cast, out_shardings=shardings)
+            self._casts[structure] = jax.jit(cast)  # an elementwise cast keeps its input's sharding
         return self._casts[structure]
 
     def host_shardings(self, state: Any) -> Any:
@@ -120,9 +132,14 @@ class HostRolloutPlacement:
     def __call__(self, state: Any) -> Any:
         if not self.per_host or self._on_mesh(state):
             return state
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("HostRolloutPlacement: the copy to every host is a program over all processes; "
+                               "call it on the main thread, at the same point on every process (the trainer's "
+                               "place_params), not from a background rollout")
+        state = self._on_run_mesh(state)
+        if any(self._needs_cast(x) for x in jax.tree.leaves(state)):
+            state = self.cast_program(state)(state)  # on the run's shards first: fewer bytes to move
         # The run's mesh and `hosts_mesh` hold the same devices in different orders: device_put relabels the
         # input's shards to the target's device order and gathers in one jitted program on every process.
-        if self.dtype is not None:
-            state = self.cast_program(state)(state)  # on the run's shards first: half the bytes to move
         copied = jax.device_put(state, self.host_shardings(state))
         return jax.tree.map(_local_part, copied, state_shardings(state, self.mesh))

@@ -36,9 +36,18 @@ def _record_copy_threads() -> set[str]:
     return threads
 
 
+def _refusal(placement, value, refused: list[str]) -> None:
+    try:
+        placement({"w": value})
+    except RuntimeError as err:
+        refused.append(str(err))
+
+
 def _copy_over_interleaved_mesh(index: int) -> dict:
     """A run mesh whose tensor pairs span both processes (as a TPU slice's mesh may): the copy to this
     process's rollout mesh still holds the global value whole."""
+    import threading
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -56,7 +65,16 @@ def _copy_over_interleaved_mesh(index: int) -> dict:
     copied = HostRolloutPlacement(run_mesh)({"w": value})["w"]
     half = HostRolloutPlacement(run_mesh, dtype="bfloat16")({"w": value + 1e-3})["w"]  # a copy in compute dtype
     expected = np.asarray(multihost_utils.process_allgather(value, tiled=True))
-    return {"tensor_pairs_span_processes": all(len({d.process_index for d in grid[i, j]}) == 2
+    # Weights on one local device (as a GGUF policy is loaded): put on the run's mesh first, then copied.
+    one_device = HostRolloutPlacement(run_mesh)({"w": jax.device_put(expected, jax.local_devices()[0])})["w"]
+    # Off the main thread the copy (a program over both processes) is refused, not run.
+    refused: list[str] = []
+    thread = threading.Thread(target=lambda: _refusal(HostRolloutPlacement(run_mesh), value, refused))
+    thread.start()
+    thread.join()
+    return {
+            "one_device_equal": bool(np.array_equal(np.asarray(one_device), expected)),
+            "background_refused": refused,"tensor_pairs_span_processes": all(len({d.process_index for d in grid[i, j]}) == 2
                                                for i in range(2) for j in range(2)),
             "devices": sorted(d.id for d in copied.sharding.mesh.devices.flat),
             "equal": bool(np.array_equal(np.asarray(copied), expected)) and copied.is_fully_addressable,
@@ -67,6 +85,8 @@ def _copy_over_interleaved_mesh(index: int) -> dict:
 def main(workdir: str, ahead: bool) -> None:
     index, count = maybe_initialize_distributed("auto")
     import jax
+    import jax.numpy as jnp
+    import numpy as np
     from jax.experimental import multihost_utils
 
     from aepo_jax.experiment import (
@@ -97,22 +117,49 @@ def main(workdir: str, ahead: bool) -> None:
     cfg.log.progress_bar = False
     cfg.log.tensorboard = False
 
+    cfg.model.compute_dtype = "bfloat16"  # float32 master weights; each host's copy is bfloat16
+
     copy_threads = _record_copy_threads()
     prepare_workdir(cfg, workdir, resume=False, process_index=index)  # one workdir, shared like a bucket
     env = environment_from(cfg, workdir)
     fit_model_to_tokenizer(cfg, env)
     trainer = rl_trainer_from(cfg, env, workdir, process_index=index, process_count=count)
     rollout = trainer.rollout_fn
+
+    def compute_value(params) -> str:
+        """The value digest of the trainer's global weights, gathered and cast to the compute dtype."""
+        gathered = multihost_utils.process_allgather(params, tiled=True)
+        return value_digest(jax.tree.map(lambda x: np.asarray(jnp.asarray(x).astype(jnp.bfloat16)), gathered))
+
+    placed_values: list[str] = []  # what each placement handed to a rollout (on the trainer's thread)
+    place = rollout.place_params
+
+    def recording_place(params):
+        placed = place(params)
+        placed_values.append(value_digest(placed))
+        return placed
+
+    rollout.place_params = recording_place
+    after_step: list[str] = []  # the weights after each step's update (a collective: both processes, same point)
+    train_step = trainer.train_step
+
+    def recording_step():
+        metrics = train_step()
+        after_step.append(compute_value(trainer.state.params))
+        return metrics
+
+    trainer.train_step = recording_step
     try:
         initial = shard_digest(trainer.state.params)
-        initial_value = value_digest(multihost_utils.process_allgather(trainer.state.params, tiled=True))
+        initial_value = compute_value(trainer.state.params)
         records = trainer.train()
-        gathered = multihost_utils.process_allgather(trainer.state.params, tiled=True)
-        placed = rollout.placement(trainer.state.params)  # what a third rollout would sample with
-        sampled_with = rollout.sampler._params_state  # what step 2's rollout sampled with
+        final_value = compute_value(trainer.state.params)
+        placed = rollout.placement(trainer.state.params)  # what a next rollout would sample with
+        sampled_with = rollout.sampler._params_state  # what the last rollout sampled with
     finally:
         trainer.close()
         env.close()
+    training_copy_threads = sorted(copy_threads)  # before the checks below copy on purpose off the main thread
     local_ids = sorted(d.id for d in jax.local_devices())
     interleaved = _copy_over_interleaved_mesh(index)
     print("RESULT " + json.dumps({
@@ -120,13 +167,15 @@ def main(workdir: str, ahead: bool) -> None:
         "sampler_devices": sorted(d.id for d in rollout.sampler.mesh.devices.flat), "local_devices": local_ids,
         "sampler_mesh": dict(rollout.sampler.mesh.shape), "run_mesh": dict(trainer.run.mesh.shape),
         "initial": initial, "final": shard_digest(trainer.state.params),
-        "initial_value": initial_value, "final_value": value_digest(gathered), "placed_value": value_digest(placed),
+        "initial_value": initial_value, "final_value": final_value, "after_step": after_step,
+        "placed_values": placed_values, "placed_value": value_digest(placed),
+        "placed_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(placed)}),
         "placed_local": all(x.is_fully_addressable for x in jax.tree.leaves(placed)),
         "sampled_with_value": value_digest(sampled_with),
         "steps": [r["step"] for r in records], "trajectories": [r["trajectories"] for r in records],
         "loss": [r["loss"] for r in records], "interleaved": interleaved,
         "stale": [r["rollout_stale_params"] for r in records] if ahead else None,
-        "copy_threads": sorted(copy_threads),
+        "copy_threads": training_copy_threads,
     }), flush=True)
 
 

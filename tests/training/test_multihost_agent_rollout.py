@@ -21,15 +21,18 @@ def _run(tmp_path, *flags: str) -> tuple[dict, dict]:
         # The sampler's mesh is this process's 4 devices, weights over tensor as in the run's mesh.
         assert result["sampler_devices"] == result["local_devices"] and len(result["local_devices"]) == 4
         assert result["sampler_mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
-        assert result["placed_local"]
-        # The copy on this host's devices is the trainer's global parameters, bit for bit.
-        assert result["placed_value"] == result["final_value"]
-        # The last rollout sampled with parameters from during the run: neither the initial nor the final ones.
-        assert result["sampled_with_value"] not in (result["initial_value"], result["final_value"])
+        assert result["placed_local"] and result["placed_dtypes"] == ["bfloat16"]
+        # The copy on this host's devices is the trainer's global parameters in the compute dtype, bit for bit.
+        assert result["placed_value"] == result["final_value"] == result["after_step"][-1]
+        # Each rollout sampled with the weights it should have: see the tests below for which.
+        assert result["sampled_with_value"] == result["placed_values"][-1]
+        assert len(set(result["after_step"])) == len(result["after_step"])  # every step moved the weights
         # A run mesh whose tensor pairs span the processes: each still gets the whole value on its devices.
         interleaved = result["interleaved"]
         assert interleaved["tensor_pairs_span_processes"] and interleaved["equal"] and interleaved["bfloat16_equal"]
         assert interleaved["devices"] == result["local_devices"]
+        assert interleaved["one_device_equal"]  # weights loaded on one device are copied too
+        assert len(interleaved["background_refused"]) == 1 and "main thread" in interleaved["background_refused"][0]
     assert set(first["local_devices"]).isdisjoint(second["local_devices"])
     assert first["loss"] == second["loss"]
     assert first["final_value"] == second["final_value"] != first["initial_value"]
@@ -40,6 +43,9 @@ def _run(tmp_path, *flags: str) -> tuple[dict, dict]:
 @pytest.mark.slow  # two processes starting the environment and compiling the tiny trainer
 def test_each_process_rolls_out_on_its_own_devices_with_the_trainers_parameters(tmp_path):
     first, second = _run(tmp_path)
+    for result in (first, second):
+        # Step 1's rollout sampled with the initial weights, step 2's with those after step 1.
+        assert result["placed_values"] == [result["initial_value"], result["after_step"][0]]
     assert first["steps"] == second["steps"] == [1, 2]
     assert first["trajectories"] == second["trajectories"] == [8.0, 8.0]  # 4 global prompts x k = 2
 
@@ -49,6 +55,10 @@ def test_rollout_ahead_runs_with_several_processes(tmp_path):
     """Each process's next rollout on its background thread while the train step (programs over both
     processes) runs on the main thread: no deadlock, one update round stale after the first step."""
     first, second = _run(tmp_path, "--rollout-ahead")
+    for result in (first, second):
+        # Step 1 (synchronous) and step 2 (launched during step 1) sampled with the initial weights, step 3
+        # (launched during step 2) with those after step 1: one update round stale.
+        assert result["placed_values"] == [result["initial_value"]] * 2 + [result["after_step"][0]]
     assert first["steps"] == second["steps"] == [1, 2, 3]
     assert first["stale"] == second["stale"] == [0.0, 1.0, 1.0]
     # Programs over both processes (the parameter copy) run on the main thread only, in the same order as
