@@ -251,6 +251,9 @@ class RLTrainer(CheckpointedTrainer):
 
     def _collect_step(self, step: int, key: jax.Array, params: Any, stale: bool) -> Collected:
         """Step `step`'s rollout with `params` (on the caller's thread), and the step's numpy generator."""
+        if not key.is_fully_addressable:  # drawing from it would launch a program over other processes' devices
+            raise RuntimeError(f"step {step}'s rollout got a key that spans other processes' devices; the trainer "
+                               "makes it process-local on its own thread (_local_key)")
         rng = np.random.default_rng([int(self.config.seed), step])
         start = time.perf_counter()
         groups, rewards, stats, info = self._collect(key, rng, params)

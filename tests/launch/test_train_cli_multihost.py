@@ -1,10 +1,11 @@
 """`python -m launch.train` on two real processes (`jax.distributed` on loopback, 4 fake CPU devices each),
 as every host of a TPU slice runs it: the real agent rollout on each host's own devices, with
-`train.rollout_ahead`. A run stopped after step 2 and resumed with `--resume` writes the same metrics as
-the uninterrupted 3-step run, so the checkpoint (with the next rollout's parameters) is exact across
-processes."""
+`train.rollout_ahead`. Resumed with `--resume` from its step-2 checkpoint (saved while step 3's rollout
+was in flight), a run writes the same step 3 as the uninterrupted run, so the checkpoint (with the next
+rollout's parameters and the data position before its draw) is exact across processes."""
 
 import os
+import shutil
 
 import pytest
 
@@ -28,13 +29,18 @@ def _launch(workdir, steps: int, *flags: str) -> None:
             TIMEOUT_S)
 
 
-@pytest.mark.slow  # three two-process launches, each starting the environment and compiling the trainer
+@pytest.mark.slow  # two two-process launches, each starting the environment and compiling the trainer
 def test_two_process_launch_with_rollout_ahead_resumes_exactly(tmp_path):
-    _launch(tmp_path / "whole", 3)
-    _launch(tmp_path / "resumed", 2)
-    _launch(tmp_path / "resumed", 3, "--resume")
+    every_step = ["--config.checkpoint.every=1", "--config.checkpoint.keep=3"]
+    _launch(tmp_path / "whole", 3, *every_step)
+    # The run as it stood after step 2: its checkpoint was saved while step 3's rollout was in flight.
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "3")
+    metrics = tmp_path / "resumed" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))
+    _launch(tmp_path / "resumed", 3, *every_step, "--resume")
     whole = read_metrics(str(tmp_path / "whole" / "metrics.jsonl"))
-    resumed = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
+    resumed = read_metrics(str(metrics))
     assert [r["step"] for r in whole] == [r["step"] for r in resumed] == [1, 2, 3]
     assert [r["rollout_stale_params"] for r in whole] == [0.0, 1.0, 1.0]
     assert [r["trajectories"] for r in whole] == [4.0, 4.0, 4.0]  # both processes' rollouts, gathered
