@@ -6,9 +6,11 @@ all hosts to launch the same programs in the same order, so each process instead
 samples its own share of the prompts on a mesh of its own devices (its *rollout
 mesh*: KV heads and weights over `tensor`, as in the run's mesh, rows over `data`).
 Once per rollout the trainer's parameters, global arrays on the run's mesh, are
-copied whole to every host by one collective program that all processes run at the
-same point (`HostRolloutPlacement.__call__`). With one process nothing changes: the
-rollout mesh is the run's mesh and the parameters are passed through.
+cast to the compute dtype on their shards and copied whole to every host by one
+collective program that all processes run at the same point, on the main thread
+(`HostRolloutPlacement.__call__`, called by the trainer through the rollout's
+`place_params`). With one process nothing changes: the rollout mesh is the run's
+mesh and the parameters are passed through.
 """
 
 from __future__ import annotations
