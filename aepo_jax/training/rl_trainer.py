@@ -209,9 +209,8 @@ class RLTrainer(CheckpointedTrainer):
     # -- one step ----------------------------------------------------------
     def _rollout(self, examples: Sequence[Any], key: jax.Array, rng: np.random.Generator, params: Any):
         prompts = [list(map(int, self.encode_prompt(ex))) for ex in examples]
-        if self.process_count > 1:  # every process samples its own prompts with its own (local) key
-            key = jax.random.fold_in(jax.random.wrap_key_data(np.asarray(jax.random.key_data(key))),
-                                     jax.process_index())
+        if self.process_count > 1:  # every process samples its own prompts with its own key (already local)
+            key = jax.random.fold_in(key, jax.process_index())
         groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), params, key, rng)
         if len(groups) != len(examples):
             raise RuntimeError(f"rollout_fn returned {len(groups)} groups for {len(examples)} prompts")
