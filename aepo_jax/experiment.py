@@ -393,14 +393,20 @@ class AgentRollout:
         return groups, stats
 
 
+def rollout_placement_from(cfg: ml_collections.ConfigDict, mesh: Any = None) -> HostRolloutPlacement:
+    """Where rollouts (training's and evaluation's) sample: on `mesh` with one process; on several, each
+    process on its own devices, with copies of the parameters in the compute dtype (`parallel.host_rollout`)."""
+    from aepo_jax.training.build import model_config_from
+
+    return HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype)
+
+
 def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
                     mesh: Any = None) -> AgentRollout:
     """The RL trainer's rollout function. Its sampler's KV cache lives on `mesh` (the trainer's) on one
     process; on several, each process samples its own prompts on its own devices
     (`parallel.host_rollout`), with the parameters copied there once per rollout."""
-    from aepo_jax.training.build import model_config_from
-
-    placement = HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype)  # copies in the compute dtype
+    placement = rollout_placement_from(cfg, mesh)
     sampler = sampler_from(cfg, graphdef, placement(params), env.tokenizer, placement.mesh)
     timed_tools = TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))

@@ -2,12 +2,17 @@
 
     python -m launch.evaluate --checkpoint WORKDIR [--config configs/aepo_tiny.py] \
         [--n 4] [--greedy] [--split heldout|train] [--data_path FILE] [--out DIR] \
-        [--strategy independent|arpo|aepo] [--config.key=value ...]
+        [--strategy independent|arpo|aepo] [--mesh data=-1,fsdp=1,tensor=1] [--distributed auto|on|off] \
+        [--config.key=value ...]
 
 `--checkpoint` is a training run directory (or its `checkpoints/` folder, or
 one step folder) written by `launch.train`, `launch.sft` or `launch.demo`
 (`runs/demo/aepo`); `--checkpoint none` evaluates the config's initial
-parameters (a baseline, needs `--config`). Without `--config` the run's own
+parameters (a baseline, needs `--config`). Only the parameters are read, onto
+the config's mesh (`mesh.shape`, or `--mesh`), and the sampler's KV cache is
+sharded over it; on several hosts the same command runs on each (as
+`launch.train` does), every host samples its share of each batch of questions
+on its own devices, and the first host writes the outputs. Without `--config` the run's own
 resolved config (`WORKDIR/config.json`) rebuilds everything; the run's
 tokenizer (`WORKDIR/tokenizer.model`) is reused so token ids match the
 checkpoint. Everything is built by `aepo_jax.experiment`. The
@@ -47,6 +52,11 @@ _REWARD = flags.DEFINE_string("reward", "auto", "reward family deciding correctn
 _SEED = flags.DEFINE_integer("seed", None, "PRNG seed of the evaluation (default: config seed)")
 _OUT = flags.DEFINE_string("out", None, "output directory (default: RUN_DIR/eval, or ./eval_initial for 'none')")
 _PROGRESS = flags.DEFINE_bool("progress", True, "progress bar over questions")
+_MESH = flags.DEFINE_string("mesh", "", "mesh shape of the evaluation as axis=size pairs, e.g. fsdp=8,tensor=4 "
+                            "(default: the config's mesh.shape, which a run's config.json fixes)")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                                 "multi-host start-up of this evaluation (not the training run's setting): "
+                                 "auto = when the environment names several hosts")
 flags.mark_flags_as_required(["checkpoint"])
 
 
@@ -62,6 +72,22 @@ def eval_examples(cfg: Any, env: Any, split: str, data_path: str, scratch: str) 
         raise SystemExit(f"config data.path={cfg.data.path!r} has no held-out split here; pass --data_path=FILE "
                          "(a JSONL of held-out questions) or --split=train")
     return list(env.heldout_examples)
+
+
+def mesh_shape(cfg: Any, spec: str) -> dict[str, int]:
+    """The evaluation's mesh shape: `spec` ("data=-1,tensor=2"; unnamed axes 1) or the config's."""
+    if not spec.strip():
+        return dict(cfg.mesh.shape)
+    shape = {}
+    for item in spec.split(","):
+        name, sep, size = item.partition("=")
+        try:
+            shape[name.strip()] = int(size)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise SystemExit(f"error: --mesh={spec!r}: expected axis=size pairs such as fsdp=8,tensor=4, got {item!r}")
+    return shape
 
 
 def _write_outputs(out: str, result: Any, meta: dict) -> None:
@@ -101,10 +127,22 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"error: {err}") from err
     if _GREEDY.value and _N.value != 1:
         raise SystemExit(f"error: --greedy needs --n 1 (greedy samples are identical), got --n {_N.value}")
+    shape = mesh_shape(cfg, _MESH.value)
+    from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+    process_index, process_count = maybe_initialize_distributed(_DISTRIBUTED.value)
+    from aepo_jax.parallel.mesh import make_mesh
+
+    try:
+        mesh = make_mesh(shape)
+    except ValueError as err:
+        raise SystemExit(f"error: mesh {shape} does not fit this machine: {err}; pass --mesh, e.g. "
+                         f"--mesh data=-1,fsdp=1,tensor=1") from err
     run_dir = location.run_dir if location else None
     out = _OUT.value or (os.path.join(run_dir, "eval") if run_dir else
                          os.path.join(os.path.dirname(location.manager_dir), "eval") if location else "eval_initial")
-    env_dir = os.path.join(out, "env")
+    # Each process starts its own tools and keeps its own copy of the tokenizer and task files.
+    env_dir = os.path.join(out, "env" if process_index == 0 else f"env-process-{process_index}")
     os.makedirs(env_dir, exist_ok=True)
     if run_dir and not cfg.tokenizer.path:
         for suffix in (".model", ".vocab"):
@@ -123,18 +161,21 @@ def main(argv: list[str]) -> int:
         eval_config_from,
         fit_model_to_tokenizer,
         model_from,
+        rollout_placement_from,
+        start_runtime,
     )
     from aepo_jax.training.build import model_config_from
 
+    start_runtime(cfg)
     env = environment_from(cfg, env_dir)
     try:
         fit_model_to_tokenizer(cfg, env)
         if baseline:
-            graphdef, params = model_from(cfg, env)
+            graphdef, params = model_from(cfg, env, mesh)
             step = None
         else:
             try:
-                graphdef, params, step = restore_policy_params(location, cfg, model_config_from(cfg))
+                graphdef, params, step = restore_policy_params(location, cfg, model_config_from(cfg), mesh=mesh)
             except (FileNotFoundError, ValueError) as err:
                 raise SystemExit(f"error: {err}") from err
         examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
@@ -145,18 +186,24 @@ def main(argv: list[str]) -> int:
                                   top_p=_TOP_P.value, seed=seed,
                                   questions_per_batch=_BATCH.value or int(cfg.data.prompts_per_step),
                                   strategy=_STRATEGY.value, reward=None if _REWARD.value == "auto" else _REWARD.value)
-        print(f"evaluating {len(examples)} questions x {config.n} samples "
-              f"({'greedy' if config.greedy else f'T={config.temperature}, top-p={config.top_p}'}, "
-              f"{config.rollout.strategy}) from {'initial parameters' if baseline else f'step {step}'}", flush=True)
+        if process_index == 0:
+            print(f"evaluating {len(examples)} questions x {config.n} samples "
+                  f"({'greedy' if config.greedy else f'T={config.temperature}, top-p={config.top_p}'}, "
+                  f"{config.rollout.strategy}) from {'initial parameters' if baseline else f'step {step}'} "
+                  f"on mesh {dict(mesh.shape)} over {process_count} process(es)", flush=True)
         result = evaluate(examples, graphdef=graphdef, params=params, tokenizer=env.tokenizer, tools=env.tools,
-                          encode_prompt=env.encode_prompt, config=config, progress=_PROGRESS.value)
+                          encode_prompt=env.encode_prompt, config=config, progress=_PROGRESS.value,
+                          placement=rollout_placement_from(cfg, mesh))
     finally:
         env.close()
+    if process_index != 0:
+        return 0  # every process holds the whole result; the first one reports it
     print(format_report_table(result.reports), flush=True)
     meta = {"checkpoint": None if baseline else _CHECKPOINT.value, "step": step, "n": config.n,
             "greedy": config.greedy, "temperature": config.temperature, "top_p": config.top_p, "seed": seed,
             "strategy": config.rollout.strategy, "split": _SPLIT.value, "data_path": _DATA_PATH.value or None,
-            "num_questions": len(examples), "reward": _REWARD.value, "config": json.loads(cfg.to_json_best_effort())}
+            "num_questions": len(examples), "reward": _REWARD.value, "mesh": dict(mesh.shape),
+            "processes": process_count, "config": json.loads(cfg.to_json_best_effort())}
     _write_outputs(out, result, meta)
     print(f"wrote {out}/reports.json, reports.csv, samples.jsonl", flush=True)
     return 0

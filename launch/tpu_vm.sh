@@ -9,6 +9,8 @@
 # Usage:
 #   launch/tpu_vm.sh create                      # create the slice, install the package on all workers
 #   launch/tpu_vm.sh run CONFIG WORKDIR [ARGS]   # same command on every worker
+#   launch/tpu_vm.sh evaluate WORKDIR [ARGS]     # pass@k of WORKDIR's newest checkpoint, every worker
+#                                                # sampling its share (launch.evaluate; ARGS e.g. --n 4)
 #   launch/tpu_vm.sh delete                      # delete the slice
 #
 # Settings come from the environment (defaults in brackets):
@@ -33,7 +35,7 @@ if [[ -n "${PROJECT:-}" ]]; then
 fi
 
 usage() {
-  sed -n '2,22p' "$0" >&2
+  sed -n '2,24p' "$0" >&2
   exit 2
 }
 
@@ -65,6 +67,18 @@ run() {
     --workdir ${workdir} --config.distributed=on${extra}"
 }
 
+evaluate() {
+  [[ $# -ge 1 ]] || usage
+  local workdir="$1"
+  shift 1
+  local extra=""
+  if [[ $# -gt 0 ]]; then
+    extra="$(printf ' %q' "$@")"
+  fi
+  on_all_workers "cd aepo-jax && .venv/bin/python -m launch.evaluate --checkpoint ${workdir} \
+    --distributed=on${extra}"
+}
+
 delete() {
   gcloud compute tpus tpu-vm delete "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" --quiet
 }
@@ -72,6 +86,7 @@ delete() {
 case "${1:-}" in
   create) shift; create "$@" ;;
   run) shift; run "$@" ;;
+  evaluate) shift; evaluate "$@" ;;
   delete) shift; delete "$@" ;;
   *) usage ;;
 esac

@@ -11,8 +11,13 @@ tree statistics of spec §2.4 come back too. Decoding is the paper's
 evaluation setting (temperature 0.6, top-p 0.95) or greedy with `n = 1`.
 Every trajectory is decoded to text and scored by `score_question` (the
 reward registry picks exact match, math equivalence, F1 or the judge by data
-source). Keys derive from `seed` and the batch index only, so a run is
-reproducible.
+source). Keys derive from `seed` and the batch index only (and, on several
+processes, the process index), so a run is reproducible.
+
+On a mesh (`placement`, built by `aepo_jax.experiment.rollout_placement_from`)
+the sampler's KV cache is sharded over it; when the mesh spans several
+processes, each samples its contiguous share of every batch of questions on
+its own devices, and every process returns the whole, equal result.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from aepo_jax.agent.loop import AgentLoop, LoopConfig
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
 from aepo_jax.evaluation.scoring import score_question
+from aepo_jax.parallel.host_rollout import HostRolloutPlacement
+from aepo_jax.parallel.multihost import gather_objects, share_bounds
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import INDEPENDENT, RolloutConfig, rollout
@@ -113,9 +120,13 @@ def _check_examples(examples: Sequence[dict]) -> None:
             raise ValueError(f"example {i} ({ex.get('id', '?')!r}) lacks {missing}")
 
 
-def batch_keys(seed: int, batch_index: int) -> tuple[jax.Array, np.random.Generator]:
-    """The jax key and numpy Generator of one batch: a pure function of (seed, batch index)."""
-    return jax.random.fold_in(jax.random.key(seed), batch_index), np.random.default_rng([seed, batch_index])
+def batch_keys(seed: int, batch_index: int, part: int | None = None) -> tuple[jax.Array, np.random.Generator]:
+    """The jax key and numpy Generator of one batch, or of one process's `part` of it: a pure function of
+    (seed, batch index, part)."""
+    key, entropy = jax.random.fold_in(jax.random.key(seed), batch_index), [seed, batch_index]
+    if part is not None:
+        key, entropy = jax.random.fold_in(key, part), entropy + [part]
+    return key, np.random.default_rng(entropy)
 
 
 def _sample_record(example: dict, index: int, traj: Trajectory, text: str, result: QuestionResult) -> dict[str, Any]:
@@ -161,6 +172,7 @@ def evaluate(
     config: EvalConfig,
     progress: bool = True,
     make_generator: Callable[[Sampler], Any] | None = None,
+    placement: HostRolloutPlacement | None = None,
     **reward_kw: Any,
 ) -> EvalResult:
     """Roll out `config.n` samples per example with the agent loop and score them per data source.
@@ -172,41 +184,55 @@ def evaluate(
       tools: a tool registry (`run_many`), e.g. search over a local server and the python sandbox.
       encode_prompt: example -> prompt token ids (chat template applied).
       config: samples, decoding, batching, limits and scoring (`EvalConfig`).
-      progress: show a progress bar over questions.
+      progress: show a progress bar over questions (on the first process).
       make_generator: wraps the sampler into the generator the loop drives (default:
         the sampler itself); tests use `aepo_jax.agent.forcing.ToolForcingGenerator`.
+      placement: the sampler's mesh and how `params` get there (None: one device). With a mesh
+        over several processes, every process must call `evaluate` with the same arguments: each
+        rolls out its share of every batch (`share_bounds`) on its own devices.
       **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
     """
     _check_examples(examples)
+    placement = placement if placement is not None else HostRolloutPlacement(None)
+    part, parts = (jax.process_index(), jax.process_count()) if placement.per_host else (0, 1)
     prompts = [list(map(int, encode_prompt(ex))) for ex in examples]
-    sampler = agent_sampler(graphdef, params, tokenizer, config.loop, config.sampling_params, seed=config.seed,
-                            prompts=prompts)
+    sampler = agent_sampler(graphdef, placement(params), tokenizer, config.loop, config.sampling_params,
+                            seed=config.seed, mesh=placement.mesh, prompts=prompts)
     generator = make_generator(sampler) if make_generator is not None else sampler
     loop = AgentLoop(generator, tokenizer, tools, config.loop)
-    questions: list[QuestionResult] = []
-    samples: list[dict[str, Any]] = []
-    all_groups: list[list[Trajectory]] = []
+    starts = range(0, len(examples), config.questions_per_batch)
+    shares = [share_bounds(min(config.questions_per_batch, len(examples) - start), part, parts) for start in starts]
+    scored: list[tuple[int, QuestionResult, list[dict[str, Any]], list[Trajectory]]] = []
     batch_stats: list[RolloutStats] = []
-    bar = _progress_bar(len(examples), progress)
+    bar = _progress_bar(sum(hi - lo for lo, hi in shares), progress and part == 0)
     try:
-        for batch_index, start in enumerate(range(0, len(examples), config.questions_per_batch)):
-            batch = examples[start:start + config.questions_per_batch]
-            key, rng = batch_keys(config.seed, batch_index)
-            groups, stats = rollout(prompts[start:start + len(batch)], config.n, loop=loop, config=config.rollout, rng=rng, key=key)
+        for batch_index, (start, (lo, hi)) in enumerate(zip(starts, shares, strict=True)):
+            if lo == hi:
+                continue  # a short last batch leaves some processes without questions
+            first = start + lo
+            key, rng = batch_keys(config.seed, batch_index, part if parts > 1 else None)
+            groups, stats = rollout(prompts[first:start + hi], config.n, loop=loop, config=config.rollout, rng=rng,
+                                    key=key)
             batch_stats.append(stats)
-            for ex, group in zip(batch, groups, strict=True):
+            for index, group in enumerate(groups, start=first):
+                ex = examples[index]
                 texts = [tokenizer.decode(t.response_ids) for t in group]
                 result = score_question(
                     ex, texts, [int(sum(t.mask)) for t in group], tool_calls=[t.num_tool_calls for t in group],
                     reward=config.reward, require_format=config.require_format, **reward_kw,
                 )
-                questions.append(result)
-                samples += [_sample_record(ex, i, t, text, result) for i, (t, text) in enumerate(zip(group, texts))]
-                all_groups.append(list(group))
-            bar.update(len(batch))
+                records = [_sample_record(ex, i, t, text, result) for i, (t, text) in enumerate(zip(group, texts))]
+                scored.append((index, result, records, list(group)))
+            bar.update(hi - lo)
     finally:
         bar.close()
-    tree = _tree_stats(examples, all_groups, batch_stats) if config.tree_strategy else None
+    if parts > 1:  # every process's questions, in input order, on every process
+        gathered = gather_objects((scored, batch_stats))
+        scored = sorted((item for items, _ in gathered for item in items), key=lambda item: item[0])
+        batch_stats = [stats for _, part_stats in gathered for stats in part_stats]
+    questions = [result for _, result, _, _ in scored]
+    samples = [record for _, _, records, _ in scored for record in records]
+    tree = _tree_stats(examples, [group for *_, group in scored], batch_stats) if config.tree_strategy else None
     return EvalResult(build_reports(questions), questions, samples, tree)
 
 

@@ -3,8 +3,10 @@
 The trainer saves a whole `TrainState` (params, optimiser state, step, RNG)
 with `aepo_jax.training.checkpoint.Checkpointer` under `WORKDIR/checkpoints/
 <step>/`. Evaluation accepts the run directory, its `checkpoints/` folder or
-one step folder, restores through an abstract target built from the config
-(no weights are allocated before the restore) and keeps only `params`.
+one step folder and reads only `params`, through an abstract target built from
+the config (no weights are allocated before the restore), straight onto the
+shards of the evaluation's mesh: a 14B run's float32 parameters are 56 GiB and
+its Adam state twice that, more than one accelerator holds.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import ml_collections
 from flax import nnx
 
 from aepo_jax.models import ModelConfig
-from aepo_jax.training.build import abstract_model, updates_per_step
+from aepo_jax.parallel.sharding import state_shardings
+from aepo_jax.training.build import abstract_model
 from aepo_jax.training.checkpoint import Checkpointer
-from aepo_jax.training.optimizer import optimizer_from_config
-from aepo_jax.training.train_state import TrainState
 
 
 @dataclass(frozen=True)
@@ -67,34 +68,31 @@ def locate_checkpoint(path: str) -> CheckpointLocation:
     return location
 
 
-def abstract_train_state(cfg: ml_collections.ConfigDict, abstract_params: Any) -> TrainState:
-    """The trainer's `TrainState` as ShapeDtypeStructs (optimiser from `cfg.optim`), nothing allocated."""
-    tx, _ = optimizer_from_config(cfg, max(1, int(cfg.train.total_steps) * updates_per_step(cfg)))
-    return jax.eval_shape(lambda p: TrainState.create(p, tx, seed=0), abstract_params)
-
-
 def restore_policy_params(
     location: CheckpointLocation, cfg: ml_collections.ConfigDict, model_config: ModelConfig,
-    device: jax.Device | None = None,
+    mesh: jax.sharding.Mesh | None = None, device: jax.Device | None = None,
 ) -> tuple[nnx.GraphDef, Any, int]:
-    """(graphdef, float32 params on `device`, step) from the trainer checkpoint at `location`.
+    """(graphdef, float32 params, step) from the trainer checkpoint at `location`: only the parameters
+    are read, each onto its shards of `mesh` (as the trainer places them), or whole onto `device`
+    (default: the first) without a mesh.
 
     Raises:
       FileNotFoundError: no complete step in the directory.
       ValueError: the checkpoint's parameters do not fit the model the config builds.
     """
     graphdef, abstract_params = abstract_model(model_config)
-    target = abstract_train_state(cfg, abstract_params)
-    device = device or jax.devices()[0]
-    single = jax.sharding.SingleDeviceSharding(device)
-    shardings = jax.tree.map(lambda _: single, target)
+    if mesh is not None:
+        shardings = state_shardings(abstract_params, mesh)
+    else:
+        single = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+        shardings = jax.tree.map(lambda _: single, abstract_params)
     checkpointer = Checkpointer(location.manager_dir, async_save=False)
     try:
         step = location.step if location.step is not None else checkpointer.latest_step()
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {location.manager_dir}")
         try:
-            state, _ = checkpointer.restore(target, step=step, shardings=shardings)
+            params = checkpointer.restore_params(abstract_params, step=step, shardings=shardings)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
                 f"checkpoint {location.manager_dir}/{step} does not fit the model built from the config "
@@ -103,4 +101,4 @@ def restore_policy_params(
             ) from err
     finally:
         checkpointer.close()
-    return graphdef, state.params, int(step)
+    return graphdef, params, int(step)

@@ -4,13 +4,16 @@ Config sizes are global; every process handles its share (`local_share`),
 builds its part of each batch with the shapes all processes agree on
 (`global_max`), and reads back only its own rows of
 a global result (`host_local`). Host-side metrics are combined over processes
-with `multihost_utils` (`gather_metrics`). With one process every function is
+with `multihost_utils` (`gather_metrics`), and host-side results of any kind
+are exchanged whole (`gather_objects`). With one process every function is
 the identity or a plain numpy conversion, so the single-host path is unchanged.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -58,3 +61,28 @@ def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ())
         raise RuntimeError(f"processes report different metric keys (counts {counts.ravel().tolist()})")
     values = np.asarray(multihost_utils.process_allgather(np.asarray([metrics[k] for k in keys], np.float64)))
     return {k: float(values[:, i].sum() if k in sum_keys else values[:, i].mean()) for i, k in enumerate(keys)}
+
+
+def share_bounds(count: int, part: int, parts: int) -> tuple[int, int]:
+    """[start, stop) of part `part` when `count` items are split into `parts` contiguous runs whose
+    sizes differ by at most one (the first `count % parts` runs take one more)."""
+    if parts < 1 or not 0 <= part < parts:
+        raise ValueError(f"part {part} of {parts} parts does not exist")
+    size, extra = divmod(int(count), parts)
+    start = part * size + min(part, extra)
+    return start, start + size + (part < extra)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every process's `obj` (picklable), in process order: the same list on every process.
+
+    Every process must call it at the same point (it is a collective). With one process: `[obj]`.
+    """
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64))).ravel()
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    everything = np.asarray(multihost_utils.process_allgather(padded))
+    return [pickle.loads(everything[p, :int(size)].tobytes()) for p, size in enumerate(sizes)]

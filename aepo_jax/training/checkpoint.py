@@ -129,6 +129,26 @@ class Checkpointer:
         )
         return restored.state, dict(restored.data or {})
 
+    def restore_params(self, target: Any, step: int, shardings: Any | None = None) -> Any:
+        """Only the `params` of the `TrainState` saved at `step`, shaped like `target` (checked against the
+        saved shapes) and placed by `shardings`. The optimiser state is never read: evaluating a run needs
+        neither its memory (twice the parameters' with Adam) nor the run's optimiser settings."""
+        abstract = abstract_like(target, shardings)
+        metadata = self._manager.item_metadata(int(step))
+        saved = metadata["state"] if metadata is not None and "state" in metadata else None
+        if saved is not None:
+            check_fits_metadata({"params": abstract}, getattr(saved, "tree", saved),
+                                f"{self.directory}/{int(step)}")
+        item = {"params": abstract}
+        restore_args = jax.tree.map(
+            lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
+        # The manager's `state` handler restores whole trees; the PyTree handler it wraps reads a subtree.
+        with ocp.PyTreeCheckpointer() as reader:
+            restored = reader.restore(os.path.join(self.directory, str(int(step)), "state"),
+                                      args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                                                  partial_restore=True))
+        return restored["params"]
+
     def has_rollout_params(self, step: int) -> bool:
         """Whether `step` holds a `rollout_params` item (saved by a run that rolls out ahead)."""
         return os.path.isdir(os.path.join(self.directory, str(int(step)), ROLLOUT_PARAMS))

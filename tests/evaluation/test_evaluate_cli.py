@@ -1,10 +1,5 @@
-"""`python -m launch.evaluate` on a checkpoint written with the trainer's own code, and restore errors.
-
-The run directory is made as `launch.train` makes it: `environment_from`
-(which trains and keeps WORKDIR/tokenizer.model), the config's initial model
-with that vocabulary, `build_run` for the sharded `TrainState`, and the
-trainer's `Checkpointer` for `WORKDIR/checkpoints/<step>`.
-"""
+"""`python -m launch.evaluate` on a checkpoint written with the trainer's own code
+(`tests/evaluation/trained_run.py`), and restore errors."""
 
 from __future__ import annotations
 
@@ -12,44 +7,17 @@ import csv
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from aepo_jax.evaluation.restore import locate_checkpoint, restore_policy_params
-from aepo_jax.experiment import environment_from
-from aepo_jax.training.build import build_run, init_model, model_config_from
-from aepo_jax.training.checkpoint import Checkpointer
-from configs.aepo_tiny import get_config
+from aepo_jax.parallel.mesh import make_mesh
+from aepo_jax.parallel.sharding import state_shardings
+from aepo_jax.training.build import model_config_from
 from tests.child_process import child_env
-
-REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = ["--config.data.num_examples=16", "--config.rollout.max_response_len=24", "--config.seed=7"]
-STEP = 3
-
-
-def run_config():
-    cfg = get_config()
-    cfg.data.num_examples = 16
-    cfg.rollout.max_response_len = 24
-    cfg.seed = 7
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    cfg = run_config()
-    env = environment_from(cfg, str(run_dir))
-    env.close()
-    cfg.model.vocab_size = int(env.tokenizer.vocab_size)
-    graphdef, params = init_model(cfg)
-    parts = build_run(cfg, graphdef, params)
-    with Checkpointer(str(run_dir / "checkpoints"), keep=2) as checkpointer:
-        checkpointer.save(STEP, parts.state, {"epoch": 0, "index": 4}, force=True)
-    return run_dir, cfg, jax.device_get(parts.state.params)
+from tests.evaluation.trained_run import OVERRIDES, REPO, STEP
 
 
 def test_restore_returns_the_saved_parameters_from_any_checkpoint_path(trained_run):
@@ -62,6 +30,24 @@ def test_restore_returns_the_saved_parameters_from_any_checkpoint_path(trained_r
         leaves, expected = jax.tree.leaves(params), jax.tree.leaves(saved)
         assert len(leaves) == len(expected) > 0
         for got, want in zip(leaves, expected, strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_restore_reads_only_the_parameters_onto_the_mesh_whatever_the_optimiser(trained_run):
+    run_dir, cfg, saved = trained_run
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    other = cfg.copy_and_resolve_references()
+    other.optim.grad_clip_norm = 0.0  # another optimiser state tree: a whole-TrainState restore would not fit
+    for config in (cfg, other):
+        _, params, step = restore_policy_params(locate_checkpoint(str(run_dir)), config, model_config_from(config),
+                                                mesh=mesh)
+        assert step == STEP
+        expected_shardings = jax.tree.leaves(state_shardings(params, mesh))
+        leaves, expected = jax.tree.leaves(params), jax.tree.leaves(saved)
+        assert len(leaves) == len(expected) == len(expected_shardings) > 0
+        assert any(not leaf.sharding.is_fully_replicated for leaf in leaves)
+        for got, want, sharding in zip(leaves, expected, expected_shardings, strict=True):
+            assert got.sharding == sharding and got.dtype == want.dtype
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
