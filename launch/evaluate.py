@@ -110,10 +110,13 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)  # orbax reports every read at INFO
     baseline = _CHECKPOINT.value.strip().lower() == "none"
     from aepo_jax.evaluation.restore import locate_checkpoint
+    from aepo_jax.run_paths import require_local_path
 
     try:  # fail on a bad checkpoint path before any tool process or compilation starts
+        for flag, path in (("--checkpoint", _CHECKPOINT.value), ("--out", _OUT.value or "")):
+            require_local_path(path, flag)
         location = None if baseline else locate_checkpoint(_CHECKPOINT.value)
-    except (FileNotFoundError, NotADirectoryError) as err:
+    except (FileNotFoundError, NotADirectoryError, ValueError) as err:
         raise SystemExit(f"error: {err}") from err
     cfg = _CONFIG.value
     if cfg is None:

@@ -16,6 +16,12 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     Without `resume`, a workdir that already holds checkpoints is an error, so
     a run never silently trains on top of (or next to) another one.
     """
+    from aepo_jax.run_paths import require_local_path
+
+    try:
+        require_local_path(workdir, "--workdir")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
     checkpoints = os.path.join(workdir, "checkpoints")
     if not resume and os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints)):
         raise SystemExit(f"{workdir} already has checkpoints; pass --resume to continue that run "

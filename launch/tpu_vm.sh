@@ -17,8 +17,9 @@
 #   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-128: 64 chips; v5p-64 (32 chips) also holds both paper configs, docs/scaling.md],
 #   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
 #   REPO_URL [git URL of this repository], BRANCH [main]
-# WORKDIR should be a gs:// bucket or a shared disk: checkpoints must be
-# visible to every host (orbax writes them collectively).
+# WORKDIR is a path every worker mounts at the same place (a bucket through
+# gcsfuse, e.g. /mnt/BUCKET/run, or a Filestore share): checkpoints must be
+# visible to every host (orbax writes them collectively). A gs:// URL is refused.
 # The paper configs run attention through the TPU kernels (model.attention=splash,
 # docs/attention.md); nothing to override here.
 set -euo pipefail

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import jax
 
+from aepo_jax.run_paths import require_local_path
+
 
 def enable_compilation_cache(directory: str | Path | None) -> Path | None:
     """Points `jax_compilation_cache_dir` at `directory` (created if needed); "" or None leaves it off.
@@ -19,7 +21,7 @@ def enable_compilation_cache(directory: str | Path | None) -> Path | None:
     """
     if not directory:
         return None
-    path = Path(directory).expanduser()
+    path = Path(require_local_path(directory, "train.compilation_cache_dir")).expanduser()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"train.compilation_cache_dir {path} exists and is not a directory")
     path.mkdir(parents=True, exist_ok=True)

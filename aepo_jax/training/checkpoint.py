@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from aepo_jax.run_paths import require_local_path
 from aepo_jax.training.tree_paths import path_names
 
 
@@ -71,7 +72,7 @@ class Checkpointer:
     `rollout_params`."""
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True, save_every: int = 1):
-        self.directory = os.path.abspath(directory)
+        self.directory = os.path.abspath(require_local_path(directory, "checkpoint directory"))
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=save_every,

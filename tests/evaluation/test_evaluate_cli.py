@@ -107,3 +107,10 @@ def test_cli_refuses_a_missing_checkpoint_directory_before_starting_anything(tmp
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr and "nope" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_bucket_url_before_starting_anything(tmp_path):
+    proc = run_cli("--checkpoint", "gs://bucket/run14b", "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode != 0
+    assert "--checkpoint 'gs://bucket/run14b' is a gs:// URL" in proc.stderr and "mount" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
