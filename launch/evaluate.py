@@ -76,18 +76,14 @@ def eval_examples(cfg: Any, env: Any, split: str, data_path: str, scratch: str) 
 
 def mesh_shape(cfg: Any, spec: str) -> dict[str, int]:
     """The evaluation's mesh shape: `spec` ("data=-1,tensor=2"; unnamed axes 1) or the config's."""
+    from aepo_jax.parallel.mesh import parse_mesh_shape
+
     if not spec.strip():
         return dict(cfg.mesh.shape)
-    shape = {}
-    for item in spec.split(","):
-        name, sep, size = item.partition("=")
-        try:
-            shape[name.strip()] = int(size)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise SystemExit(f"error: --mesh={spec!r}: expected axis=size pairs such as fsdp=8,tensor=4, got {item!r}")
-    return shape
+    try:
+        return parse_mesh_shape(spec)
+    except ValueError as err:
+        raise SystemExit(f"error: --mesh: {err}") from err
 
 
 def _write_outputs(out: str, result: Any, meta: dict) -> None:
@@ -134,10 +130,12 @@ def main(argv: list[str]) -> int:
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
 
     process_index, process_count = maybe_initialize_distributed(_DISTRIBUTED.value)
+    from aepo_jax.experiment import rollout_placement_from
     from aepo_jax.parallel.mesh import make_mesh
 
-    try:
+    try:  # before any weight is read or tool started
         mesh = make_mesh(shape)
+        placement = rollout_placement_from(cfg, mesh)
     except ValueError as err:
         raise SystemExit(f"error: mesh {shape} does not fit this machine: {err}; pass --mesh, e.g. "
                          f"--mesh data=-1,fsdp=1,tensor=1") from err
@@ -164,7 +162,6 @@ def main(argv: list[str]) -> int:
         eval_config_from,
         fit_model_to_tokenizer,
         model_from,
-        rollout_placement_from,
         start_runtime,
     )
     from aepo_jax.training.build import model_config_from
@@ -196,7 +193,7 @@ def main(argv: list[str]) -> int:
                   f"on mesh {dict(mesh.shape)} over {process_count} process(es)", flush=True)
         result = evaluate(examples, graphdef=graphdef, params=params, tokenizer=env.tokenizer, tools=env.tools,
                           encode_prompt=env.encode_prompt, config=config, progress=_PROGRESS.value,
-                          placement=rollout_placement_from(cfg, mesh))
+                          placement=placement)
     finally:
         env.close()
     if process_index != 0:

@@ -23,6 +23,8 @@ its own devices, and every process returns the whole, equal result.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,15 +198,18 @@ def evaluate(
     placement = placement if placement is not None else HostRolloutPlacement(None)
     part, parts = (jax.process_index(), jax.process_count()) if placement.per_host else (0, 1)
     prompts = [list(map(int, encode_prompt(ex))) for ex in examples]
+    if parts > 1:
+        _check_same_questions(examples, prompts)
     sampler = agent_sampler(graphdef, placement(params), tokenizer, config.loop, config.sampling_params,
                             seed=config.seed, mesh=placement.mesh, prompts=prompts)
     generator = make_generator(sampler) if make_generator is not None else sampler
     loop = AgentLoop(generator, tokenizer, tools, config.loop)
     starts = range(0, len(examples), config.questions_per_batch)
     shares = [share_bounds(min(config.questions_per_batch, len(examples) - start), part, parts) for start in starts]
-    scored: list[tuple[int, QuestionResult, list[dict[str, Any]], list[Trajectory]]] = []
-    batch_stats: list[RolloutStats] = []
+    scored: list[_Scored] = []
+    batch_stats: list[tuple[int, int, RolloutStats]] = []  # (batch index, part, stats)
     bar = _progress_bar(sum(hi - lo for lo, hi in shares), progress and part == 0)
+    error: Exception | None = None
     try:
         for batch_index, (start, (lo, hi)) in enumerate(zip(starts, shares, strict=True)):
             if lo == hi:
@@ -213,7 +218,7 @@ def evaluate(
             key, rng = batch_keys(config.seed, batch_index, part if parts > 1 else None)
             groups, stats = rollout(prompts[first:start + hi], config.n, loop=loop, config=config.rollout, rng=rng,
                                     key=key)
-            batch_stats.append(stats)
+            batch_stats.append((batch_index, part, stats))
             for index, group in enumerate(groups, start=first):
                 ex = examples[index]
                 texts = [tokenizer.decode(t.response_ids) for t in group]
@@ -222,18 +227,54 @@ def evaluate(
                     reward=config.reward, require_format=config.require_format, **reward_kw,
                 )
                 records = [_sample_record(ex, i, t, text, result) for i, (t, text) in enumerate(zip(group, texts))]
-                scored.append((index, result, records, list(group)))
+                # Trajectories are kept only for the tree statistics.
+                scored.append((index, result, records, list(group) if config.tree_strategy else []))
             bar.update(hi - lo)
+    except Exception as err:
+        if parts == 1:
+            raise
+        error = err  # reported to every process below, so none waits for this one forever
     finally:
         bar.close()
-    if parts > 1:  # every process's questions, in input order, on every process
-        gathered = gather_objects((scored, batch_stats))
-        scored = sorted((item for items, _ in gathered for item in items), key=lambda item: item[0])
-        batch_stats = [stats for _, part_stats in gathered for stats in part_stats]
+    if parts > 1:
+        del sampler, generator, loop  # the KV cache and the weight replicas go before the exchange
+        scored, batch_stats = _exchange(scored, batch_stats, error, len(examples))
     questions = [result for _, result, _, _ in scored]
     samples = [record for _, _, records, _ in scored for record in records]
-    tree = _tree_stats(examples, [group for *_, group in scored], batch_stats) if config.tree_strategy else None
+    tree = (_tree_stats(examples, [group for *_, group in scored], [stats for *_, stats in batch_stats])
+            if config.tree_strategy else None)
     return EvalResult(build_reports(questions), questions, samples, tree)
+
+
+# One scored question: (index in the input, its result, its sample records, its trajectories or []).
+_Scored = tuple[int, QuestionResult, list[dict[str, Any]], list[Trajectory]]
+
+
+def _check_same_questions(examples: Sequence[dict], prompts: Sequence[Sequence[int]]) -> None:
+    """Every process must split the same questions with the same prompts (a collective)."""
+    text = json.dumps([[str(ex["id"]) for ex in examples], [list(p) for p in prompts]])
+    digests = gather_objects(hashlib.sha256(text.encode()).hexdigest()[:16])
+    if len(set(digests)) > 1:
+        raise ValueError(f"the processes hold different questions or prompts (digest per process: {digests}); "
+                         "every process must evaluate the same examples with the same tokenizer")
+
+
+def _exchange(scored: list[_Scored], batch_stats: list[tuple[int, int, RolloutStats]], error: Exception | None,
+              count: int) -> tuple[list[_Scored], list[tuple[int, int, RolloutStats]]]:
+    """Every process's scored questions in input order and rollout stats in (batch, part) order, on every
+    process; raises on every process when any of them failed."""
+    mine = (None, None, f"{type(error).__name__}: {error}") if error is not None else (scored, batch_stats, None)
+    gathered = gather_objects(mine)
+    failures = [f"process {p}: {message}" for p, (_, _, message) in enumerate(gathered) if message]
+    if error is not None:
+        raise error
+    if failures:
+        raise RuntimeError(f"evaluation failed on another process ({'; '.join(failures)})")
+    merged = sorted((item for items, _, _ in gathered for item in items), key=lambda item: item[0])
+    if [index for index, *_ in merged] != list(range(count)):
+        raise RuntimeError(f"the processes' shares do not cover the {count} questions once each")
+    stats = sorted((item for _, part_stats, _ in gathered for item in part_stats), key=lambda item: item[:2])
+    return merged, stats
 
 
 class _NoBar:

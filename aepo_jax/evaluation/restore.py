@@ -20,6 +20,7 @@ import ml_collections
 from flax import nnx
 
 from aepo_jax.models import ModelConfig
+from aepo_jax.parallel.multihost import first_process_value
 from aepo_jax.parallel.sharding import state_shardings
 from aepo_jax.training.build import abstract_model
 from aepo_jax.training.checkpoint import Checkpointer
@@ -89,7 +90,9 @@ def restore_policy_params(
     checkpointer = Checkpointer(location.manager_dir, async_save=False)
     try:
         step = location.step if location.step is not None else checkpointer.latest_step()
-        if step is None:
+        # The newest step can change while processes look (a run still training): all read the first one's.
+        step = first_process_value(-1 if step is None else step)
+        if step < 0:
             raise FileNotFoundError(f"no complete checkpoint in {location.manager_dir}")
         try:
             params = checkpointer.restore_params(abstract_params, step=step, shardings=shardings)

@@ -49,3 +49,17 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
 
         grid = mesh_utils.create_device_mesh(axis_shapes, devices, allow_split_physical_axes=True)
         return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def parse_mesh_shape(spec: str) -> dict[str, int]:
+    """A mesh shape from "axis=size" pairs ("fsdp=8,tensor=4"; -1 takes the remaining devices)."""
+    shape: dict[str, int] = {}
+    for item in spec.split(","):
+        name, sep, size = (part.strip() for part in item.partition("="))
+        problem = ("expected axis=size pairs such as fsdp=8,tensor=4" if not sep or not size.lstrip("-").isdigit()
+                   else f"the axes are {list(MESH_AXES)}" if name not in MESH_AXES
+                   else "an axis is named twice" if name in shape else None)
+        if problem:
+            raise ValueError(f"mesh {spec!r}: {problem}, got {item!r}")
+        shape[name] = int(size)
+    return shape

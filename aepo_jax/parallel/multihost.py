@@ -63,6 +63,13 @@ def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ())
     return {k: float(values[:, i].sum() if k in sum_keys else values[:, i].mean()) for i, k in enumerate(keys)}
 
 
+def first_process_value(value: int) -> int:
+    """The first process's `value` on every process (a collective), e.g. the checkpoint step all must read."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int64))))
+
+
 def share_bounds(count: int, part: int, parts: int) -> tuple[int, int]:
     """[start, stop) of part `part` when `count` items are split into `parts` contiguous runs whose
     sizes differ by at most one (the first `count % parts` runs take one more)."""

@@ -168,3 +168,19 @@ def test_bad_config_and_examples_are_clear_errors(setup):
         setup(EvalConfig(loop=LOOP), examples=[{"id": "x", "question": "q?"}])
     with pytest.raises(ValueError, match="at least one example"):
         setup(EvalConfig(loop=LOOP), examples=[])
+
+
+def test_batch_keys_of_one_process_are_unchanged_and_each_part_gets_its_own():
+    import jax
+
+    from aepo_jax.evaluation.driver import batch_keys
+
+    key, rng = batch_keys(7, 3)
+    want = jax.random.fold_in(jax.random.key(7), 3)
+    assert np.array_equal(jax.random.key_data(key), jax.random.key_data(want))
+    assert rng.integers(1 << 30) == np.random.default_rng([7, 3]).integers(1 << 30)
+    parts = [batch_keys(7, 3, part) for part in range(3)]
+    datas = {tuple(np.asarray(jax.random.key_data(k)).tolist()) for k, _ in parts}
+    draws = {r.integers(1 << 30) for _, r in parts}
+    assert len(datas) == 3 and len(draws) == 3
+    assert tuple(np.asarray(jax.random.key_data(key)).tolist()) not in datas

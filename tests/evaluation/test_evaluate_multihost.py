@@ -14,7 +14,7 @@ import sys
 
 from tests.child_process import child_env
 from tests.evaluation.trained_run import OVERRIDES, REPO, STEP
-from tests.training.local_cluster import outputs, start_processes
+from tests.training.local_cluster import outputs, result_lines, start_processes
 
 # 5 questions in batches of 4: the second batch's single question leaves the second process without one.
 QUESTIONS = ["--max_questions", "5", "--questions_per_batch", "4", "--progress=false"]
@@ -65,7 +65,20 @@ def test_two_process_tree_evaluation_reports_every_question_and_its_tree(trained
     assert sorted(set(ids)) == [f"heldout-{i}" for i in range(5)] and ids == sorted(ids)
     assert reports[0]["num_questions"] == 5 and meta["processes"] == 2
     tree = json.loads((tmp_path / "two" / "tree_stats.json").read_text())["all"]
-    assert tree["num_prompts"] == 5
+    assert tree["num_prompts"] == 5 and len(tree["global_budgets"]) == 5  # both processes' rollout stats
     # Both processes' rollout counters are summed: every global trajectory's own tokens were decoded
     # (a branch shares its parent's prefix, so only the global ones are counted here).
     assert tree["decode_tokens"] >= sum(s["response_length"] for s in samples if s["is_global"]) > 0
+
+
+def test_processes_that_disagree_or_fail_all_raise_instead_of_waiting():
+    procs = start_processes([str(REPO / "tests" / "evaluation" / "multihost_eval_worker.py")], 2, 1)
+    results = [json.loads(line.split(" ", 1)[1]) for line in result_lines(procs, timeout_s=120)]
+    assert [r["part"] for r in results] == [0, 1]
+    for r in results:
+        assert r["same"] == "ok"
+        assert r["other_prompts"].startswith("ValueError: the processes hold different questions or prompts")
+        assert r["gaps"] == "RuntimeError: the processes' shares do not cover the 3 questions once each"
+    assert results[0]["failed"] == "RuntimeError: evaluation failed on another process (process 1: " \
+                                   "RuntimeError: tool server down)"
+    assert results[1]["failed"] == "RuntimeError: tool server down"  # its own error, re-raised

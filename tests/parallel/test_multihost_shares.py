@@ -26,3 +26,14 @@ def test_a_share_that_does_not_exist_is_refused():
 def test_one_process_gathers_its_own_object():
     obj = {"a": [1, 2]}
     assert gather_objects(obj) == [obj]
+
+
+def test_mesh_specs_parse_and_bad_ones_name_the_problem():
+    from aepo_jax.parallel.mesh import parse_mesh_shape
+
+    assert parse_mesh_shape("data=-1, tensor=2") == {"data": -1, "tensor": 2}
+    assert parse_mesh_shape("fsdp=8") == {"fsdp": 8}
+    for spec, problem in [("fsdp=2,fsdp=4", "named twice"), ("dp=8", "the axes are"), ("=4", "the axes are"),
+                          ("fsdp", "axis=size"), ("fsdp=x", "axis=size"), ("", "axis=size")]:
+        with pytest.raises(ValueError, match=problem):
+            parse_mesh_shape(spec)

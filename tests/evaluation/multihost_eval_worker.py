@@ -1,0 +1,35 @@
+"""One process of `test_evaluate_multihost.py`'s failure test: what the evaluation's exchange does when
+the processes disagree or one of them fails (prints `RESULT <json>`)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+
+from aepo_jax.evaluation.driver import _check_same_questions, _exchange
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+
+
+def outcome(fn) -> str:
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the test reads which error each process got
+        return f"{type(err).__name__}: {err}"
+    return "ok"
+
+
+def main() -> None:
+    part, _ = maybe_initialize_distributed("on")
+    examples = [{"id": f"q{i}"} for i in range(3)]
+    same = outcome(lambda: _check_same_questions(examples, [[1, 2]] * 3))
+    other_prompts = outcome(lambda: _check_same_questions(examples, [[1, 2 + part]] * 3))
+    error = RuntimeError("tool server down") if part == 1 else None
+    failed = outcome(lambda: _exchange([], [], error, 3))
+    gaps = outcome(lambda: _exchange([(part, None, [], [])], [], None, 3))  # question 2 is nobody's
+    print("RESULT " + json.dumps({"part": jax.process_index(), "same": same, "other_prompts": other_prompts,
+                                  "failed": failed, "gaps": gaps}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
