@@ -34,7 +34,7 @@ import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
 from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
-from aepo_jax.parallel.host_rollout import HostRolloutPlacement
+from aepo_jax.parallel.host_rollout import SAMPLER_WEIGHTS, HostRolloutPlacement
 from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
@@ -394,18 +394,22 @@ class AgentRollout:
 
 
 def rollout_placement_from(cfg: ml_collections.ConfigDict, mesh: Any = None) -> HostRolloutPlacement:
-    """Where rollouts (training's and evaluation's) sample: on `mesh` with one process; on several, each
-    process on its own devices, with copies of the parameters in the compute dtype (`parallel.host_rollout`)."""
+    """Where rollouts (training's and evaluation's) sample (`rollout.sampler_weights`): on replicas of the
+    weights in the compute dtype, each process on its own devices (always with several processes, and by
+    default when `mesh` splits the weights over fsdp), or on `mesh` itself (`parallel.host_rollout`)."""
     from aepo_jax.training.build import model_config_from
 
-    return HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype)
+    choice = str(cfg.rollout.get("sampler_weights", "auto"))
+    if choice not in SAMPLER_WEIGHTS:
+        raise ValueError(f"rollout.sampler_weights={choice!r}; expected one of {sorted(SAMPLER_WEIGHTS)}")
+    return HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype, replicas=SAMPLER_WEIGHTS[choice])
 
 
 def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
                     mesh: Any = None) -> AgentRollout:
-    """The RL trainer's rollout function. Its sampler's KV cache lives on `mesh` (the trainer's) on one
-    process; on several, each process samples its own prompts on its own devices
-    (`parallel.host_rollout`), with the parameters copied there once per rollout."""
+    """The RL trainer's rollout function. Its sampler's KV cache lives on `mesh` (the trainer's), or, on
+    weight replicas (`rollout_placement_from`), each process samples its own prompts on its own devices
+    with the parameters copied there once per rollout (`parallel.host_rollout`)."""
     placement = rollout_placement_from(cfg, mesh)
     sampler = sampler_from(cfg, graphdef, placement(params), env.tokenizer, placement.mesh)
     timed_tools = TimedTools(env.tools)

@@ -126,11 +126,11 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
     return {"train_step": (train, (state, batch), {}, meta), "score": (score, (state.params, score_batch), {}, meta)}
 
 
-def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None,
-                           hosts: int = 1) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
+def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int = 1,
+                           replicas: bool = False) -> dict[str, tuple[Any, tuple[Any, ...], dict]]:
     """{"sampler_prefill": ..., "sampler_decode": ..., "sampler_decode_rows": ..., "sampler_append_rows": ...,
     "sampler_grow": ..., "sampler_shrink": ...} at the config's rollout batch and lengths, on `mesh` (one
-    host's rollout mesh when the slice has several hosts).
+    host's rollout mesh when sampling on weight `replicas`, which are in the compute dtype).
 
     Rows: all trajectories of one host's share of a step in one decode state
     (`data.prompts_per_step` / `hosts` x `rollout.k`, bucketed as the Sampler buckets them). Cache: the most slots the
@@ -259,7 +259,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
               hbm_bytes: int, seq_len: int | None = None, attention: str | None = None) -> list[dict[str, Any]]:
     """Compiles every program of one config for one topology and returns its memory rows."""
     from aepo_jax.parallel import make_mesh
-    from aepo_jax.parallel.host_rollout import HostRolloutPlacement
+    from aepo_jax.parallel.host_rollout import SAMPLER_WEIGHTS, HostRolloutPlacement
 
     cfg = load_config(cfg_name)
     if seq_len is not None:
@@ -272,17 +272,18 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     # programs are planned on the first host's rollout mesh, with that host's share of the rows.
     hosts = len({int(d.process_index) for d in devices})
     placement = HostRolloutPlacement(mesh, process_count=hosts, process_index=int(devices[0].process_index),
-                                     dtype=model_config_of(cfg, layers).dtype)
+                                     dtype=model_config_of(cfg, layers).dtype,
+                                     replicas=SAMPLER_WEIGHTS[str(cfg.rollout.get("sampler_weights", "auto"))])
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}
     if {"train_step", "score"} & set(programs):
         built.update(build_programs(cfg, mesh, layers))
     if set(SAMPLER_PROGRAMS) & set(programs):
-        built.update(build_sampler_programs(cfg, placement.mesh, layers, hosts))
+        built.update(build_sampler_programs(cfg, placement.mesh, layers, hosts, replicas=placement.per_host))
     if COPY_PROGRAM in programs:
         if not placement.per_host:
-            programs = [p for p in programs if p != COPY_PROGRAM]  # one host: the rollout uses the run's mesh
+            programs = [p for p in programs if p != COPY_PROGRAM]  # the rollout uses the run's mesh
         else:
             built[COPY_PROGRAM] = build_copy_program(cfg, mesh, placement, layers)
     for program in programs:

@@ -110,6 +110,11 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # compile a rollout's new shapes off its critical path: "on" (at once), "after_run" (when the loop run
     # ends), "off", or "auto" ("after_run" under continuous, "off" under rounds)
     c.rollout.background_compile = LoopConfig.background_compile
+    # The weights the rollout sampler reads (aepo_jax/parallel/host_rollout.py): "auto" = replicas in the
+    # compute dtype, copied once per rollout, with several processes or a mesh with fsdp > 1 (the decode
+    # loop would gather fsdp shards at every token), else the run's mesh; "replicas"; "run_mesh" (one
+    # process only: for weights too large to hold whole on a tensor group).
+    c.rollout.sampler_weights = "auto"
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
 
@@ -137,7 +142,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
     # Roll out step s + 1 on a background thread while step s trains, with the parameters step s started
     # from: every rollout after the first is one update round stale (aepo_jax/training/rollout_ahead.py).
-    # Single process only; holds up to two extra copies of the parameters.
+    # Holds up to two extra copies of the parameters; with several processes the copies are replicas.
     c.train.rollout_ahead = False
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
     # update (docs/packing.md); "flat": every trajectory padded to T. Loss and gradients are the same.

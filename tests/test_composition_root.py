@@ -46,7 +46,9 @@ def test_the_search_finds_constructions():
 
 
 def test_the_trainers_mesh_reaches_the_rollout_sampler(tmp_path):
-    """`rl_trainer_from` builds one mesh: the train state and the rollout sampler's KV cache live on it."""
+    """`rl_trainer_from` builds one mesh: the train state lives on it, and the rollout sampler's KV cache on
+    its devices: on the run's mesh itself with `rollout.sampler_weights="run_mesh"`, and by default (the mesh
+    splits the weights over fsdp) on a data x tensor mesh of weight replicas over the same devices."""
     from types import SimpleNamespace
 
     import jax
@@ -67,11 +69,18 @@ def test_the_trainers_mesh_reaches_the_rollout_sampler(tmp_path):
     graphdef, params = init_model(cfg, model_config_from(cfg).replace(n_layers=1))
     env = SimpleNamespace(tokenizer=tokenizer, tools=None, examples=[{"question": "q", "answers": ["a"]}] * 4,
                           encode_prompt=lambda ex: tokenizer.encode(ex["question"]), reward_fn=lambda ex, t: 0.0)
-    trainer = rl_trainer_from(cfg, env, str(tmp_path), graphdef, params)
-    try:
-        sampler = trainer.rollout_fn.sampler
-        assert sampler.mesh is trainer.run.mesh
-        # the cache layout itself is checked in tests/sampling/test_sampler_mesh.py
-        assert sampler.layout.mesh is trainer.run.mesh and sampler.layout.batch_devices == 4
-    finally:
-        trainer.close()
+    for weights in ("run_mesh", "auto"):
+        cfg.rollout.sampler_weights = weights
+        trainer = rl_trainer_from(cfg, env, str(tmp_path / weights), graphdef, params)
+        try:
+            sampler, run_mesh = trainer.rollout_fn.sampler, trainer.run.mesh
+            # the cache layout itself is checked in tests/sampling/test_sampler_mesh.py
+            if weights == "run_mesh":
+                assert sampler.mesh is run_mesh and sampler.layout.mesh is run_mesh
+                assert sampler.layout.batch_devices == 4
+            else:
+                assert dict(sampler.mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+                assert set(sampler.mesh.devices.flat) == set(run_mesh.devices.flat)
+                assert sampler.layout.mesh is sampler.mesh and sampler.layout.batch_devices == 4
+        finally:
+            trainer.close()

@@ -1,4 +1,4 @@
-"""Where rollouts run when a training mesh spans several processes: each host on its own devices.
+"""Where rollouts run: on weight replicas, each host on its own devices.
 
 An agent loop's device programs follow its own rows' tool calls and stops, which
 differ from host to host. A sampler whose KV cache spanned every process would need
@@ -9,8 +9,14 @@ Once per rollout the trainer's parameters, global arrays on the run's mesh, are
 cast to the compute dtype on their shards and copied whole to every host by one
 collective program that all processes run at the same point, on the main thread
 (`HostRolloutPlacement.__call__`, called by the trainer through the rollout's
-`place_params`). With one process nothing changes: the rollout mesh is the run's
-mesh and the parameters are passed through.
+`place_params`).
+
+The same replicas serve one process whose mesh splits the weights over `fsdp`:
+sampling on those shards would gather every layer's weights again at every decoded
+token (inside the decode loop), where a replica reads them from its own memory. A
+one-process run can keep sampling on the run's mesh (`replicas=False`), for weights
+too large to hold whole on a `tensor` group; with `fsdp == 1` it always does, and
+the parameters pass through unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from aepo_jax.parallel.mesh import MESH_AXES, make_mesh
 from aepo_jax.parallel.sharding import state_shardings
 
 HOSTS_AXIS = "hosts"  # the leading axis of `hosts_mesh`: one entry per process
+# `rollout.sampler_weights` -> `HostRolloutPlacement(replicas=...)`: which weights the rollout sampler reads.
+SAMPLER_WEIGHTS = {"auto": None, "replicas": True, "run_mesh": False}
 
 
 def host_mesh_shape(run_shape: Mapping[str, int], devices_per_host: int) -> dict[str, int]:
@@ -74,25 +82,42 @@ def _local_part(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_single_device_arrays(x.shape, sharding, [shards[d] for d in devices])
 
 
+def wants_replicas(run_mesh: Mesh | None, process_count: int) -> bool:
+    """Whether rollouts need weight replicas by default: with several processes (they must), or when the
+    run's mesh splits the weights over `fsdp` (the decode loop would gather them at every token)."""
+    return run_mesh is not None and (process_count > 1 or int(run_mesh.shape.get("fsdp", 1)) > 1)
+
+
 class HostRolloutPlacement:
     """The rollout sampler's mesh, and the step's parameters placed on it.
 
-    `mesh`: the run's mesh on one process; on several, this process's rollout mesh.
-    Calling it with the trainer's parameters returns them on `mesh`; with several
+    `mesh`: this process's rollout mesh when sampling on replicas (`per_host`), else the
+    run's mesh. Calling it with the trainer's parameters returns them on `mesh`; with several
     processes every process must call it at the same point of the run (it is one
     collective program).
+
+    `replicas`: None decides by `wants_replicas`; False keeps one process on the run's
+    mesh (refused with several processes); True makes replicas even where the run's mesh
+    already holds whole weights per `tensor` group.
     """
 
     def __init__(self, run_mesh: Mesh | None, process_count: int | None = None,
-                 process_index: int | None = None, dtype: Any = None):
+                 process_index: int | None = None, dtype: Any = None, replicas: bool | None = None):
         process_count = jax.process_count() if process_count is None else int(process_count)
         process_index = jax.process_index() if process_index is None else int(process_index)
+        if replicas is None:
+            replicas = wants_replicas(run_mesh, process_count)
+        if run_mesh is not None and process_count > 1 and not replicas:
+            raise ValueError(f"rollouts over {process_count} processes sample on weight replicas, one per host "
+                             "(each host's agent loop runs its own programs); sampling on the run's mesh "
+                             "(rollout.sampler_weights='run_mesh') needs one process")
         self.run_mesh = run_mesh
+        self.process_count = process_count
         # The copies' float dtype (None: the trainer's). The model casts every weight to its compute dtype
         # where it uses it, so a copy stored in that dtype samples exactly as the float32 weights do.
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self._casts: dict[Any, Any] = {}
-        self.per_host = run_mesh is not None and process_count > 1
+        self.per_host = run_mesh is not None and bool(replicas)
         self.hosts = hosts_mesh(run_mesh) if self.per_host else None
         self.mesh = host_mesh(self.hosts, process_index) if self.per_host else run_mesh
 
@@ -128,13 +153,13 @@ class HostRolloutPlacement:
         """Where the copy of a parameter tree like `state` lives: on `hosts_mesh`, whole on every host
         (each variable's spec on the rollout mesh names no `hosts` axis)."""
         if not self.per_host:
-            raise ValueError("host_shardings needs a run mesh that spans several processes")
+            raise ValueError("host_shardings needs a placement on replicas (per_host)")
         return state_shardings(state, self.hosts)
 
     def __call__(self, state: Any) -> Any:
         if not self.per_host or self._on_mesh(state):
             return state
-        if threading.current_thread() is not threading.main_thread():
+        if self.process_count > 1 and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("HostRolloutPlacement: the copy to every host is a program over all processes; "
                                "call it on the main thread, at the same point on every process (the trainer's "
                                "place_params), not from a background rollout")

@@ -1,5 +1,6 @@
-"""`parallel.host_rollout` on one process: the rollout mesh is the run's, parameters pass through, and a
-copy in the compute dtype samples exactly as the float32 weights (the multi-process behaviour is
+"""`parallel.host_rollout` on one process: without fsdp the rollout mesh is the run's and parameters pass
+through; with fsdp the sampler reads replicas of the weights on a data x tensor mesh; a copy in the compute
+dtype samples exactly as the float32 weights (the multi-process behaviour is
 `tests/training/test_multihost_agent_rollout.py`)."""
 
 import jax
@@ -11,6 +12,7 @@ from flax import nnx
 from aepo_jax.models import Decoder, get_preset
 from aepo_jax.parallel import make_mesh
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, host_mesh_shape
+from aepo_jax.parallel.sharding import shard_state
 from aepo_jax.sampling import Sampler, SamplingParams
 
 
@@ -20,6 +22,53 @@ def test_one_process_keeps_the_run_mesh_and_passes_parameters_through():
     params = {"w": jnp.ones((4, 4), jnp.float32)}
     assert placement.mesh is mesh and not placement.per_host
     assert placement(params) is params  # no copy, no cast: the sampler uses the trainer's weights
+
+
+def test_one_process_with_fsdp_samples_on_replicas_of_the_weights():
+    """A mesh that splits the weights over fsdp would make the decode loop gather them at every token:
+    the sampler reads whole copies instead (per tensor group), and draws what the run's shards draw."""
+    import threading
+
+    from aepo_jax.experiment import rollout_placement_from
+    from configs.aepo_tiny import get_config
+
+    config = get_preset("tiny", n_layers=2)
+    graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(3)))
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    state = shard_state(state, mesh)
+    placement = HostRolloutPlacement(mesh)
+    assert placement.per_host and dict(placement.mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert set(placement.mesh.devices.flat) == set(mesh.devices.flat)
+    replicas = placement(state)
+    assert placement(replicas) is replicas  # placed once per rollout: a second call is a no-op
+    def distinct_shards(x):
+        return len({tuple((i.start, i.stop) for i in index) for index in x.sharding.devices_indices_map(x.shape).values()})
+
+    assert max(distinct_shards(x) for x in jax.tree.leaves(state)) == 8  # fsdp 4 x tensor 2
+    for got, want in zip(jax.tree.leaves(replicas), jax.tree.leaves(state), strict=True):
+        assert got.sharding.mesh == placement.mesh and distinct_shards(got) <= 2  # whole but for tensor
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    outputs = []
+    for weights, sampler_mesh in ((replicas, placement.mesh), (state, mesh)):
+        sampler = Sampler(graphdef, weights, params=SamplingParams(temperature=1.0), seed=0, mesh=sampler_mesh)
+        _, out = sampler.generate(sampler.prefill([[5, 9, 13, 2], [7, 3]]), 12, rng=jax.random.key(7))
+        outputs.append(out)
+    np.testing.assert_array_equal(outputs[0].tokens, outputs[1].tokens)
+    np.testing.assert_allclose(outputs[0].logp, outputs[1].logp, rtol=1e-5, atol=1e-6)
+    # One process: the copy is no collective, so a background rollout thread may make it.
+    made = []
+    thread = threading.Thread(target=lambda: made.append(HostRolloutPlacement(mesh)(state)))
+    thread.start()
+    thread.join()
+    assert len(made) == 1
+    cfg = get_config()
+    cfg.rollout.sampler_weights = "run_mesh"
+    assert not rollout_placement_from(cfg, mesh).per_host and rollout_placement_from(cfg, mesh).mesh is mesh
+    cfg.rollout.sampler_weights = "sharded"
+    with pytest.raises(ValueError, match="rollout.sampler_weights='sharded'"):
+        rollout_placement_from(cfg, mesh)
+    with pytest.raises(ValueError, match="needs one process"):
+        HostRolloutPlacement(mesh, process_count=2, process_index=0, replicas=False)
 
 
 def test_host_mesh_keeps_the_run_tensor_size_and_refuses_one_that_spans_hosts():
