@@ -34,7 +34,7 @@ import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
 from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
-from aepo_jax.parallel.host_rollout import SAMPLER_WEIGHTS, HostRolloutPlacement
+from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
@@ -363,8 +363,9 @@ def pipeline_from(cfg: ml_collections.ConfigDict, examples: Sequence[dict], proc
 class AgentRollout:
     """The RL trainer's rollout seam: `(prompts, k, params, key, rng) -> (groups, stats)`.
 
-    Holds the sampler (on the run's mesh), the agent loop and the strategy, so
-    a caller can inspect what the rollouts run on.
+    Holds the sampler (on the run's mesh or this process's replica mesh), the agent
+    loop and the strategy, so a caller can inspect what the rollouts run on. The
+    sampler holds the step's parameters only while a rollout runs.
     """
 
     def __init__(self, sampler: Sampler, loop: AgentLoop, strategy: RolloutConfig, tools: TimedTools,
@@ -378,14 +379,18 @@ class AgentRollout:
         return self.placement.per_host or jax.process_count() == 1
 
     def place_params(self, params: Any) -> Any:
-        """`params` on the sampler's mesh: a collective copy with several processes (`HostRolloutPlacement`)."""
+        """`params` on the sampler's mesh: a copy to the weight replicas (a collective with several
+        processes) or `params` themselves (`HostRolloutPlacement`)."""
         return self.placement(params)
 
     def __call__(self, prompts, k, current_params, key, rng):
         # A no-op when `place_params` placed them; otherwise (a caller without the trainer) the copy, which
         # refuses to run off the main thread with several processes.
         self.sampler.set_params(self.placement(current_params))
-        groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
+        try:
+            groups, stats = rollout(prompts, k, loop=self.loop, config=self.strategy, rng=rng, key=key)
+        finally:
+            self.sampler.release_params()  # a replica of the weights must not stay beside the train step
         stats = stats.as_dict()
         tool_time = self._tools.take()
         stats["tool_seconds"] = tool_time.busy  # wall time with some tool call in flight
@@ -399,10 +404,7 @@ def rollout_placement_from(cfg: ml_collections.ConfigDict, mesh: Any = None) -> 
     default when `mesh` splits the weights over fsdp), or on `mesh` itself (`parallel.host_rollout`)."""
     from aepo_jax.training.build import model_config_from
 
-    choice = str(cfg.rollout.get("sampler_weights", "auto"))
-    if choice not in SAMPLER_WEIGHTS:
-        raise ValueError(f"rollout.sampler_weights={choice!r}; expected one of {sorted(SAMPLER_WEIGHTS)}")
-    return HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype, replicas=SAMPLER_WEIGHTS[choice])
+    return HostRolloutPlacement(mesh, dtype=model_config_from(cfg).dtype, replicas=sampler_replicas(cfg))
 
 
 def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any,
@@ -412,6 +414,7 @@ def rollout_fn_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     with the parameters copied there once per rollout (`parallel.host_rollout`)."""
     placement = rollout_placement_from(cfg, mesh)
     sampler = sampler_from(cfg, graphdef, placement(params), env.tokenizer, placement.mesh)
+    sampler.release_params()  # every rollout sets the step's parameters
     timed_tools = TimedTools(env.tools)
     loop = AgentLoop(sampler, env.tokenizer, timed_tools, loop_config_from(cfg))
     return AgentRollout(sampler, loop, rollout_config_from(cfg), timed_tools, placement)
@@ -421,9 +424,9 @@ def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: s
                     params: Any = None, process_index: int = 0, process_count: int = 1):
     """An `RLTrainer` over the environment's real agentic rollout (default model: `model_from`).
 
-    One mesh (`cfg.mesh`) serves the train step and, on one process, the rollout
-    sampler, whose KV cache is created on it, split over the batch axes and KV heads.
-    On several processes each samples on its own devices (`rollout_fn_from`)."""
+    One mesh (`cfg.mesh`) serves the train step and the rollout sampler: on it, its KV cache split
+    over the batch axes and KV heads, or on weight replicas over its devices, each process on its
+    own (`rollout_fn_from`, `rollout.sampler_weights`)."""
     from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 

@@ -10,10 +10,10 @@ is touched) and prints what the TPU compiler plans per device:
 `compiled.memory_analysis()` argument, temporary and total bytes against the
 chip's HBM, and the compile seconds. One micro-batch = one row of
 `train.max_seq_len` tokens per data-parallel device. It also plans the rollout
-sampler's programs at the config's rollout shape (`build_sampler_programs`; on a
-slice of several hosts on one host's rollout mesh with that host's rows, as
-`parallel.host_rollout` runs them) and the per-rollout copy of the weights to
-every host (`rollout_params_copy`).
+sampler's programs at the config's rollout shape (`build_sampler_programs`; on
+weight replicas, as `parallel.host_rollout` runs them with several hosts or
+fsdp > 1, on one host's rollout mesh with that host's rows) and the
+per-rollout copy of the weights to the replicas (`rollout_params_copy`).
 
     make memory-plan        # its own venv with libtpu; writes runs/memory_plan.json
     .venv-tpu/bin/python benchmarks/memory_plan.py --json OUT [--config aepo_qwen3_14b:v5:4x4x4] [--layers 2]
@@ -45,8 +45,8 @@ GIB = 1024**3
 V5P_HBM_BYTES = 95 * GIB  # per v5p chip
 SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
                     "sampler_shrink")
-# The collective program that copies the trainer's parameters to every host's rollout mesh
-# (`parallel.host_rollout`); planned only on slices of several hosts.
+# The program that copies the trainer's parameters to every host's rollout mesh (`parallel.host_rollout`);
+# planned only where the rollout samples on replicas.
 COPY_PROGRAM = "rollout_params_copy"
 PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers and the
@@ -160,7 +160,7 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int =
 
     model_config = model_config_of(cfg, layers)
     graphdef, params = abstract_model(model_config)
-    if hosts > 1:  # each host's copy of the weights is in the compute dtype (`rollout_fn_from`)
+    if replicas:  # each replica of the weights is in the compute dtype (`rollout_placement_from`)
         params = as_dtype(params, model_config.dtype)
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
                           state_shardings(params, mesh))
@@ -259,7 +259,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
               hbm_bytes: int, seq_len: int | None = None, attention: str | None = None) -> list[dict[str, Any]]:
     """Compiles every program of one config for one topology and returns its memory rows."""
     from aepo_jax.parallel import make_mesh
-    from aepo_jax.parallel.host_rollout import SAMPLER_WEIGHTS, HostRolloutPlacement
+    from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 
     cfg = load_config(cfg_name)
     if seq_len is not None:
@@ -273,7 +273,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     hosts = len({int(d.process_index) for d in devices})
     placement = HostRolloutPlacement(mesh, process_count=hosts, process_index=int(devices[0].process_index),
                                      dtype=model_config_of(cfg, layers).dtype,
-                                     replicas=SAMPLER_WEIGHTS[str(cfg.rollout.get("sampler_weights", "auto"))])
+                                     replicas=sampler_replicas(cfg))
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}

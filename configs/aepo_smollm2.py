@@ -35,6 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Parameters and AdamW moments sharded over every device (FSDP), batch split over them too: replicated
     # on 8 fake CPU devices the train state alone is 8 x 1.6 GB. On one accelerator this is no mesh at all.
     c.mesh.shape = {"data": 1, "fsdp": -1, "tensor": 1}
+    # Rollouts on those shards too: weight replicas would be one whole copy per fake device (8 x 0.5 GB).
+    c.rollout.sampler_weights = "run_mesh"
     c.env.n_towns = 200
     c.env.n_train = 200
     c.env.n_heldout = 20

@@ -142,7 +142,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.recompute_logp_old = True  # score rollouts with the training forward (ratio exactly 1 at start)
     # Roll out step s + 1 on a background thread while step s trains, with the parameters step s started
     # from: every rollout after the first is one update round stale (aepo_jax/training/rollout_ahead.py).
-    # Holds up to two extra copies of the parameters; with several processes the copies are replicas.
+    # Holds up to two extra copies of the parameters (float32, on the run's mesh) and, while its rollout
+    # runs beside the train step, the rollout's weight replicas when it samples on them.
     c.train.rollout_ahead = False
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
     # update (docs/packing.md); "flat": every trajectory padded to T. Loss and gradients are the same.

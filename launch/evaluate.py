@@ -3,14 +3,17 @@
     python -m launch.evaluate --checkpoint WORKDIR [--config configs/aepo_tiny.py] \
         [--n 4] [--greedy] [--split heldout|train] [--data_path FILE] [--out DIR] \
         [--strategy independent|arpo|aepo] [--mesh data=-1,fsdp=1,tensor=1] [--distributed auto|on|off] \
+        [--sampler_weights auto|replicas|run_mesh] \
         [--config.key=value ...]
 
 `--checkpoint` is a training run directory (or its `checkpoints/` folder, or
 one step folder) written by `launch.train`, `launch.sft` or `launch.demo`
 (`runs/demo/aepo`); `--checkpoint none` evaluates the config's initial
 parameters (a baseline, needs `--config`). Only the parameters are read, onto
-the config's mesh (`mesh.shape`, or `--mesh`), and the sampler's KV cache is
-sharded over it; on several hosts the same command runs on each (as
+the config's mesh (`mesh.shape`, or `--mesh`); the sampler runs where the
+training rollout does (`--sampler_weights`, default the config's
+`rollout.sampler_weights`: weight replicas per tensor group when the mesh
+splits the weights over fsdp or spans several hosts); on several hosts the same command runs on each (as
 `launch.train` does), every host samples its share of each batch of questions
 on its own devices, and the first host writes the outputs. Without `--config` the run's own
 resolved config (`WORKDIR/config.json`) rebuilds everything; the run's
@@ -54,6 +57,9 @@ _OUT = flags.DEFINE_string("out", None, "output directory (default: RUN_DIR/eval
 _PROGRESS = flags.DEFINE_bool("progress", True, "progress bar over questions")
 _MESH = flags.DEFINE_string("mesh", "", "mesh shape of the evaluation as axis=size pairs, e.g. fsdp=8,tensor=4 "
                             "(default: the config's mesh.shape, which a run's config.json fixes)")
+_SAMPLER_WEIGHTS = flags.DEFINE_enum("sampler_weights", None, ["auto", "replicas", "run_mesh"],
+                                     "the weights the sampler reads (default: the config's rollout.sampler_weights; "
+                                     "run_mesh keeps one process on the mesh's shards when whole weights do not fit)")
 _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
                                  "multi-host start-up of this evaluation (not the training run's setting): "
                                  "auto = when the environment names several hosts")
@@ -133,12 +139,18 @@ def main(argv: list[str]) -> int:
     from aepo_jax.experiment import rollout_placement_from
     from aepo_jax.parallel.mesh import make_mesh
 
+    if _SAMPLER_WEIGHTS.value is not None:
+        with cfg.unlocked():
+            cfg.rollout.sampler_weights = _SAMPLER_WEIGHTS.value
     try:  # before any weight is read or tool started
         mesh = make_mesh(shape)
-        placement = rollout_placement_from(cfg, mesh)
     except ValueError as err:
         raise SystemExit(f"error: mesh {shape} does not fit this machine: {err}; pass --mesh, e.g. "
                          f"--mesh data=-1,fsdp=1,tensor=1") from err
+    try:
+        placement = rollout_placement_from(cfg, mesh)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
     run_dir = location.run_dir if location else None
     out = _OUT.value or (os.path.join(run_dir, "eval") if run_dir else
                          os.path.join(os.path.dirname(location.manager_dir), "eval") if location else "eval_initial")

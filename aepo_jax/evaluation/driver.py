@@ -15,9 +15,10 @@ source). Keys derive from `seed` and the batch index only (and, on several
 processes, the process index), so a run is reproducible.
 
 On a mesh (`placement`, built by `aepo_jax.experiment.rollout_placement_from`)
-the sampler's KV cache is sharded over it; when the mesh spans several
-processes, each samples its contiguous share of every batch of questions on
-its own devices, and every process returns the whole, equal result.
+the sampler samples where the training rollout does: on the mesh, or on
+weight replicas over its devices; when the mesh spans several processes, each
+samples its contiguous share of every batch of questions on its own devices,
+and every process returns the whole, equal result.
 """
 
 from __future__ import annotations

@@ -82,6 +82,14 @@ def _local_part(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_single_device_arrays(x.shape, sharding, [shards[d] for d in devices])
 
 
+def sampler_replicas(cfg: Any) -> bool | None:
+    """`HostRolloutPlacement(replicas=...)` from `cfg.rollout.sampler_weights` (None: decide by the mesh)."""
+    choice = str(cfg.rollout.get("sampler_weights", "auto"))
+    if choice not in SAMPLER_WEIGHTS:
+        raise ValueError(f"rollout.sampler_weights={choice!r}; expected one of {sorted(SAMPLER_WEIGHTS)}")
+    return SAMPLER_WEIGHTS[choice]
+
+
 def wants_replicas(run_mesh: Mesh | None, process_count: int) -> bool:
     """Whether rollouts need weight replicas by default: with several processes (they must), or when the
     run's mesh splits the weights over `fsdp` (the decode loop would gather them at every token)."""

@@ -54,6 +54,11 @@ from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
 from aepo_jax.sampling.stopping import build_stop_table
 
 
+def _signature(state: nnx.State) -> tuple:
+    """The tree structure, shapes and dtypes of a parameter state (what `set_params` must keep)."""
+    return jax.tree.structure(state), [(tuple(x.shape), jnp.dtype(x.dtype)) for x in jax.tree.leaves(state)]
+
+
 class Sampler(ProgramRuns, RowOps):
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
 
@@ -133,7 +138,8 @@ class Sampler(ProgramRuns, RowOps):
         self.max_block_tokens = int(max_block_tokens)
         self._graphdef = HashedGraphDef(graphdef)  # a static argument of every program: hashed once
         self.mesh = mesh
-        self._params_state = self._shard_params(state)
+        self._params = self._shard_params(state)
+        self._params_signature = _signature(self._params)
         self._layer_params = None  # the parameters split per layer, made on the first layerwise decode
         self.config = nnx.merge(graphdef, state).config
         self.pad_id = int(pad_id)
@@ -195,12 +201,22 @@ class Sampler(ProgramRuns, RowOps):
 
     def set_params(self, state: nnx.State) -> None:
         """Uses new policy parameters (same tree and shapes) from the next call on; no recompile."""
-        old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params_state)
-        new = jax.tree.map(lambda x: (x.shape, x.dtype), state)
-        if jax.tree.structure(old) != jax.tree.structure(new) or jax.tree.leaves(old) != jax.tree.leaves(new):
+        if _signature(state) != self._params_signature:
             raise ValueError("set_params: the new state's tree, shapes or dtypes differ from the sampler's")
-        self._params_state = self._shard_params(state)
+        self._params = self._shard_params(state)
         self._layer_params = None
+
+    def release_params(self) -> None:
+        """Drops the sampler's references to its parameters until the next `set_params` (a rollout's copy
+        of the weights then does not stay beside the train step); decode states are kept."""
+        self._params = None
+        self._layer_params = None
+
+    @property
+    def _params_state(self) -> nnx.State:
+        if self._params is None:
+            raise RuntimeError("the sampler's parameters were released (release_params): set_params first")
+        return self._params
 
     def prefill(
         self, prompts: Sequence[Sequence[int]] | np.ndarray, lengths: Sequence[int] | None = None

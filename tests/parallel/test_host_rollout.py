@@ -71,6 +71,49 @@ def test_one_process_with_fsdp_samples_on_replicas_of_the_weights():
         HostRolloutPlacement(mesh, process_count=2, process_index=0, replicas=False)
 
 
+def _decode_window_gathers(sampler: Sampler) -> set[tuple[int, ...]]:
+    """Result shapes of the all-gathers in the compiled decode-window program a generate runs."""
+    import re
+
+    captured = {}
+    call = sampler._call
+
+    def capturing(kind, program, *args, **kwargs):
+        if kind == "decode" and "max_steps" in kwargs and not captured:
+            abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) \
+                if isinstance(x, jax.Array) else x
+            captured.update(program=program, args=jax.tree.map(abstract, args), kwargs=kwargs)
+        return call(kind, program, *args, **kwargs)
+
+    sampler._call = capturing
+    sampler.generate(sampler.prefill([[5, 9, 13, 2], [7, 3]]), 4, rng=jax.random.key(0))
+    with jax.set_mesh(sampler.mesh):
+        text = captured["program"].lower(*captured["args"], **captured["kwargs"]).compile().as_text()
+    return {tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\[([\d,]*)\]\S* all-gather\(", text)}
+
+
+def test_the_decode_loop_on_replicas_gathers_no_weights():
+    """What replicas are for: on fsdp shards the decode window gathers weights inside its loop (gather results
+    the shape of a weight's tensor shard, one layer's or the whole stack's); on replicas it gathers none."""
+    config = get_preset("tiny", n_layers=2)
+    graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(3)))
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    state = shard_state(state, mesh)
+    placement = HostRolloutPlacement(mesh)
+    replicas = placement(state)
+    weight_shapes = set()
+    for x in jax.tree.leaves(replicas):
+        shard = tuple(x.sharding.shard_shape(x.shape))
+        weight_shapes |= {shard, shard[1:]} if len(shard) > 2 else {shard}
+    gathers = {}
+    for name, weights, sampler_mesh in (("run_mesh", state, mesh), ("replicas", replicas, placement.mesh)):
+        sampler = Sampler(graphdef, weights, seed=0, mesh=sampler_mesh, layerwise_decode=False,
+                          half_batch_decode=False)  # the accelerators' decode path
+        gathers[name] = _decode_window_gathers(sampler) & weight_shapes
+    assert gathers["run_mesh"], "the check finds nothing to catch: no weight gathers on the fsdp shards either"
+    assert not gathers["replicas"], gathers["replicas"]
+
+
 def test_host_mesh_keeps_the_run_tensor_size_and_refuses_one_that_spans_hosts():
     assert host_mesh_shape({"data": 1, "fsdp": 8, "tensor": 4}, 4) == {"data": 1, "fsdp": 1, "tensor": 4}
     assert host_mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2}

@@ -1,6 +1,7 @@
 """One process of the two-process agentic RL test (`test_multihost_agent_rollout.py`): the composition
 root's trainer (`rl_trainer_from`: sampler, agent loop, search server, sandbox) on a mesh spanning both
-processes, 2 RL steps, then what each process's rollouts ran on and digests of the parameters.
+processes, 2 RL steps, then what each process's rollouts ran on and digests of the parameters. Run alone
+(one process, 8 devices) it trains on the same fsdp 2 x tensor 2 mesh on one process.
 
 With `--rollout-ahead`, 3 steps with `train.rollout_ahead`: each step's rollout on a background thread
 during the previous step's update.
@@ -140,6 +141,14 @@ def main(workdir: str, ahead: bool) -> None:
         return placed
 
     rollout.place_params = recording_place
+    sampled_values: list[str] = []  # what the sampler held when each rollout set its parameters
+    set_params = rollout.sampler.set_params
+
+    def recording_set(state):
+        set_params(state)
+        sampled_values.append(value_digest(rollout.sampler._params_state))
+
+    rollout.sampler.set_params = recording_set
     after_step: list[str] = []  # the weights after each step's update (a collective: both processes, same point)
     train_step = trainer.train_step
 
@@ -155,13 +164,13 @@ def main(workdir: str, ahead: bool) -> None:
         records = trainer.train()
         final_value = compute_value(trainer.state.params)
         placed = rollout.placement(trainer.state.params)  # what a next rollout would sample with
-        sampled_with = rollout.sampler._params_state  # what the last rollout sampled with
+        released = rollout.sampler._params is None  # no copy of the weights held between rollouts
     finally:
         trainer.close()
         env.close()
     training_copy_threads = sorted(copy_threads)  # before the checks below copy on purpose off the main thread
     local_ids = sorted(d.id for d in jax.local_devices())
-    interleaved = _copy_over_interleaved_mesh(index)
+    interleaved = _copy_over_interleaved_mesh(index) if count > 1 else {}
     print("RESULT " + json.dumps({
         "process": index, "processes": count, "devices": jax.device_count(),
         "sampler_devices": sorted(d.id for d in rollout.sampler.mesh.devices.flat), "local_devices": local_ids,
@@ -171,7 +180,7 @@ def main(workdir: str, ahead: bool) -> None:
         "placed_values": placed_values, "placed_value": value_digest(placed),
         "placed_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(placed)}),
         "placed_local": all(x.is_fully_addressable for x in jax.tree.leaves(placed)),
-        "sampled_with_value": value_digest(sampled_with),
+        "sampled_values": sampled_values, "released": released,
         "steps": [r["step"] for r in records], "trajectories": [r["trajectories"] for r in records],
         "loss": [r["loss"] for r in records], "interleaved": interleaved,
         "stale": [r["rollout_stale_params"] for r in records] if ahead else None,

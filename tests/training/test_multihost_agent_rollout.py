@@ -25,7 +25,7 @@ def _run(tmp_path, *flags: str) -> tuple[dict, dict]:
         # The copy on this host's devices is the trainer's global parameters in the compute dtype, bit for bit.
         assert result["placed_value"] == result["final_value"] == result["after_step"][-1]
         # Each rollout sampled with the weights it should have: see the tests below for which.
-        assert result["sampled_with_value"] == result["placed_values"][-1]
+        assert result["sampled_values"] == result["placed_values"] and result["released"]
         assert len(set(result["after_step"])) == len(result["after_step"])  # every step moved the weights
         # A run mesh whose tensor pairs span the processes: each still gets the whole value on its devices.
         interleaved = result["interleaved"]
@@ -65,3 +65,21 @@ def test_rollout_ahead_runs_with_several_processes(tmp_path):
     # the train step's on every process; the background rollout runs this process's programs only.
     assert first["copy_threads"] == second["copy_threads"] == ["MainThread"]
     assert first["trajectories"] == second["trajectories"] == [8.0, 8.0, 8.0]
+
+
+@pytest.mark.slow
+def test_one_process_with_fsdp_rolls_out_on_replicas_beside_the_train_step(tmp_path):
+    """The same run on one process with 8 devices (mesh data 2 x fsdp 2 x tensor 2) and `rollout_ahead`: the
+    rollouts sample on bfloat16 replicas over all 8 devices, copied from the trainer's weights at the right
+    step, and the sampler holds no copy once the run ends."""
+    procs = start_processes(["-m", "tests.training.multihost_agent_worker", str(tmp_path / "run"),
+                             "--rollout-ahead"], 1, 8)
+    (result,) = [json.loads(line[len("RESULT "):]) for line in result_lines(procs, TIMEOUT_S)]
+    assert result["processes"] == 1 and result["run_mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert result["sampler_mesh"] == {"data": 4, "fsdp": 1, "tensor": 2}
+    assert result["sampler_devices"] == result["local_devices"] and len(result["local_devices"]) == 8
+    assert result["placed_dtypes"] == ["bfloat16"] and result["placed_value"] == result["final_value"]
+    assert result["placed_values"] == [result["initial_value"]] * 2 + [result["after_step"][0]]
+    assert result["sampled_values"] == result["placed_values"] and result["released"]
+    assert result["stale"] == [0.0, 1.0, 1.0] and result["trajectories"] == [8.0, 8.0, 8.0]
+
