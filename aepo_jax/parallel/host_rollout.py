@@ -138,11 +138,14 @@ class HostRolloutPlacement:
                    and not self._needs_cast(x) for x in jax.tree.leaves(state))
 
     def _on_run_mesh(self, state: Any) -> Any:
-        """`state` with every array on the run's mesh (weights loaded on one device, e.g. a GGUF policy,
-        are put there from the host: every process holds the same values)."""
+        """`state` with every array on the run's mesh (weights loaded on one device, e.g. a GGUF policy:
+        with one process moved device to device; with several put there from the host, where every
+        process holds the same values)."""
         def place(x: Any, sharding: NamedSharding) -> Any:
             if isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.run_mesh:
                 return x
+            if self.process_count == 1 and isinstance(x, jax.Array):
+                return jax.device_put(x, sharding)
             return jax.device_put(np.asarray(x), sharding)
 
         return jax.tree.map(place, state, state_shardings(state, self.run_mesh))

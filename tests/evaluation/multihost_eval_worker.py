@@ -27,8 +27,12 @@ def main() -> None:
     error = RuntimeError("tool server down") if part == 1 else None
     failed = outcome(lambda: _exchange([], [], error, 3))
     gaps = outcome(lambda: _exchange([(part, None, [], [])], [], None, 3))  # question 2 is nobody's
+    # Process p scored question p of batch 0 and question 2 + p of batch 1 (its part of each batch).
+    scored = [(p, None, [f"q{p}"], []) for p in (part, 2 + part)]
+    merged, stats = _exchange(scored, [(0, part, f"b0p{part}"), (1, part, f"b1p{part}")], None, 4)
     print("RESULT " + json.dumps({"part": jax.process_index(), "same": same, "other_prompts": other_prompts,
-                                  "failed": failed, "gaps": gaps}), flush=True)
+                                  "failed": failed, "gaps": gaps, "merged": [m[2][0] for m in merged],
+                                  "stats": [entry[2] for entry in stats]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def test_two_process_greedy_evaluation_equals_one_process(trained_run, tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
     procs = start_processes(evaluate_args(run_dir, tmp_path / "two", *greedy, "--mesh", "data=-1,tensor=2"), 2, 4)
     stdout = outputs(procs, timeout_s=400)
-    assert "pass@1" in stdout[0] and "pass@1" not in stdout[1]  # the first process reports
+    assert "pass@1" in stdout[0] and "wrote" in stdout[0]  # the first process reports and writes ...
+    assert "pass@1" not in stdout[1] and "wrote" not in stdout[1]  # ... the second neither
     samples, reports, meta = read_outputs(tmp_path / "two")
     want_samples, want_reports, want_meta = read_outputs(tmp_path / "one")
     assert [s["question_id"] for s in samples] == [f"heldout-{i}" for i in range(5)]
@@ -79,6 +80,8 @@ def test_processes_that_disagree_or_fail_all_raise_instead_of_waiting():
         assert r["same"] == "ok"
         assert r["other_prompts"].startswith("ValueError: the processes hold different questions or prompts")
         assert r["gaps"] == "RuntimeError: the processes' shares do not cover the 3 questions once each"
+        # Questions in input order; rollout stats (AEPO's per-prompt budgets) in (batch, part) order.
+        assert r["merged"] == ["q0", "q1", "q2", "q3"] and r["stats"] == ["b0p0", "b0p1", "b1p0", "b1p1"]
     assert results[0]["failed"] == "RuntimeError: evaluation failed on another process (process 1: " \
                                    "RuntimeError: tool server down)"
     assert results[1]["failed"] == "RuntimeError: tool server down"  # its own error, re-raised

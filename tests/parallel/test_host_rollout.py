@@ -48,6 +48,11 @@ def test_one_process_with_fsdp_samples_on_replicas_of_the_weights():
     for got, want in zip(jax.tree.leaves(replicas), jax.tree.leaves(state), strict=True):
         assert got.sharding.mesh == placement.mesh and distinct_shards(got) <= 2  # whole but for tensor
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # Weights on one device (as a GGUF policy is loaded) reach the same replicas.
+    from_one_device = placement(jax.device_put(jax.device_get(state), jax.devices()[0]))
+    for got, want in zip(jax.tree.leaves(from_one_device), jax.tree.leaves(replicas), strict=True):
+        assert got.sharding == want.sharding
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     outputs = []
     for weights, sampler_mesh in ((replicas, placement.mesh), (state, mesh)):
         sampler = Sampler(graphdef, weights, params=SamplingParams(temperature=1.0), seed=0, mesh=sampler_mesh)
