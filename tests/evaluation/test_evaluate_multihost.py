@@ -85,3 +85,16 @@ def test_processes_that_disagree_or_fail_all_raise_instead_of_waiting():
     assert results[0]["failed"] == "RuntimeError: evaluation failed on another process (process 1: " \
                                    "RuntimeError: tool server down)"
     assert results[1]["failed"] == "RuntimeError: tool server down"  # its own error, re-raised
+
+
+def test_sampling_on_the_run_mesh_is_refused_on_two_processes_before_anything_starts(trained_run, tmp_path):
+    run_dir, _, _ = trained_run
+    procs = start_processes(evaluate_args(run_dir, tmp_path / "two", "--sampler_weights", "run_mesh"), 2, 4)
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        errors.append((proc.returncode, err))
+    for code, err in errors:
+        assert code != 0 and "rollout.sampler_weights='run_mesh') needs one process" in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "two" / "env").exists()  # no tools started, nothing read
