@@ -116,11 +116,7 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         abstract = abstract_like(target, shardings)
-        metadata = self._manager.item_metadata(int(step))
-        state_metadata = metadata["state"] if metadata is not None and "state" in metadata else None
-        if state_metadata is not None:
-            check_fits_metadata(abstract, getattr(state_metadata, "tree", state_metadata),
-                                f"{self.directory}/{int(step)}")
+        self._check_fits(step, "state", abstract)
         restored = self._manager.restore(
             int(step),
             args=ocp.args.Composite(
@@ -134,13 +130,8 @@ class Checkpointer:
         """Only the `params` of the `TrainState` saved at `step`, shaped like `target` (checked against the
         saved shapes) and placed by `shardings`. The optimiser state is never read: evaluating a run needs
         neither its memory (twice the parameters' with Adam) nor the run's optimiser settings."""
-        abstract = abstract_like(target, shardings)
-        metadata = self._manager.item_metadata(int(step))
-        saved = metadata["state"] if metadata is not None and "state" in metadata else None
-        if saved is not None:
-            check_fits_metadata({"params": abstract}, getattr(saved, "tree", saved),
-                                f"{self.directory}/{int(step)}")
-        item = {"params": abstract}
+        item = {"params": abstract_like(target, shardings)}
+        self._check_fits(step, "state", item)
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
         # The manager's `state` handler restores whole trees; the PyTree handler it wraps reads a subtree.
@@ -159,13 +150,18 @@ class Checkpointer:
         if not self.has_rollout_params(step):
             raise FileNotFoundError(f"checkpoint {self.directory}/{int(step)} has no {ROLLOUT_PARAMS}")
         abstract = abstract_like(target, shardings)
-        metadata = self._manager.item_metadata(int(step))
-        saved = metadata[ROLLOUT_PARAMS] if metadata is not None and ROLLOUT_PARAMS in metadata else None
-        if saved is not None:
-            check_fits_metadata(abstract, getattr(saved, "tree", saved), f"{self.directory}/{int(step)}")
+        self._check_fits(step, ROLLOUT_PARAMS, abstract)
         restored = self._manager.restore(int(step), args=ocp.args.Composite(
             **{ROLLOUT_PARAMS: ocp.args.StandardRestore(abstract)}))
         return restored[ROLLOUT_PARAMS]
+
+    def _check_fits(self, step: int, item: str, abstract: Any) -> None:
+        """`check_fits_metadata` of `abstract` (a tree, or a subtree under its own keys) against item `item`
+        saved at `step`, before anything is read."""
+        metadata = self._manager.item_metadata(int(step))
+        saved = metadata[item] if metadata is not None and item in metadata else None
+        if saved is not None:
+            check_fits_metadata(abstract, getattr(saved, "tree", saved), f"{self.directory}/{int(step)}")
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
