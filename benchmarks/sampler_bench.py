@@ -15,7 +15,8 @@ Floors of one decode step, both measured in this run:
     step FLOPs / measured matmul peak). The bytes are the parameters plus the
     live KV slots (prompt + tokens so far, averaged over the decode); the copy
     bandwidth is measured on a buffer of that size (so it is the cache level the
-    working set lives in), the matmul peak on 512^3 float32 matmuls.
+    working set lives in), the matmul peak on square matmuls in the model's
+    dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size).
   * `step_products_*`: what the step's weight products cost at their own
     shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
     part of the step no sampler on this backend can remove, and how far it is
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import math
 import os
@@ -74,6 +76,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --peer: alternate ours and the peer's timed runs this many times")
+    parser.add_argument("--peak-size", type=int, default=0,
+                        help="side of the square matmul that measures the peak, in --dtype; "
+                             "0 means 512 on a CPU and 8192 on an accelerator")
     add_json_flag(parser)
     return parser.parse_args()
 
@@ -170,13 +175,14 @@ def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], arg
     }
 
 
-def matmul_gflops() -> float:
-    """Median float32 GFLOP/s of 20 jitted 512^3 matmuls: how much CPU this run actually got."""
-    a = jnp.ones((512, 512), jnp.float32)
+def matmul_gflops(dtype: str = "float32", size: int = 512) -> float:
+    """Median GFLOP/s of 20 jitted `size`^3 matmuls in `dtype` on random data: the matmul peak
+    this run actually got (on a CPU, lower means a busier machine)."""
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.dtype(dtype))
     matmul = jax.jit(lambda x: x @ x)
     jax.block_until_ready(matmul(a))
     seconds = statistics.median(_timed(lambda: jax.block_until_ready(matmul(a))) for _ in range(20))
-    return 2 * 512**3 / seconds / 1e9
+    return 2 * size**3 / seconds / 1e9
 
 
 def copy_bandwidth(n_bytes: int, repeats: int = 64) -> float:
@@ -251,11 +257,11 @@ def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
     return products
 
 
-def xla_product_seconds(rows: int, k: int, n: int, repeats: int = 32) -> float:
-    """Seconds of one `[rows, k] x [k, n]` product with XLA's dot: the median of 7 runs of a jitted
-    loop of `repeats` dependent products, each followed by a `[rows, k]` add (so an upper bound)."""
-    x = jnp.ones((rows, k), jnp.float32)
-    w = jnp.full((k, n), 1e-3, jnp.float32)
+def xla_product_seconds(rows: int, k: int, n: int, repeats: int = 32, dtype: str = "float32") -> float:
+    """Seconds of one `[rows, k] x [k, n]` product in `dtype` with XLA's dot: the median of 7 runs of a
+    jitted loop of `repeats` dependent products, each followed by a `[rows, k]` add (so an upper bound)."""
+    x = jnp.ones((rows, k), jnp.dtype(dtype))
+    w = jnp.full((k, n), 1e-3, jnp.dtype(dtype))
 
     @jax.jit
     def chain(x, w):  # w is an argument, not a constant XLA could fold into the product
@@ -286,20 +292,24 @@ ProductTimer = Callable[[int, int, int], float]
 
 
 def step_products_time(products: list[tuple[int, int, int]], xla: ProductTimer = xla_product_seconds,
-                       numpy: ProductTimer = numpy_product_seconds) -> dict:
+                       numpy: ProductTimer | None = numpy_product_seconds) -> dict:
     """What one step's weight products take at their own shapes, with XLA's dot and numpy's BLAS.
 
-    The physical floor's compute term assumes the 512^3 matmul peak; a decode
+    The physical floor's compute term assumes the square-matmul peak; a decode
     step's products are [B, K] x [K, N] with B the batch, which neither
     library runs at that rate on a CPU. Each distinct shape is timed once and
-    counted as often as the step runs it.
+    counted as often as the step runs it. `numpy=None` leaves numpy out (on an
+    accelerator, where the host's BLAS says nothing about the step).
     """
     counts = collections.Counter(products)
-    xla_s = sum(count * xla(*shape) for shape, count in counts.items())
-    numpy_s = sum(count * numpy(*shape) for shape, count in counts.items())
     flops = sum(2 * r * k * n for r, k, n in products)
-    return {"step_products_xla_ms": 1e3 * xla_s, "step_products_numpy_ms": 1e3 * numpy_s,
-            "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}
+    xla_s = sum(count * xla(*shape) for shape, count in counts.items())
+    result = {"step_products_xla_ms": 1e3 * xla_s, "step_products_xla_gflops": flops / xla_s / 1e9,
+              "step_products_numpy_ms": None, "step_products_numpy_gflops": None}
+    if numpy is not None:
+        numpy_s = sum(count * numpy(*shape) for shape, count in counts.items())
+        result.update(step_products_numpy_ms=1e3 * numpy_s, step_products_numpy_gflops=flops / numpy_s / 1e9)
+    return result
 
 
 def run_peer(args: argparse.Namespace) -> dict:
@@ -335,18 +345,22 @@ def main() -> None:
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
     sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0)
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
+    on_cpu = jax.default_backend() == "cpu"
+    peak_size = args.peak_size or (512 if on_cpu else 8192)
     load_before = os.getloadavg()[0]
-    gflops_before = matmul_gflops()
+    gflops_before = matmul_gflops(args.dtype, peak_size)
     ours, peers = [], []
     for _ in range(args.rounds if args.peer != "none" else 1):  # alternate, so drifting load hits both sides
         ours.append(time_sampler(sampler, model, prompts, args))
         if args.peer != "none":
             peers.append(run_peer(args))
-    gflops = min(gflops_before, matmul_gflops())
+    gflops = min(gflops_before, matmul_gflops(args.dtype, peak_size))
     result = dict(ours[-1])
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
     result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
-    result.update(step_products_time(weight_products(model, args.batch)))
+    xla_timer = functools.partial(xla_product_seconds, dtype=args.dtype)
+    result.update(step_products_time(weight_products(model, args.batch), xla=xla_timer,
+                                     numpy=numpy_product_seconds if on_cpu else None))
     result["step_over_xla_products"] = result["step_ms_best"] / result["step_products_xla_ms"]
     if peers:
         ours_tps = [r["tokens_per_s_mean"] for r in ours]
@@ -356,6 +370,8 @@ def main() -> None:
                           "speedup_per_round": [o / q for o, q in zip(ours_tps, peer_tps, strict=True)]}
     result.update(
         matmul_gflops=gflops,
+        matmul_peak_shape=f"{peak_size}^3 {args.dtype}",
+        device_kind=jax.devices()[0].device_kind,
         load_average_1min=max(load_before, os.getloadavg()[0]),
         cpu_count=os.cpu_count(),
         config={k: v for k, v in vars(args).items() if k != "json"},
@@ -377,11 +393,12 @@ def main() -> None:
          f"{r['physical_floor_ms']:.4f} ({r['floor_memory_ms']:.4f} / {r['floor_compute_ms']:.4f})"),
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
         ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
-        ("matmul GFLOP/s (median, lower = busier CPU)", f"{r['matmul_gflops']:.0f}"),
+        (f"matmul GFLOP/s, {r['matmul_peak_shape']} (median; on a CPU lower = busier)", f"{r['matmul_gflops']:.0f}"),
         ("step's weight products, XLA ms (GFLOP/s)",
          f"{r['step_products_xla_ms']:.4f} ({r['step_products_xla_gflops']:.0f})"),
         ("same products, numpy BLAS ms (GFLOP/s)",
-         f"{r['step_products_numpy_ms']:.4f} ({r['step_products_numpy_gflops']:.0f})"),
+         "not timed off the CPU" if r["step_products_numpy_ms"] is None
+         else f"{r['step_products_numpy_ms']:.4f} ({r['step_products_numpy_gflops']:.0f})"),
         ("best step / XLA's weight products", f"{r['step_over_xla_products']:.1f}"),
         (f"load average 1 min (max of start/end, {r['cpu_count']} CPUs)", f"{r['load_average_1min']:.1f}"),
     ]
@@ -395,7 +412,8 @@ def main() -> None:
         ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
-          f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, {jax.default_backend()})")
+          f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, {jax.default_backend()}: "
+          f"{r['device_kind']})")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
