@@ -76,6 +76,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --peer: alternate ours and the peer's timed runs this many times")
+    parser.add_argument("--layerwise", choices=["auto", "on", "off"], default="auto",
+                        help="the Sampler's layerwise_decode (auto: its default for the backend)")
     parser.add_argument("--peak-size", type=int, default=0,
                         help="side of the square matmul that measures the peak, in --dtype; "
                              "0 means 512 on a CPU and 8192 on an accelerator")
@@ -171,6 +173,7 @@ def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], arg
         "step_over_floor_median": statistics.median(ratios),
         "step_over_floor_best": min(step_s) / min(floor_s),
         "batch_bucket": batch,
+        "layerwise_decode": sampler.layerwise_decode,
         "cache_length": cache_length,
     }
 
@@ -343,7 +346,9 @@ def main() -> None:
     model = build_model(args)
     graphdef, params = nnx.split(model)
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
-    sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0)
+    layerwise = {"auto": None, "on": True, "off": False}[args.layerwise]
+    sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0,
+                      layerwise_decode=layerwise)
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     on_cpu = jax.default_backend() == "cpu"
     peak_size = args.peak_size or (512 if on_cpu else 8192)
@@ -412,7 +417,8 @@ def main() -> None:
         ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
-          f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, {jax.default_backend()}: "
+          f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, layerwise {r['layerwise_decode']}, "
+          f"{jax.default_backend()}: "
           f"{r['device_kind']})")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
