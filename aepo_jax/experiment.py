@@ -63,7 +63,8 @@ def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
                       chunk_tokens=int(r.get("chunk_tokens", LoopConfig.chunk_tokens)),
                       min_generating_fraction=float(r.get("min_generating_fraction", LoopConfig.min_generating_fraction)),
                       arrival_window_ms=float(r.get("arrival_window_ms", LoopConfig.arrival_window_ms)),
-                      background_compile=str(r.get("background_compile", LoopConfig.background_compile)))
+                      background_compile=str(r.get("background_compile", LoopConfig.background_compile)),
+                      layerwise_decode=str(r.get("layerwise_decode", LoopConfig.layerwise_decode)))
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,

@@ -110,6 +110,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # compile a rollout's new shapes off its critical path: "on" (at once), "after_run" (when the loop run
     # ends), "off", or "auto" ("after_run" under continuous, "off" under rounds)
     c.rollout.background_compile = LoopConfig.background_compile
+    # how the rollout sampler's decode windows hold the layers: "auto" (per-layer copies of the weights and
+    # of the live cache span on CPU and GPU, a scan of the stacked layers on TPU), "on", "off" (GPU: saves
+    # a copy of the weights, at 1.6x the decode step measured on an H200; docs/rollout_engine.md)
+    c.rollout.layerwise_decode = LoopConfig.layerwise_decode
     # The weights the rollout sampler reads (aepo_jax/parallel/host_rollout.py): "auto" = replicas in the
     # compute dtype, copied once per rollout, with several processes or a mesh with fsdp > 1 (the decode
     # loop would gather fsdp shards at every token), else the run's mesh; "replicas"; "run_mesh" (one

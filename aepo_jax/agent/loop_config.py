@@ -21,6 +21,8 @@ from aepo_jax.agent.trajectory import Trajectory
 BRANCH_BY = ("fork", "prefill")
 SCHEDULES = ("rounds", "continuous")
 BACKGROUND_COMPILE = ("auto", "on", "after_run", "off")
+# `LoopConfig.layerwise_decode` -> the rollout Sampler's `layerwise_decode` (None: its default for the backend).
+LAYERWISE_DECODE = {"auto": None, "on": True, "off": False}
 
 
 class TextTokenizer(Protocol):
@@ -81,6 +83,15 @@ class LoopConfig:
     # would take the run's cores), "off", or "auto" = "after_run" under the continuous schedule, whose
     # results already depend on timing, "off" under rounds (bit-reproducible).
     background_compile: str = "auto"
+    # The rollout sampler's `layerwise_decode`: decode windows on per-layer copies of the weights (held
+    # twice) and of the cache's live span, layers unrolled, or a scan of the stacked layers. "auto" = the
+    # Sampler's default for the backend (layerwise on CPU and GPU, stacked on TPU), "on", "off".
+    layerwise_decode: str = "auto"
+
+    @property
+    def decode_layerwise(self) -> bool | None:
+        """The rollout Sampler's `layerwise_decode` (`layerwise_decode`; None lets the Sampler decide)."""
+        return LAYERWISE_DECODE[self.layerwise_decode]
 
     @property
     def compiles_in_background(self) -> bool:
@@ -114,6 +125,8 @@ class LoopConfig:
             raise ValueError(f"arrival_window_ms must be >= 0, got {self.arrival_window_ms}")
         if self.background_compile not in BACKGROUND_COMPILE:
             raise ValueError(f"unknown background_compile {self.background_compile!r}; choose from {BACKGROUND_COMPILE}")
+        if self.layerwise_decode not in LAYERWISE_DECODE:
+            raise ValueError(f"unknown layerwise_decode {self.layerwise_decode!r}; choose from {sorted(LAYERWISE_DECODE)}")
         if self.chunk_tokens < self.entropy_tokens:
             raise ValueError(f"chunk_tokens={self.chunk_tokens} must be >= entropy_tokens={self.entropy_tokens}")
 

@@ -29,7 +29,8 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
         prefill on (a fixed length, so a rollout compiles each program for one cache length and
         never grows a cache; prefills, appends and decode windows still read only the span their
         rows fill).
-        `loop.background_compile` says whether new shapes compile in the background.
+        `loop.background_compile` says whether new shapes compile in the background, and
+        `loop.layerwise_decode` how decode windows hold the layers.
       sampling: temperature, top-k, top-p, greedy.
       seed: base of the sampler's PRNG keys.
       mesh: shard the cache's rows over this mesh (None: one device).
@@ -39,4 +40,4 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
     return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
                    stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
                    max_cache_len=slots, mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH, min_cache_len=slots,
-                   compile_in_background=loop.compiles_in_background)
+                   compile_in_background=loop.compiles_in_background, layerwise_decode=loop.decode_layerwise)

@@ -59,6 +59,20 @@ def _signature(state: nnx.State) -> tuple:
     return jax.tree.structure(state), [(tuple(x.shape), jnp.dtype(x.dtype)) for x in jax.tree.leaves(state)]
 
 
+# Platforms whose compiler copies each layer's slice of the stacked weights and cache out of the stack at
+# every step of a scanned decode (XLA:CPU; XLA:GPU, seen in the optimized HLO on an H200, where the
+# layerwise window ran a 0.5B decode step in 2.09 ms against the scan's 3.42 ms in one run:
+# docs/rollout_engine.md, "On a GPU"). Not TPU: there the stacked scan is the planned layout
+# (benchmarks/memory_plan.py) and no TPU was timed.
+LAYERWISE_DECODE_PLATFORMS = frozenset({"cpu", "gpu"})
+
+
+def default_layerwise_decode(platforms: set[str] | frozenset[str]) -> bool:
+    """Whether a Sampler on devices of these platforms decodes layerwise by default: only when every
+    device is of a platform in `LAYERWISE_DECODE_PLATFORMS` (a mixed or unknown set keeps the scan)."""
+    return bool(platforms) and set(platforms) <= LAYERWISE_DECODE_PLATFORMS
+
+
 class Sampler(ProgramRuns, RowOps):
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
 
@@ -84,9 +98,7 @@ class Sampler(ProgramRuns, RowOps):
       layerwise_decode: run each decode window on per-layer copies of the weights (made once per
         parameter update, so the weights are held twice) and of the cache's live span, layers
         unrolled (`jitted.decode_program`), instead of scanning the stacked layers every step.
-        Default (None): on where the sampler's devices are CPUs, whose compiler copies every
-        layer slice a scan step reads; off on TPU / GPU, where the scan reads the stack in place
-        and the span copy would be a second cache in memory.
+        Default (None): `default_layerwise_decode` of the sampler's device platforms.
       min_cache_len: every decode state has at least this many cache slots (a power of two, at most
         max_cache_len). The default lets a state's cache grow with its rows; max_cache_len fixes
         every state at that length (no grow, one cache length for every program), and blocks and
@@ -152,8 +164,10 @@ class Sampler(ProgramRuns, RowOps):
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
         self._device_seconds = {"prefill": 0.0, "append": 0.0, "decode": 0.0, "reshape": 0.0}
         self.layout = None if mesh is None else DecodeSharding(mesh)
-        on_cpu = all(d.platform == "cpu" for d in (jax.devices() if mesh is None else mesh.devices.flat))
-        self.layerwise_decode = on_cpu if layerwise_decode is None else bool(layerwise_decode)
+        platforms = {d.platform for d in (jax.devices() if mesh is None else mesh.devices.flat)}
+        on_cpu = platforms == {"cpu"}
+        self.layerwise_decode = (default_layerwise_decode(platforms) if layerwise_decode is None
+                                 else bool(layerwise_decode))
         self.half_batch_decode = on_cpu if half_batch_decode is None else bool(half_batch_decode)
         self._data_size = 1 if self.layout is None else self.layout.batch_devices
         self.last_decode_spans: list[int] = []  # cache slots each window of the last generate read

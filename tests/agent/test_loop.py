@@ -640,6 +640,31 @@ def test_background_compile_is_on_under_continuous_by_default_and_reaches_the_ro
         LoopConfig(background_compile="sometimes")
 
 
+def test_layerwise_decode_reaches_the_rollout_sampler_from_the_config():
+    """`rollout.layerwise_decode`: "on" / "off" force the rollout sampler's decode windows, "auto" leaves the
+    choice to the Sampler (layerwise on this CPU); anything else is refused, naming the setting."""
+    from flax import nnx
+
+    from aepo_jax.experiment import loop_config_from
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.rollout.agent_sampler import agent_sampler
+    from aepo_jax.sampling import SamplingParams
+    from configs.aepo_tiny import get_config
+
+    tok = ByteTokenizer()
+    graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
+    cfg = get_config()
+    assert cfg.rollout.layerwise_decode == "auto"  # the base config's default
+    for mode, expected in (("on", True), ("off", False), ("auto", jax.default_backend() == "cpu")):
+        cfg.rollout.layerwise_decode = mode
+        loop = loop_config_from(cfg)
+        assert loop.layerwise_decode == mode
+        sampler = agent_sampler(graphdef, params, tok, loop, SamplingParams(), seed=0)
+        assert sampler.layerwise_decode is expected, mode
+    with pytest.raises(ValueError, match="layerwise_decode"):
+        LoopConfig(layerwise_decode="sometimes")
+
+
 class HoldLog(ScriptedGenerator):
     """Has `compiles_held()`; records, per generate call, how many such blocks were open, and how many ended."""
 

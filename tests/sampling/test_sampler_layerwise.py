@@ -1,7 +1,7 @@
 """The two decode-window programs (`Sampler(layerwise_decode=...)`) give the same rollout.
 
-Layerwise windows (the CPU default) run on per-layer copies of the weights and of the cache's
-live span, layers unrolled; stacked windows (TPU / GPU) scan the stacked layers every step. Every
+Layerwise windows (the CPU and GPU default) run on per-layer copies of the weights and of the cache's
+live span, layers unrolled; stacked windows (the TPU default) scan the stacked layers every step. Every
 other sampler test runs the default on this CPU, so this file is where the stacked program is
 checked, against the layerwise one and on its own cache contents.
 """
@@ -12,6 +12,7 @@ import pytest
 
 from aepo_jax.sampling import Sampler, SamplingParams
 from aepo_jax.sampling.program_runs import DECODE_WINDOW
+from aepo_jax.sampling.sampler import default_layerwise_decode
 from tests.sampling.conftest import random_prompts
 
 SAMPLED = SamplingParams(temperature=1.0)
@@ -28,8 +29,18 @@ def _rollout(sampler: Sampler, prompts, stop_sequences_hit: bool = False):
 
 def test_default_is_layerwise_on_cpu_and_can_be_turned_off(tiny_model):
     _, graphdef, state = tiny_model
-    assert Sampler(graphdef, state).layerwise_decode is (jax.default_backend() == "cpu")
+    assert Sampler(graphdef, state).layerwise_decode is (jax.default_backend() in ("cpu", "gpu"))
     assert Sampler(graphdef, state, layerwise_decode=False).layerwise_decode is False
+
+
+def test_the_default_is_layerwise_on_cpus_and_gpus_only():
+    """GPU joined the layerwise platforms after an H200 run (docs/rollout_engine.md, "On a GPU"); TPU keeps
+    the stacked scan its memory plan compiles, and a mixed or empty set of platforms keeps it too."""
+    assert default_layerwise_decode({"cpu"}) and default_layerwise_decode({"gpu"})
+    assert default_layerwise_decode({"cpu", "gpu"})
+    assert not default_layerwise_decode({"tpu"})
+    assert not default_layerwise_decode({"gpu", "tpu"})
+    assert not default_layerwise_decode(set())
 
 
 def test_layerwise_and_stacked_windows_give_the_same_tokens_scores_and_cache(tiny_model):
