@@ -34,23 +34,14 @@ from flax import nnx
 
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
-from benchmarks.sampler_bench import build_model
+from benchmarks.sampler_bench import add_shape_args, build_model
 
 VARIANTS = {"auto": None, "layerwise": True, "stacked": False}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--mlp-dim", type=int, default=0, help="0 means 4 * d_model")
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    add_shape_args(parser, prompt_len=16)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--variants", default="auto", help=f"comma-separated, from {sorted(VARIANTS)}")
     parser.add_argument("--top", type=int, default=12, help="names listed per trace")

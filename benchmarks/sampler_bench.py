@@ -55,8 +55,8 @@ from benchmarks.bench_json import add_json_flag, write_json
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tunix_sampler_bench.py"
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_shape_args(parser: argparse.ArgumentParser, prompt_len: int) -> None:
+    """The benchmark model's and batch's shape flags (`build_model`), shared with decode_profile."""
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
@@ -64,9 +64,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mlp-dim", type=int, default=0, help="0 means 4 * d_model")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=prompt_len)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_args(parser, prompt_len=64)
     parser.add_argument("--mode", choices=["sample", "greedy"], default="sample")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
