@@ -68,12 +68,22 @@ def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
     return make(rngs)
 
 
-def split_layer_params(state: nnx.State) -> list[nnx.State]:
+def split_layer_params(state: nnx.State, dtype: str | None = None) -> list[nnx.State]:
     """A Decoder state's stacked block parameters as one state per layer (copies), for
-    `Decoder(..., layer_params=...)`."""
+    `Decoder(..., layer_params=...)`.
+
+    `dtype` (the model's compute dtype) casts the floating-point copies to it: every block casts each
+    of its parameters to the compute dtype before use, so the blocks compute with the same values,
+    while float32 training weights make a copy half the size that a decode step reads half of.
+    """
     stacked = state["layers"]
     n_layers = jax.tree.leaves(stacked)[0].shape[0]
-    return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_layers)]
+
+    def layer(x: jax.Array, i: int) -> jax.Array:
+        x = x[i]
+        return x.astype(dtype) if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return [jax.tree.map(lambda x, i=i: layer(x, i), stacked) for i in range(n_layers)]
 
 
 def check_mask_shape(mask: AttentionMask | jax.Array, batch: int, length: int, n_keys: int, *, cached: bool) -> None:

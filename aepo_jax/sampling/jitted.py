@@ -129,7 +129,7 @@ _DECODE_STATICS = ("max_steps", "sampling", "pad_id", "num_top_logprobs", "layou
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=_DECODE_STATICS, donate_argnums=(2,))
 def decode_program(graphdef, params, arrays, row_keys, budget, stop_table, progress, *, max_steps, sampling,
                    pad_id, num_top_logprobs=0, layout=None, span=None, layer_params=None):
-    """One decode window. With `layer_params` (`split_layers_program(params)`) the window runs on
+    """One decode window. With `layer_params` (`split_layers_program(params, dtype)`) the window runs on
     those per-layer parameters and on per-layer copies of the cache's first `span` slots (`LayerKV`,
     made before its steps and written back after), the layers unrolled; otherwise every step scans
     the stacked layers and reads the span out of the stacked cache."""
@@ -170,9 +170,9 @@ def _decode_window(graphdef, params, arrays, row_keys, budget, stop_table, progr
     return arrays, out, progress
 
 
-@jax.jit
-def split_layers_program(params):
-    return split_layer_params(params)
+@functools.partial(jax.jit, static_argnums=(1,))
+def split_layers_program(params, dtype: str | None = None):
+    return split_layer_params(params, dtype)
 
 
 @jax.jit

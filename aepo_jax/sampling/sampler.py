@@ -366,7 +366,8 @@ class Sampler(ProgramRuns, RowOps):
         if not self.layerwise_decode:
             return None
         if self._layer_params is None:
-            self._layer_params = self._call("reshape", split_layers_program, self._params_state)
+            self._layer_params = self._call("reshape", split_layers_program, self._params_state,
+                                            jnp.dtype(self.config.dtype).name)
         return self._layer_params
 
     def _mesh_context(self):

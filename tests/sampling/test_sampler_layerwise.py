@@ -107,3 +107,41 @@ def test_an_untied_head_decodes_alike_in_layerwise_and_stacked_windows():
     for a, b in zip(outs[0], outs[1], strict=True):
         assert a.tokens.tolist() == b.tokens.tolist()
         np.testing.assert_allclose(a.logp, b.logp, rtol=1e-5, atol=1e-5)
+
+
+def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token(monkeypatch):
+    """A float32 state with bfloat16 compute (training weights a rollout samples with): the layerwise copy
+    holds the blocks' parameters in bfloat16 (half the memory, half the bytes a step reads), and the
+    rollout is bit-identical to one on a float32 copy, since every block casts its parameters to the
+    compute dtype before use."""
+    import dataclasses
+
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.models.decoder import split_layer_params
+    from aepo_jax.sampling import sampler as sampler_module
+
+    config = dataclasses.replace(get_preset("tiny"), dtype="bfloat16", param_dtype="float32")
+    graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(5)))
+    # Every weight (the norms' unit scales too) off the bfloat16 grid, so a block that used a float32
+    # parameter at float32 would compute with other values than the bfloat16 copy holds.
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(6), len(leaves))
+    state = jax.tree.unflatten(treedef, [x * (1 + 0.05 * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)])
+    prompts = random_prompts(44, [6, 13, 3, 9])
+    cast = Sampler(graphdef, state, params=SAMPLED, layerwise_decode=True)
+    runs = {"cast": _rollout(cast, prompts)}
+    dtypes = {x.dtype for layer in cast._layerwise_weights() for x in jax.tree.leaves(layer)}
+    assert dtypes == {jax.numpy.dtype("bfloat16")}, dtypes
+    # The same rollout on an uncast float32 copy.
+    monkeypatch.setattr(sampler_module, "split_layers_program",
+                        jax.jit(lambda params, dtype: split_layer_params(params), static_argnums=(1,)))
+    uncast = Sampler(graphdef, state, params=SAMPLED, layerwise_decode=True)
+    runs["float32"] = _rollout(uncast, prompts)
+    assert {x.dtype for layer in uncast._layerwise_weights() for x in jax.tree.leaves(layer)} == {
+        jax.numpy.dtype("float32")}
+    for a, b in zip(runs["cast"][1:], runs["float32"][1:], strict=True):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        for name in ("logp", "logp_truncated", "entropy"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
