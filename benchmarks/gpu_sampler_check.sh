@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Our sampler vs tunix's on one GPU, side by side in one run: a ~0.5B Qwen3-shaped model in bf16,
-# batch 64, prompt 16, 512 new tokens (issue 15's GPU check), then the CPU bar shape at batch 32.
+# batch 64, prompt 16, 512 new tokens (issue 15's GPU check), its decode profile (kernels per step),
+# the CPU bar shape at batch 32, and the sampler and model tests. About 8 minutes on an H200, so
+# give the device call a timeout near 600 s; the later steps are skipped when time runs short.
 #
 #   benchmarks/gpu_sampler_check.sh OUT_DIR [WHEEL_DIR]
 #
@@ -65,7 +67,18 @@ bench() {  # bench NAME ARGS...: one side-by-side sampler_bench run against tuni
 # shellcheck disable=SC2086
 bench sampler_0p5b_bf16 ${MAIN_SHAPE:---layers 24 --d-model 1024 --heads 16 --kv-heads 8 --vocab 151936 \
   --batch 64 --prompt-len 16 --new-tokens 512 --dtype bfloat16} --mode sample --rounds 2 --iters 5
-if [ "$(elapsed)" -lt "${BAR_SHAPE_DEADLINE_S:-330}" ]; then
+# Where the step's device time goes, ours (layerwise and stacked windows) and tunix's, from profiler traces.
+if [ "$(elapsed)" -lt "${PROFILE_DEADLINE_S:-250}" ]; then
+  echo "== decode profile at $(elapsed) s"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$peer_path${ours_path:+:$ours_path}" python3 -m benchmarks.decode_profile ${MAIN_SHAPE:---layers 24 \
+    --d-model 1024 --heads 16 --kv-heads 8 --vocab 151936 --batch 64 --prompt-len 16 --new-tokens 512 \
+    --dtype bfloat16} --iters 2 --variants layerwise,stacked --peer-script "$driver" --trace-dir /tmp/traces \
+    --json "$out/decode_profile.json" 2>&1 | tee "$out/decode_profile.log" | grep -v Warning
+else
+  echo "skipped the decode profile: $(elapsed) s gone"
+fi
+if [ "$(elapsed)" -lt "${BAR_SHAPE_DEADLINE_S:-400}" ]; then
   # shellcheck disable=SC2086
   bench sampler_bar_b32_f32 ${BAR_SHAPE:---layers 4 --d-model 256 --vocab 4096 --batch 32 --new-tokens 128 \
     --prompt-len 16} --mode sample --rounds 2 --iters 5
@@ -74,7 +87,7 @@ else
 fi
 # The sampler and model tests on the GPU (they default to the CPU): the same code, unchanged, on this
 # backend. Tests built for 8 fake CPU devices cannot run on one GPU; the log names each failure.
-if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-420}" ]; then
+if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-460}" ]; then
   echo "== sampler and model tests on $(python3 -c 'import jax; print(jax.default_backend())') at $(elapsed) s"
   PYTHONPATH="$ours_path" JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_ENABLE_COMPILATION_CACHE=false \
     XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3" \
