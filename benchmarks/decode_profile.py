@@ -6,13 +6,16 @@
 
 For each variant of the sampler (`auto`: its defaults; `layerwise` / `stacked`: `layerwise_decode`
 on / off) it times `--iters` generates of `--new-tokens` after a warm-up, then runs one more under
-`jax.profiler.trace` and sums the device events of that trace by kernel kind. Per decode step it reports
+`jax.profiler.trace` (the decode only; its prefill runs before the trace) and sums the device events
+of that trace by kernel kind. Per decode step it reports
 the wall time, the device-busy time (the kernels' summed durations) and the names that take most of
 it, so a gap to the physical floor can be pinned on kernels (a copy of the cache, an unfused
 scatter, the attention, the products). With `--peer-script`, tunix's vanilla sampler (driven by that
 script's model and tokenizer) is traced the same way; tunix must be importable.
 
 The trace files are written under `--trace-dir` (default: a temporary folder) and kept only there.
+On a CPU the host is the device, so every lane of the trace is kept, the Python tracer's among them
+(it ranks first, with the profiler's own stop): read the XLA thread pools' lanes.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def summarize(events: list[dict], steps: int, top: int) -> dict:
         out[lane] = {
             "events_per_step": len(lane_events) / steps,
             "busy_ms_per_step": total_us / 1e3 / steps,
+            "median_event_us": statistics.median(e.get("dur", 0.0) for e in lane_events),
             "top": [{"name": n, "ms_per_step": us / 1e3 / steps, "share": us / total_us if total_us else 0.0,
                      "calls_per_step": counts[n] / steps} for n, us in by_kind.most_common(top)],
         }
@@ -115,9 +119,12 @@ def profile_ours(args: argparse.Namespace, variant: str, trace_dir: Path) -> dic
                       max_cache_len=1 << 20, layerwise_decode=VARIANTS[variant])
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
 
-    def generate(seed: int) -> float:
+    def prefilled():
         state = sampler.prefill(prompts)
         jax.block_until_ready(state.arrays)
+        return state
+
+    def generate(state, seed: int) -> float:
         start = time.perf_counter()
         state, out = sampler.generate(state, args.new_tokens, rng=jax.random.key(seed))
         jax.block_until_ready(state.arrays)
@@ -125,10 +132,11 @@ def profile_ours(args: argparse.Namespace, variant: str, trace_dir: Path) -> dic
             raise RuntimeError(f"rows stopped early: {out.num_tokens.tolist()}")
         return time.perf_counter() - start
 
-    generate(0)  # compiles
-    seconds = [generate(1 + i) for i in range(args.iters)]
-    with jax.profiler.trace(str(trace_dir)):
-        traced = generate(99)
+    generate(prefilled(), 0)  # compiles
+    seconds = [generate(prefilled(), 1 + i) for i in range(args.iters)]
+    state = prefilled()
+    with jax.profiler.trace(str(trace_dir)):  # the decode only: the prefill ran before the trace
+        traced = generate(state, 99)
     return {"step_ms_median": 1e3 * statistics.median(seconds) / args.new_tokens,
             "traced_step_ms": 1e3 * traced / args.new_tokens, "spans": list(sampler.last_decode_spans),
             "layerwise_decode": sampler.layerwise_decode,

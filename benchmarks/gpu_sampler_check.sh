@@ -32,6 +32,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   "$wheels"/ml_collections-*.whl || { echo "could not install the pinned flax"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$peer_site" "$wheels"/*.whl \
   || { echo "could not install the peer's wheels"; exit 1; }
+# tunix and the packages it needs, without flax: the decode profile runs both samplers in one process,
+# on our side's flax (if that is not one the peer accepts, the profile's tunix part fails, not ours).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peer-deps \
+  $(ls "$wheels"/*.whl | grep -v -e /flax- -e /ml_collections-) || { echo "could not install the peer's wheels"; exit 1; }
 driver="$wheels/tunix_sampler_bench.py"
 [ -f "$driver" ] || { echo "no peer driver at $driver"; exit 1; }
 
@@ -49,9 +53,7 @@ fi
 peer_path=$peer_site
 if ! smoke_peer "$peer_site"; then
   echo "the peer failed with the pinned flax; trying the image's flax" | tee -a "$out/smoke.log"
-  peer_path=/tmp/peer-site-image-flax
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$peer_path" \
-    $(ls "$wheels"/*.whl | grep -v /flax-) || exit 1
+  peer_path=/tmp/peer-deps
   smoke_peer "$peer_path" || { echo "the peer failed with either flax: see smoke.log"; tail -40 "$out/smoke.log"; exit 1; }
 fi
 printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$peer_path" >/tmp/peer-python && chmod +x /tmp/peer-python
@@ -71,7 +73,7 @@ bench sampler_0p5b_bf16 ${MAIN_SHAPE:---layers 24 --d-model 1024 --heads 16 --kv
 if [ "$(elapsed)" -lt "${PROFILE_DEADLINE_S:-250}" ]; then
   echo "== decode profile at $(elapsed) s"
   # shellcheck disable=SC2086
-  PYTHONPATH="$peer_path${ours_path:+:$ours_path}" python3 -m benchmarks.decode_profile ${MAIN_SHAPE:---layers 24 \
+  PYTHONPATH="/tmp/peer-deps${ours_path:+:$ours_path}" python3 -m benchmarks.decode_profile ${MAIN_SHAPE:---layers 24 \
     --d-model 1024 --heads 16 --kv-heads 8 --vocab 151936 --batch 64 --prompt-len 16 --new-tokens 512 \
     --dtype bfloat16} --iters 2 --variants layerwise,stacked --peer-script "$driver" --trace-dir /tmp/traces \
     --json "$out/decode_profile.json" 2>&1 | tee "$out/decode_profile.log" | grep -v Warning
@@ -89,10 +91,14 @@ fi
 # backend. Tests built for 8 fake CPU devices cannot run on one GPU; the log names each failure.
 if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-460}" ]; then
   echo "== sampler and model tests on $(python3 -c 'import jax; print(jax.default_backend())') at $(elapsed) s"
-  PYTHONPATH="$ours_path" JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_ENABLE_COMPILATION_CACHE=false \
-    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3" \
-    timeout "${TESTS_TIMEOUT_S:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
-    2>&1 | tee "$out/gpu_tests.log" | tail -40
+  # The layerwise tests first and alone (the GPU's default decode, its float32 -> compute-dtype copy), then
+  # the rest of the sampler and model tests with whatever time is left.
+  export PYTHONPATH="$ours_path" JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3"
+  timeout "${LAYERWISE_TESTS_TIMEOUT_S:-90}" python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_layerwise_tests.log" | tail -15
+  timeout "${TESTS_TIMEOUT_S:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
+    --ignore=tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_tests.log" | tail -40
 else
   echo "skipped the tests: $(elapsed) s gone"
 fi

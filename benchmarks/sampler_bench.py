@@ -10,14 +10,17 @@ EOS is banned (no EOS ids, no stop sequences) so every row generates exactly
 
 Floors of one decode step, both measured in this run:
   * `one_token_floor`: one jitted model forward of a single token per row
-    against a cache of the same length, called back to back from Python.
+    against a cache of the same length, called back to back from Python. It
+    scans the stacked layers over the whole cache, so where the sampler decodes
+    layerwise over the live span (CPU, GPU) it is no floor: the bars use the
+    physical floor.
   * `physical_floor`: max(bytes a step must read / measured copy bandwidth,
     step FLOPs / measured matmul peak). The bytes are the parameters plus the
     live KV slots (prompt + tokens so far, averaged over the decode); the copy
     bandwidth is measured on a buffer of that size (so it is the cache level the
     working set lives in), the matmul peak on square matmuls in the model's
     dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size).
-  * `step_products_*`: what the step's weight products cost at their own
+  * `step_products_*` (CPU only): what the step's weight products cost at their own
     shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
     part of the step no sampler on this backend can remove, and how far it is
     from the peak the physical floor assumes.
@@ -300,24 +303,23 @@ ProductTimer = Callable[[int, int, int], float]
 
 
 def step_products_time(products: list[tuple[int, int, int]], xla: ProductTimer = xla_product_seconds,
-                       numpy: ProductTimer | None = numpy_product_seconds) -> dict:
+                       numpy: ProductTimer = numpy_product_seconds) -> dict:
     """What one step's weight products take at their own shapes, with XLA's dot and numpy's BLAS.
 
     The physical floor's compute term assumes the square-matmul peak; a decode
     step's products are [B, K] x [K, N] with B the batch, which neither
     library runs at that rate on a CPU. Each distinct shape is timed once and
-    counted as often as the step runs it. `numpy=None` leaves numpy out (on an
-    accelerator, where the host's BLAS says nothing about the step).
+    counted as often as the step runs it. CPU only: on an accelerator each
+    timed product is a kernel launch inside a device loop, whose overhead the
+    fused step does not pay (an H200 timed the products of a 0.5B step longer
+    than the whole step), and the host's BLAS says nothing about the device.
     """
     counts = collections.Counter(products)
-    flops = sum(2 * r * k * n for r, k, n in products)
     xla_s = sum(count * xla(*shape) for shape, count in counts.items())
-    result = {"step_products_xla_ms": 1e3 * xla_s, "step_products_xla_gflops": flops / xla_s / 1e9,
-              "step_products_numpy_ms": None, "step_products_numpy_gflops": None}
-    if numpy is not None:
-        numpy_s = sum(count * numpy(*shape) for shape, count in counts.items())
-        result.update(step_products_numpy_ms=1e3 * numpy_s, step_products_numpy_gflops=flops / numpy_s / 1e9)
-    return result
+    numpy_s = sum(count * numpy(*shape) for shape, count in counts.items())
+    flops = sum(2 * r * k * n for r, k, n in products)
+    return {"step_products_xla_ms": 1e3 * xla_s, "step_products_numpy_ms": 1e3 * numpy_s,
+            "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}
 
 
 def run_peer(args: argparse.Namespace) -> dict:
@@ -368,10 +370,13 @@ def main() -> None:
     result = dict(ours[-1])
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
     result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
-    xla_timer = functools.partial(xla_product_seconds, dtype=args.dtype)
-    result.update(step_products_time(weight_products(model, args.batch), xla=xla_timer,
-                                     numpy=numpy_product_seconds if on_cpu else None))
-    result["step_over_xla_products"] = result["step_ms_best"] / result["step_products_xla_ms"]
+    if on_cpu:
+        xla_timer = functools.partial(xla_product_seconds, dtype=args.dtype)
+        result.update(step_products_time(weight_products(model, args.batch), xla=xla_timer))
+        result["step_over_xla_products"] = result["step_ms_best"] / result["step_products_xla_ms"]
+    else:
+        result.update(dict.fromkeys(("step_products_xla_ms", "step_products_xla_gflops", "step_products_numpy_ms",
+                                     "step_products_numpy_gflops", "step_over_xla_products")))
     if peers:
         ours_tps = [r["tokens_per_s_mean"] for r in ours]
         peer_tps = [r["tokens_per_s"] for r in peers]
@@ -404,12 +409,16 @@ def main() -> None:
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
         ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
         (f"matmul GFLOP/s, {r['matmul_peak_shape']} (median; on a CPU lower = busier)", f"{r['matmul_gflops']:.0f}"),
-        ("step's weight products, XLA ms (GFLOP/s)",
-         f"{r['step_products_xla_ms']:.4f} ({r['step_products_xla_gflops']:.0f})"),
-        ("same products, numpy BLAS ms (GFLOP/s)",
-         "not timed off the CPU" if r["step_products_numpy_ms"] is None
-         else f"{r['step_products_numpy_ms']:.4f} ({r['step_products_numpy_gflops']:.0f})"),
-        ("best step / XLA's weight products", f"{r['step_over_xla_products']:.1f}"),
+    ]
+    if on_cpu:
+        rows += [
+            ("step's weight products, XLA ms (GFLOP/s)",
+             f"{r['step_products_xla_ms']:.4f} ({r['step_products_xla_gflops']:.0f})"),
+            ("same products, numpy BLAS ms (GFLOP/s)",
+             f"{r['step_products_numpy_ms']:.4f} ({r['step_products_numpy_gflops']:.0f})"),
+            ("best step / XLA's weight products", f"{r['step_over_xla_products']:.1f}"),
+        ]
+    rows += [
         (f"load average 1 min (max of start/end, {r['cpu_count']} CPUs)", f"{r['load_average_1min']:.1f}"),
     ]
     if peers:

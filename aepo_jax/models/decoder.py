@@ -72,16 +72,19 @@ def split_layer_params(state: nnx.State, dtype: str | None = None) -> list[nnx.S
     """A Decoder state's stacked block parameters as one state per layer (copies), for
     `Decoder(..., layer_params=...)`.
 
-    `dtype` (the model's compute dtype) casts the floating-point copies to it: every block casts each
-    of its parameters to the compute dtype before use, so the blocks compute with the same values,
-    while float32 training weights make a copy half the size that a decode step reads half of.
+    `dtype` (the model's compute dtype) casts the floating-point copies to it where it is narrower:
+    every block casts each of its parameters to the compute dtype before use, so the blocks compute
+    with the same values, while float32 training weights make a copy half the size that a decode
+    step reads half of. A parameter narrower than `dtype` is copied as it is.
     """
     stacked = state["layers"]
     n_layers = jax.tree.leaves(stacked)[0].shape[0]
 
     def layer(x: jax.Array, i: int) -> jax.Array:
         x = x[i]
-        return x.astype(dtype) if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
+        narrows = (dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
+                   and jnp.finfo(dtype).bits < jnp.finfo(x.dtype).bits)
+        return x.astype(dtype) if narrows else x
 
     return [jax.tree.map(lambda x, i=i: layer(x, i), stacked) for i in range(n_layers)]
 

@@ -76,7 +76,7 @@ class LayerKV:
     The sampler's decode windows run on it (`Decoder(..., layer_params=...)`,
     layers unrolled): a layer's step writes and reads its own buffer in place,
     where a stacked cache read inside a layer loop copies the layer's slots out
-    on backends that cannot read a strided slice in place (XLA:CPU).
+    on backends that cannot read a strided slice in place (XLA:CPU, XLA:GPU).
     """
 
     k: tuple[jax.Array, ...]  # n_layers x [B, KVH, S, Dh]

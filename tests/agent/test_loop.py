@@ -642,20 +642,22 @@ def test_background_compile_is_on_under_continuous_by_default_and_reaches_the_ro
 
 def test_layerwise_decode_reaches_the_rollout_sampler_from_the_config():
     """`rollout.layerwise_decode`: "on" / "off" force the rollout sampler's decode windows, "auto" leaves the
-    choice to the Sampler (layerwise on this CPU); anything else is refused, naming the setting."""
+    choice to the Sampler (`default_layerwise_decode`); anything else is refused, naming the setting."""
     from flax import nnx
 
     from aepo_jax.experiment import loop_config_from
     from aepo_jax.models import Decoder, get_preset
     from aepo_jax.rollout.agent_sampler import agent_sampler
     from aepo_jax.sampling import SamplingParams
+    from aepo_jax.sampling.sampler import default_layerwise_decode
     from configs.aepo_tiny import get_config
 
     tok = ByteTokenizer()
     graphdef, params = nnx.split(Decoder(get_preset("tiny", vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)))
     cfg = get_config()
     assert cfg.rollout.layerwise_decode == "auto"  # the base config's default
-    for mode, expected in (("on", True), ("off", False), ("auto", jax.default_backend() == "cpu")):
+    auto = default_layerwise_decode({d.platform for d in jax.devices()})
+    for mode, expected in (("on", True), ("off", False), ("auto", auto)):
         cfg.rollout.layerwise_decode = mode
         loop = loop_config_from(cfg)
         assert loop.layerwise_decode == mode

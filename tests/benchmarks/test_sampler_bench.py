@@ -59,10 +59,3 @@ def test_product_timers_time_a_real_product():
         small, large = timer(4, 16, 32, repeats=4), timer(64, 512, 512, repeats=4)
         assert 0 < small < large  # 4096x the FLOPs cannot run faster
 
-
-def test_step_products_time_leaves_numpy_out_when_asked():
-    """Off the CPU the host's BLAS says nothing about the step: its fields are None, not a number."""
-    timed = step_products_time([(4, 16, 32)], xla=lambda *s: 2e-3, numpy=None)
-    assert timed["step_products_xla_ms"] == pytest.approx(2.0)
-    assert timed["step_products_numpy_ms"] is None and timed["step_products_numpy_gflops"] is None
-

@@ -122,7 +122,9 @@ def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token
     from aepo_jax.models.decoder import split_layer_params
     from aepo_jax.sampling import sampler as sampler_module
 
-    config = dataclasses.replace(get_preset("tiny"), dtype="bfloat16", param_dtype="float32")
+    # Every kind of block parameter there is: q/k/v biases, q/k norms, and an untied head.
+    config = dataclasses.replace(get_preset("tiny"), dtype="bfloat16", param_dtype="float32", qkv_bias=True,
+                                 qk_norm=True, tie_embeddings=False)
     graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(5)))
     # Every weight (the norms' unit scales too) off the bfloat16 grid, so a block that used a float32
     # parameter at float32 would compute with other values than the bfloat16 copy holds.
@@ -145,3 +147,18 @@ def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token
         assert a.tokens.tolist() == b.tokens.tolist()
         for name in ("logp", "logp_truncated", "entropy"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    # And the stacked scan, which reads the float32 stack (prefill, append and scoring always do). In
+    # bfloat16 the two programs round differently, so a sampled token can flip where two neighbours are
+    # nearly tied, and the rows diverge from there: until then they agree to bfloat16 precision.
+    monkeypatch.undo()
+    stacked = _rollout(Sampler(graphdef, state, params=SAMPLED, layerwise_decode=False), prompts)
+    agreeing = 0
+    for a, b in zip(runs["cast"][1:], stacked[1:], strict=True):
+        for row in range(len(a.tokens)):
+            x, y = np.asarray(a.tokens[row]), np.asarray(b.tokens[row])
+            n = int(np.argmax(x != y)) if np.any(x != y) else len(x)
+            agreeing += n
+            for name in ("logp", "entropy"):
+                np.testing.assert_allclose(np.asarray(getattr(a, name)[row])[:n], np.asarray(getattr(b, name)[row])[:n],
+                                           atol=0.05, err_msg=name)
+    assert agreeing >= 80, agreeing  # about half of the 213 decoded tokens: the comparison covers something
