@@ -162,3 +162,22 @@ def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token
                 np.testing.assert_allclose(np.asarray(getattr(a, name)[row])[:n], np.asarray(getattr(b, name)[row])[:n],
                                            atol=0.05, err_msg=name)
     assert agreeing >= 80, agreeing  # about half of the 213 decoded tokens: the comparison covers something
+
+
+def test_the_split_only_narrows_floating_point_parameters():
+    """A bfloat16 state under float32 compute keeps its bfloat16 copy (a cast would double it), and
+    integer leaves are never cast."""
+    import jax.numpy as jnp
+
+    from aepo_jax.models.decoder import split_layer_params
+
+    state = {"layers": {"w32": jnp.ones((2, 3), jnp.float32), "w16": jnp.ones((2, 3), jnp.bfloat16),
+                        "ids": jnp.arange(6, dtype=jnp.int32).reshape(2, 3)}}
+    narrowed = split_layer_params(state, "bfloat16")
+    assert [{k: v.dtype.name for k, v in layer.items()} for layer in narrowed] == [
+        {"w32": "bfloat16", "w16": "bfloat16", "ids": "int32"}] * 2
+    widened = split_layer_params(state, "float32")
+    assert {k: v.dtype.name for k, v in widened[1].items()} == {"w32": "float32", "w16": "bfloat16", "ids": "int32"}
+    assert np.asarray(widened[1]["ids"]).tolist() == [3, 4, 5]
+    assert {k: v.dtype.name for k, v in split_layer_params(state)[0].items()} == {
+        "w32": "float32", "w16": "bfloat16", "ids": "int32"}
