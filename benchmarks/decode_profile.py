@@ -11,7 +11,8 @@ of that trace by kernel kind. Per decode step it reports
 the wall time, the device-busy time (the kernels' summed durations) and the names that take most of
 it, so a gap to the physical floor can be pinned on kernels (a copy of the cache, an unfused
 scatter, the attention, the products). With `--peer-script`, tunix's vanilla sampler (driven by that
-script's model and tokenizer) is traced the same way; tunix must be importable.
+script's model and tokenizer) is traced the same way, but over its whole call, prefill included (its
+sampler has no separate decode entry); tunix must be importable.
 
 The trace files are written under `--trace-dir` (default: a temporary folder) and kept only there.
 On a CPU the host is the device, so every lane of the trace is kept, the Python tracer's among them

@@ -20,6 +20,8 @@ wheels=${2:-.whl}
 mkdir -p "$out"
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
+# Seconds left of TOTAL_S (default 570, inside a 600 s device call), at most $1: a step's own timeout.
+left() { local rest=$(( ${TOTAL_S:-570} - $(elapsed) )); echo $(( rest < $1 ? (rest > 1 ? rest : 1) : $1 )); }
 
 # Two processes share the GPU (ours and the peer's subprocess): neither may take most of it.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 PYTHONUNBUFFERED=1
@@ -73,10 +75,10 @@ bench sampler_0p5b_bf16 ${MAIN_SHAPE:---layers 24 --d-model 1024 --heads 16 --kv
 if [ "$(elapsed)" -lt "${PROFILE_DEADLINE_S:-250}" ]; then
   echo "== decode profile at $(elapsed) s"
   # shellcheck disable=SC2086
-  PYTHONPATH="/tmp/peer-deps${ours_path:+:$ours_path}" python3 -m benchmarks.decode_profile ${MAIN_SHAPE:---layers 24 \
+  PYTHONPATH="${ours_path:+$ours_path:}/tmp/peer-deps" python3 -m benchmarks.decode_profile ${MAIN_SHAPE:---layers 24 \
     --d-model 1024 --heads 16 --kv-heads 8 --vocab 151936 --batch 64 --prompt-len 16 --new-tokens 512 \
     --dtype bfloat16} --iters 2 --variants layerwise,stacked --peer-script "$driver" --trace-dir /tmp/traces \
-    --json "$out/decode_profile.json" 2>&1 | tee "$out/decode_profile.log" | grep -v Warning
+    --json "$out/decode_profile.json" 2>&1 | tee "$out/decode_profile.log" | grep --line-buffered -v Warning
 else
   echo "skipped the decode profile: $(elapsed) s gone"
 fi
@@ -95,9 +97,9 @@ if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-460}" ]; then
   # the rest of the sampler and model tests with whatever time is left.
   export PYTHONPATH="$ours_path" JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false \
     JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3"
-  timeout "${LAYERWISE_TESTS_TIMEOUT_S:-90}" python3 -m pytest -q -p no:cacheprovider -rfE \
+  timeout "$(left "${LAYERWISE_TESTS_TIMEOUT_S:-90}")" python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_layerwise_tests.log" | tail -15
-  timeout "${TESTS_TIMEOUT_S:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
+  timeout "$(left "${TESTS_TIMEOUT_S:-120}")" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
     --ignore=tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_tests.log" | tail -40
 else
   echo "skipped the tests: $(elapsed) s gone"

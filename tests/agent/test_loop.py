@@ -661,6 +661,7 @@ def test_layerwise_decode_reaches_the_rollout_sampler_from_the_config():
         cfg.rollout.layerwise_decode = mode
         loop = loop_config_from(cfg)
         assert loop.layerwise_decode == mode
+        assert loop.decode_layerwise is {"on": True, "off": False, "auto": None}[mode]  # auto: the Sampler decides
         sampler = agent_sampler(graphdef, params, tok, loop, SamplingParams(), seed=0)
         assert sampler.layerwise_decode is expected, mode
     with pytest.raises(ValueError, match="layerwise_decode"):

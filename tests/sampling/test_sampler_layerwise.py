@@ -122,7 +122,8 @@ def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token
     from aepo_jax.models.decoder import split_layer_params
     from aepo_jax.sampling import sampler as sampler_module
 
-    # Every kind of block parameter there is: q/k/v biases, q/k norms, and an untied head.
+    # Every kind of block parameter there is: q/k/v biases and q/k norms (the untied head is not a block
+    # parameter: both runs read it from the float32 state).
     config = dataclasses.replace(get_preset("tiny"), dtype="bfloat16", param_dtype="float32", qkv_bias=True,
                                  qk_norm=True, tie_embeddings=False)
     graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(5)))
@@ -152,16 +153,23 @@ def test_float32_weights_are_split_in_the_compute_dtype_without_changing_a_token
     # nearly tied, and the rows diverge from there: until then they agree to bfloat16 precision.
     monkeypatch.undo()
     stacked = _rollout(Sampler(graphdef, state, params=SAMPLED, layerwise_decode=False), prompts)
-    agreeing = 0
+    # A row's second generate is compared only where its first one agreed throughout (else its context differs).
+    agreeing, same_context = 0, [True] * len(prompts)
     for a, b in zip(runs["cast"][1:], stacked[1:], strict=True):
-        for row in range(len(a.tokens)):
-            x, y = np.asarray(a.tokens[row]), np.asarray(b.tokens[row])
-            n = int(np.argmax(x != y)) if np.any(x != y) else len(x)
+        for row in range(len(prompts)):
+            if not same_context[row]:
+                continue
+            real = int(a.num_tokens[row])
+            assert int(b.num_tokens[row]) == real
+            x, y = np.asarray(a.tokens[row])[:real], np.asarray(b.tokens[row])[:real]
+            n = int(np.argmax(x != y)) if np.any(x != y) else real
+            same_context[row] = n == real
             agreeing += n
             for name in ("logp", "entropy"):
                 np.testing.assert_allclose(np.asarray(getattr(a, name)[row])[:n], np.asarray(getattr(b, name)[row])[:n],
                                            atol=0.05, err_msg=name)
-    assert agreeing >= 80, agreeing  # about half of the 213 decoded tokens: the comparison covers something
+    # 38 of the 213 real tokens here: a random model's near-uniform distributions flip a sampled token soon.
+    assert agreeing >= 30, agreeing
 
 
 def test_the_split_only_narrows_floating_point_parameters():
