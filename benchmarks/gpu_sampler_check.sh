@@ -67,7 +67,8 @@ bench() {  # bench NAME ARGS...: one side-by-side sampler_bench run against tuni
   PYTHONPATH="$ours_path" python3 -m benchmarks.sampler_bench "$@" --peer tunix --peer-python /tmp/peer-python \
     --peer-script "$driver" --json "$out/$name.json" 2>&1 | tee "$out/$name.log"
 }
-# MAIN_SHAPE and BAR_SHAPE override the shapes (a tiny rehearsal of this script on a CPU, say).
+# MAIN_SHAPE and BAR_SHAPE override the shapes, TEST_PLATFORM the tests' JAX platform (cuda): a tiny rehearsal
+# of this script on a CPU, say.
 # shellcheck disable=SC2086
 bench sampler_0p5b_bf16 ${MAIN_SHAPE:---layers 24 --d-model 1024 --heads 16 --kv-heads 8 --vocab 151936 \
   --batch 64 --prompt-len 16 --new-tokens 512 --dtype bfloat16} --mode sample --rounds 2 --iters 5
@@ -95,7 +96,7 @@ if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-460}" ]; then
   echo "== sampler and model tests on $(python3 -c 'import jax; print(jax.default_backend())') at $(elapsed) s"
   # The layerwise tests first and alone (the GPU's default decode, its float32 -> compute-dtype copy), then
   # the rest of the sampler and model tests with whatever time is left.
-  export PYTHONPATH="$ours_path" JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  export PYTHONPATH="$ours_path" JAX_PLATFORMS="${TEST_PLATFORM:-cuda}" XLA_PYTHON_CLIENT_PREALLOCATE=false \
     JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3"
   timeout "$(left "${LAYERWISE_TESTS_TIMEOUT_S:-90}")" python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_layerwise_tests.log" | tail -15
