@@ -95,13 +95,16 @@ fi
 if [ "$(elapsed)" -lt "${TESTS_DEADLINE_S:-460}" ]; then
   echo "== sampler and model tests on $(python3 -c 'import jax; print(jax.default_backend())') at $(elapsed) s"
   # The layerwise tests first and alone (the GPU's default decode, its float32 -> compute-dtype copy), then
-  # the rest of the sampler and model tests with whatever time is left.
+  # the rest of the sampler and model tests with whatever time is left. float32 products at full precision
+  # (XLA:GPU may run them as TF32), since the tests compare float32 results at CPU tolerances.
   export PYTHONPATH="$ours_path" JAX_PLATFORMS="${TEST_PLATFORM:-cuda}" XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    JAX_DEFAULT_MATMUL_PRECISION=highest \
     JAX_ENABLE_COMPILATION_CACHE=false XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=3"
   timeout "$(left "${LAYERWISE_TESTS_TIMEOUT_S:-90}")" python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_layerwise_tests.log" | tail -15
-  timeout "$(left "${TESTS_TIMEOUT_S:-120}")" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
-    --ignore=tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_tests.log" | tail -40
+  # -v: each result is logged as it comes (with its test's name), so a run the timeout cuts still says which failed.
+  timeout "$(left "${TESTS_TIMEOUT_S:-120}")" python3 -m pytest -v -n 4 -p no:cacheprovider -rfE tests/sampling tests/models \
+    --ignore=tests/sampling/test_sampler_layerwise.py 2>&1 | tee "$out/gpu_tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40
 else
   echo "skipped the tests: $(elapsed) s gone"
 fi
