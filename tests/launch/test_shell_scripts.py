@@ -1,4 +1,5 @@
-"""The TPU VM and multi-host GPU launch scripts are valid bash and refuse bad usage."""
+"""The TPU VM and multi-host GPU launch scripts, and the one-shot GPU benchmark script, are valid bash and
+refuse bad usage."""
 
 import os
 import subprocess
@@ -6,7 +7,7 @@ import subprocess
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["launch/tpu_vm.sh", "launch/gpu_multi.sh"]
+SCRIPTS = ["launch/tpu_vm.sh", "launch/gpu_multi.sh", "benchmarks/gpu_sampler_check.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -28,3 +29,11 @@ def test_gpu_script_requires_coordinator_environment():
                          capture_output=True, text=True, env=env, check=False)
     assert out.returncode != 0
     assert "JAX_COORDINATOR_ADDRESS" in out.stderr
+
+
+def test_gpu_sampler_check_without_an_output_folder_prints_usage_and_writes_nothing(tmp_path):
+    out = subprocess.run(["bash", os.path.join(REPO, "benchmarks/gpu_sampler_check.sh")], capture_output=True,
+                         text=True, check=False, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "usage: gpu_sampler_check.sh OUT_DIR" in out.stderr
+    assert list(tmp_path.iterdir()) == []
