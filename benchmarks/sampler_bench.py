@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from aepo_jax.agent.loop_config import LAYERWISE_DECODE
 from aepo_jax.models import Decoder, KVCache, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
@@ -84,7 +85,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --peer: alternate ours and the peer's timed runs this many times")
-    parser.add_argument("--layerwise", choices=["auto", "on", "off"], default="auto",
+    parser.add_argument("--layerwise", choices=sorted(LAYERWISE_DECODE), default="auto",
                         help="the Sampler's layerwise_decode (auto: its default for the backend)")
     parser.add_argument("--peak-size", type=int, default=0,
                         help="side of the square matmul that measures the peak, in --dtype; "
@@ -353,9 +354,8 @@ def main() -> None:
     model = build_model(args)
     graphdef, params = nnx.split(model)
     sampling = SamplingParams(greedy=args.mode == "greedy", temperature=1.0)
-    layerwise = {"auto": None, "on": True, "off": False}[args.layerwise]
     sampler = Sampler(graphdef, params, eos_ids=[], params=sampling, max_cache_len=1 << 20, seed=0,
-                      layerwise_decode=layerwise)
+                      layerwise_decode=LAYERWISE_DECODE[args.layerwise])
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     on_cpu = jax.default_backend() == "cpu"
     peak_size = args.peak_size or (512 if on_cpu else 8192)

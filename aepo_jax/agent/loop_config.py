@@ -83,8 +83,9 @@ class LoopConfig:
     # would take the run's cores), "off", or "auto" = "after_run" under the continuous schedule, whose
     # results already depend on timing, "off" under rounds (bit-reproducible).
     background_compile: str = "auto"
-    # The rollout sampler's `layerwise_decode`: decode windows on per-layer copies of the weights (held
-    # twice) and of the cache's live span, layers unrolled, or a scan of the stacked layers. "auto" = the
+    # The rollout sampler's `layerwise_decode`: decode windows on per-layer copies of the block weights (a
+    # second copy, in the compute dtype) and of the cache's live span, layers unrolled, or a scan of the
+    # stacked layers. "auto" = the
     # Sampler's default for the backend (layerwise on CPU and GPU, stacked on TPU), "on", "off".
     layerwise_decode: str = "auto"
 
