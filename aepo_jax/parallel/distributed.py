@@ -98,3 +98,32 @@ def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, st
             process_id=launch.process_id,
         )
     return jax.process_index(), jax.process_count()
+
+
+# How long `wait_for_every_process` lets the last process take to arrive: a host may still be loading a
+# large checkpoint or compiling while the others wait.
+PROCESS_BARRIER_TIMEOUT_S = 20 * 60
+
+
+def wait_for_every_process(name: str, timeout_s: float = PROCESS_BARRIER_TIMEOUT_S) -> None:
+    """Block until every process has called this with the same `name` (no-op with one process).
+
+    It meets at the coordination service, not through a device collective. CPU collectives (gloo)
+    give a group of devices only 30 s to meet on its first collective, so a process that starts up
+    more slowly than its peers (a busy machine, a longer compile) would fail the run there; calling
+    this first lets the later collective start together. A process that does not arrive within
+    `timeout_s` is an error naming the barrier.
+    """
+    if jax.process_count() == 1:
+        return
+    # The runtime's client (there is no public handle to it).
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError(f"barrier {name!r}: {jax.process_count()} processes but no jax.distributed client")
+    try:
+        client.wait_at_barrier(name, int(timeout_s * 1000))
+    except Exception as err:  # the runtime raises its own error type (XlaRuntimeError / JaxRuntimeError)
+        raise RuntimeError(f"process {jax.process_index()} waited {timeout_s:g} s at barrier {name!r} and "
+                           f"not every one of the {jax.process_count()} processes arrived: {err}") from err

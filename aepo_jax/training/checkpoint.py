@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from aepo_jax.parallel.distributed import wait_for_every_process
 from aepo_jax.run_paths import require_local_path
 from aepo_jax.training.tree_paths import path_names
 
@@ -79,6 +80,9 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             create=True,
         )
+        # The manager's first step is a device collective over every process; they meet here first, so a
+        # host that started up slower than the others does not fail that collective (see the barrier).
+        wait_for_every_process(f"checkpointer {self.directory}")
         self._manager = ocp.CheckpointManager(
             self.directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),

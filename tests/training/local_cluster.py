@@ -32,16 +32,22 @@ def result_lines(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
 
 
 def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
-    """Each process's stdout (each must exit 0 within `timeout_s`); kills stragglers."""
-    texts = []
+    """Each process's stdout (each must exit 0 within `timeout_s`); kills stragglers.
+
+    A failure shows the end of every failed process's stderr: the first process's error is often
+    only the consequence (a collective timing out) of another's."""
+    texts, errors = [], []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=timeout_s)  # a hang fails here instead of blocking the suite
-            assert proc.returncode == 0, err[-3000:]
             texts.append(out)
+            errors.append(err)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    failed = [f"process {i} exited {proc.returncode}:\n{err[-3000:]}"
+              for i, (proc, err) in enumerate(zip(procs, errors)) if proc.returncode != 0]
+    assert not failed, "\n".join(failed)
     return texts

@@ -1,0 +1,49 @@
+"""Processes meet at the coordination service before their first CPU collective (gloo), whose first
+meeting of a group of devices allows only 30 s: a host that starts 35 s after the other still
+checkpoints, and a process that never arrives is an error naming the barrier, not a hang."""
+
+import pytest
+
+from tests.training.local_cluster import outputs, result_lines, start_processes
+
+# Process 1 arrives LATE_S after process 0 at the Checkpointer, whose orbax manager starts with a device
+# collective over both processes; without the barrier that collective fails after 30 s.
+LATE_S = 35
+_LATE_CHECKPOINTER = f"""
+import sys, time
+import numpy as np
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+index, count = maybe_initialize_distributed("auto")
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+from aepo_jax.training.checkpoint import Checkpointer
+if index == 1:
+    time.sleep({LATE_S})
+mesh = jax.make_mesh((jax.device_count(),), ("d",))
+values = np.arange(2.0 * jax.device_count(), dtype=np.float32)
+x = jax.make_array_from_callback(values.shape, NamedSharding(mesh, PartitionSpec("d")), lambda i: values[i])
+with Checkpointer(sys.argv[1], async_save=False) as ckpt:
+    ckpt.save(1, {{"x": x}})
+    ckpt.wait_until_finished()
+    print("RESULT", index, ckpt.latest_step(), flush=True)
+"""
+
+_ABSENT_PEER = """
+from aepo_jax.parallel.distributed import maybe_initialize_distributed, wait_for_every_process
+index, count = maybe_initialize_distributed("auto")
+if index == 0:
+    wait_for_every_process("absent peer", timeout_s=3)
+print("RESULT", index, flush=True)
+"""
+
+
+@pytest.mark.slow  # one process sleeps past gloo's 30 s first-meeting limit
+def test_a_host_arriving_35_s_late_still_checkpoints(tmp_path):
+    results = result_lines(start_processes(["-c", _LATE_CHECKPOINTER, str(tmp_path / "ckpt")], 2, 1), 240)
+    assert sorted(results) == ["RESULT 0 1", "RESULT 1 1"]
+
+
+def test_a_process_that_never_arrives_is_an_error_naming_the_barrier():
+    procs = start_processes(["-c", _ABSENT_PEER], 2, 1)
+    with pytest.raises(AssertionError, match=r"at barrier 'absent peer' and not every one of the 2 processes"):
+        outputs(procs, 120)
