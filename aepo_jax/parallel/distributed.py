@@ -101,8 +101,9 @@ def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, st
 
 
 # How long `wait_for_every_process` lets the last process take to arrive: a host may still be loading a
-# large checkpoint or compiling while the others wait.
-PROCESS_BARRIER_TIMEOUT_S = 20 * 60
+# large checkpoint, compiling or finishing a longer rollout while the others wait. (A process that dies
+# is reported sooner, by the coordination service's heartbeats.)
+PROCESS_BARRIER_TIMEOUT_S = 60 * 60
 
 
 def wait_for_every_process(name: str, timeout_s: float = PROCESS_BARRIER_TIMEOUT_S) -> None:

@@ -7,6 +7,11 @@ a global result (`host_local`). Host-side metrics are combined over processes
 with `multihost_utils` (`gather_metrics`), and host-side results of any kind
 are exchanged whole (`gather_objects`). With one process every function is
 the identity or a plain numpy conversion, so the single-host path is unchanged.
+
+Every exchange first waits for every process at the coordination service
+(`wait_for_every_process`): hosts reach an exchange after rollouts, restores or
+start-ups of different lengths, and the first CPU collective of a run would
+fail when they arrive more than 30 s apart.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+from aepo_jax.parallel.distributed import wait_for_every_process
 
 
 def local_share(global_count: int, process_count: int, what: str) -> int:
@@ -35,6 +42,7 @@ def global_max(values: tuple[int, ...] | int) -> tuple[int, ...] | int:
     scalar = isinstance(values, (int, np.integer))
     local = np.asarray([values] if scalar else values, np.int64)
     if jax.process_count() > 1:
+        wait_for_every_process("multihost.global_max")
         local = np.max(np.asarray(multihost_utils.process_allgather(local)), axis=0)
     out = tuple(int(v) for v in local)
     return out[0] if scalar else out
@@ -56,6 +64,7 @@ def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ())
     if jax.process_count() == 1:
         return dict(metrics)
     keys = sorted(metrics)
+    wait_for_every_process("multihost.gather_metrics")
     counts = np.asarray(multihost_utils.process_allgather(np.asarray([len(keys)], np.int64)))
     if np.any(counts != len(keys)):
         raise RuntimeError(f"processes report different metric keys (counts {counts.ravel().tolist()})")
@@ -67,6 +76,7 @@ def first_process_value(value: int) -> int:
     """The first process's `value` on every process (a collective), e.g. the checkpoint step all must read."""
     if jax.process_count() == 1:
         return int(value)
+    wait_for_every_process("multihost.first_process_value")
     return int(np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int64))))
 
 
@@ -87,6 +97,7 @@ def gather_objects(obj: Any) -> list[Any]:
     """
     if jax.process_count() == 1:
         return [obj]
+    wait_for_every_process("multihost.gather_objects")
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64))).ravel()
     padded = np.zeros(int(sizes.max()), np.uint8)
