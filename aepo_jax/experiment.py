@@ -54,9 +54,12 @@ def start_runtime(cfg: ml_collections.ConfigDict) -> None:
 
 
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
-    """The agent loop's limits (spec §4), entropy window (spec §1) and schedule from `cfg.rollout`."""
+    """The agent loop's limits (spec §4), entropy window (spec §1) and schedule from `cfg.rollout`.
+
+    With `cfg.deterministic`, settings whose results depend on wall-clock timing are a ValueError
+    naming them (a seeded run must repeat)."""
     r = cfg.rollout
-    return LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
+    loop = LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
                       max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
                       entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
                       schedule=str(r.get("schedule", LoopConfig.schedule)),
@@ -65,6 +68,12 @@ def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
                       arrival_window_ms=float(r.get("arrival_window_ms", LoopConfig.arrival_window_ms)),
                       background_compile=str(r.get("background_compile", LoopConfig.background_compile)),
                       layerwise_decode=str(r.get("layerwise_decode", LoopConfig.layerwise_decode)))
+    if cfg.get("deterministic", False) and loop.timing_dependent:
+        raise ValueError("config.deterministic=True asks for rollouts that repeat bit for bit, but under rollout."
+                         + " and rollout.".join(loop.timing_dependent) + " they depend on wall-clock timing; "
+                         "use rollout.schedule='rounds' with rollout.background_compile='auto' or 'off', "
+                         "or deterministic=False")
+    return loop
 
 
 def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = None,

@@ -37,7 +37,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # tests/launch/test_train_cli.py); what remains are wall-clock limits that a
     # loaded machine can hit in one run and not the next. With True the python tool is bounded
     # by CPU time (rollout.tool_timeout_s of it) and its wall-clock limit becomes a far backstop
-    # (aepo_jax.experiment.sandbox_limits).
+    # (aepo_jax.experiment.sandbox_limits). Loop settings whose results depend on timing
+    # (rollout.schedule="continuous", background compiles) are refused with it.
     c.deterministic = False
     # "auto": jax.distributed.initialize() when the environment shows several hosts.
     c.distributed = "auto"

@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
 
     process_index, process_count = maybe_initialize_distributed(_DISTRIBUTED.value)
-    from aepo_jax.experiment import rollout_placement_from
+    from aepo_jax.experiment import loop_config_from, rollout_placement_from
     from aepo_jax.parallel.mesh import make_mesh
 
     if _SAMPLER_WEIGHTS.value is not None:
@@ -149,6 +149,7 @@ def main(argv: list[str]) -> int:
                          f"--mesh data=-1,fsdp=1,tensor=1") from err
     try:
         placement = rollout_placement_from(cfg, mesh)
+        loop_config_from(cfg)  # the agent loop's settings, checked before any tool or model starts
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
     run_dir = location.run_dir if location else None

@@ -116,10 +116,15 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     from aepo_jax.experiment import (
         environment_from,
         fit_model_to_tokenizer,
+        loop_config_from,
         save_run_files,
         start_runtime,
     )
 
+    try:
+        loop_config_from(cfg)  # the agent loop's settings, checked before any tool or model starts
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
     start_runtime(cfg)
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)

@@ -101,6 +101,19 @@ class LoopConfig:
             self.background_compile == "auto" and self.schedule == "continuous")
 
     @property
+    def timing_dependent(self) -> list[str]:
+        """The settings under which a rollout's result depends on wall-clock timing (empty: a seeded
+        rollout repeats bit for bit): which tick a tool result is folded in at (`continuous`), or which
+        compiled variant a call meets (`background_compile`)."""
+        found = []
+        if self.schedule == "continuous":
+            found.append("schedule='continuous' (which tick a tool result is folded in at)")
+        if self.compiles_in_background:
+            found.append(f"background_compile={self.background_compile!r} under schedule={self.schedule!r} "
+                         "(a shape runs as a larger variant until its own compile is ready)")
+        return found
+
+    @property
     def compiles_after_run(self) -> bool:
         """Whether a loop run holds its background compiles until it ends (`background_compile`)."""
         return self.background_compile == "after_run" or (

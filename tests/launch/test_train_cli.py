@@ -71,6 +71,14 @@ def test_unknown_override_key_is_refused_by_name(tmp_path):
     assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
+def test_deterministic_with_the_continuous_schedule_is_refused_before_anything_starts(tmp_path):
+    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(tmp_path), "--config.deterministic=True",
+                  "--config.rollout.schedule=continuous")
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith("error: config.deterministic=True asks for rollouts")
+    assert not os.path.exists(tmp_path / "config.json")  # refused before the workdir is written
+
+
 @pytest.mark.parametrize("module", ["launch.train", "launch.sft", "launch.evaluate"])
 def test_missing_config_file_is_one_clear_line(tmp_path, module):
     missing = str(tmp_path / "no_such_config.py")

@@ -30,3 +30,29 @@ def test_deterministic_bounds_the_python_tool_by_cpu_time_not_wall_clock():
         assert (slept.status, slept.stdout) == ("ok", "done\n")
         spun = sandbox.run(spinner)
         assert spun.status == "timeout" and "CPU-time limit" in spun.traceback
+
+
+def test_deterministic_refuses_loop_settings_whose_results_depend_on_timing():
+    """`deterministic=True` promises a seeded run repeats; the continuous schedule (which tick a tool
+    result is folded in at) and background compiles (a larger compiled variant until the exact one is
+    ready) break that, so the composition root refuses them by name. `rounds` with the default stays."""
+    import pytest
+
+    from aepo_jax.experiment import loop_config_from
+    from configs.base import get_base_config
+
+    cfg = get_base_config()
+    cfg.deterministic = True
+    assert loop_config_from(cfg).timing_dependent == []  # rounds, background_compile "auto" -> off
+    cfg.rollout.background_compile = "off"
+    assert loop_config_from(cfg).schedule == "rounds"
+    cfg.rollout.schedule = "continuous"
+    with pytest.raises(ValueError, match=r"deterministic=True .* rollout\.schedule='continuous'"):
+        loop_config_from(cfg)
+    cfg.rollout.schedule = "rounds"
+    cfg.rollout.background_compile = "on"
+    with pytest.raises(ValueError, match=r"rollout\.background_compile='on' under schedule='rounds'"):
+        loop_config_from(cfg)
+    cfg.deterministic = False  # without the promise every setting is allowed
+    cfg.rollout.schedule = "continuous"
+    assert len(loop_config_from(cfg).timing_dependent) == 2
