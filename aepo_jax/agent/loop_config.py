@@ -109,7 +109,7 @@ class LoopConfig:
         if self.schedule == "continuous":
             found.append("schedule='continuous' (which tick a tool result is folded in at)")
         if self.compiles_in_background:
-            found.append(f"background_compile={self.background_compile!r} under schedule={self.schedule!r} "
+            found.append(f"background_compile={self.background_compile!r} under rollout.schedule={self.schedule!r} "
                          "(a shape runs as a larger variant until its own compile is ready)")
         return found
 

@@ -101,19 +101,20 @@ def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, st
 
 
 # How long `wait_for_every_process` lets the last process take to arrive: a host may still be loading a
-# large checkpoint, compiling or finishing a longer rollout while the others wait. (A process that dies
-# is reported sooner, by the coordination service's heartbeats.)
+# large checkpoint, compiling or finishing a longer rollout while the others wait.
 PROCESS_BARRIER_TIMEOUT_S = 60 * 60
 
 
 def wait_for_every_process(name: str, timeout_s: float = PROCESS_BARRIER_TIMEOUT_S) -> None:
-    """Block until every process has called this with the same `name` (no-op with one process).
+    """Block until every process has called this with the same `name` (no-op with one process, or
+    when `jax.distributed` was not initialised and so has no coordination service).
 
     It meets at the coordination service, not through a device collective. CPU collectives (gloo)
     give a group of devices only 30 s to meet on its first collective, so a process that starts up
     more slowly than its peers (a busy machine, a longer compile) would fail the run there; calling
-    this first lets the later collective start together. A process that does not arrive within
-    `timeout_s` is an error naming the barrier.
+    this first lets the later collective start together. A name may be used again once every process
+    has passed it. A barrier that fails (a process not arriving within `timeout_s`, a process that
+    stopped) is a RuntimeError naming it.
     """
     if jax.process_count() == 1:
         return
@@ -122,9 +123,10 @@ def wait_for_every_process(name: str, timeout_s: float = PROCESS_BARRIER_TIMEOUT
 
     client = jax_distributed.global_state.client
     if client is None:
-        raise RuntimeError(f"barrier {name!r}: {jax.process_count()} processes but no jax.distributed client")
+        return
     try:
         client.wait_at_barrier(name, int(timeout_s * 1000))
     except Exception as err:  # the runtime raises its own error type (XlaRuntimeError / JaxRuntimeError)
-        raise RuntimeError(f"process {jax.process_index()} waited {timeout_s:g} s at barrier {name!r} and "
-                           f"not every one of the {jax.process_count()} processes arrived: {err}") from err
+        raise RuntimeError(f"barrier {name!r} failed on process {jax.process_index()} of "
+                           f"{jax.process_count()} (it waits up to {timeout_s:g} s for every process): "
+                           f"{err}") from err

@@ -82,7 +82,8 @@ class Checkpointer:
         )
         # The manager's first step is a device collective over every process; they meet here first, so a
         # host that started up slower than the others does not fail that collective (see the barrier).
-        wait_for_every_process(f"checkpointer {self.directory}")
+        # The name holds no path: hosts may mount the run's folder at different paths.
+        wait_for_every_process("checkpoint.Checkpointer")
         self._manager = ocp.CheckpointManager(
             self.directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),

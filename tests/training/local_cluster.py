@@ -34,20 +34,26 @@ def result_lines(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
 def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
     """Each process's stdout (each must exit 0 within `timeout_s`); kills stragglers.
 
-    A failure shows the end of every failed process's stderr: the first process's error is often
-    only the consequence (a collective timing out) of another's."""
-    texts, errors = [], []
+    A failure or a hang shows the end of every process's stderr: the first process's error is
+    often only the consequence (a collective or barrier timing out) of another's."""
+    texts, errors, hung = [], [], None
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=timeout_s)  # a hang fails here instead of blocking the suite
             texts.append(out)
             errors.append(err)
+    except subprocess.TimeoutExpired:
+        hung = len(texts)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    if hung is not None:  # read what every process wrote before it was killed
+        errors += [proc.communicate()[1] for proc in procs[len(errors):]]
     failed = [f"process {i} exited {proc.returncode}:\n{err[-3000:]}"
               for i, (proc, err) in enumerate(zip(procs, errors)) if proc.returncode != 0]
+    if hung is not None:
+        raise AssertionError(f"process {hung} did not exit within {timeout_s:g} s\n" + "\n".join(failed))
     assert not failed, "\n".join(failed)
     return texts

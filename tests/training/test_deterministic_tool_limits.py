@@ -51,7 +51,7 @@ def test_deterministic_refuses_loop_settings_whose_results_depend_on_timing():
         loop_config_from(cfg)
     cfg.rollout.schedule = "rounds"
     cfg.rollout.background_compile = "on"
-    with pytest.raises(ValueError, match=r"rollout\.background_compile='on' under schedule='rounds'"):
+    with pytest.raises(ValueError, match=r"rollout\.background_compile='on' under rollout\.schedule='rounds'"):
         loop_config_from(cfg)
     cfg.deterministic = False  # without the promise every setting is allowed
     cfg.rollout.schedule = "continuous"
