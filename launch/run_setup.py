@@ -93,12 +93,45 @@ def define_run_flags() -> tuple:
     return config, workdir, resume
 
 
+def process_environment_dir(workdir: str, process_index: int) -> str:
+    """Where a process keeps its environment's files (task files, tfds data, tokenizer): WORKDIR for
+    the first process, WORKDIR/env-process-N for the others, so hosts that share the workdir never
+    write the same files at once."""
+    return workdir if process_index == 0 else os.path.join(workdir, f"env-process-{process_index}")
+
+
+def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_index: int):
+    """This process's `Environment` (`aepo_jax.experiment.environment_from`) in its own folder
+    (`process_environment_dir`). With several processes the first builds its own first; the others
+    then start from a copy of its tokenizer (when it trained one), so every process encodes alike."""
+    import shutil
+
+    from aepo_jax.experiment import TOKENIZER_FILES, environment_from
+    from aepo_jax.parallel.distributed import wait_for_every_process
+
+    env_dir = process_environment_dir(workdir, process_index)
+    if process_index == 0:
+        env = environment_from(cfg, env_dir)
+        try:
+            wait_for_every_process("run_setup.first_environment")
+        except BaseException:
+            env.close()  # its tools' processes
+            raise
+        return env
+    wait_for_every_process("run_setup.first_environment")
+    os.makedirs(env_dir, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(workdir, name)):
+            shutil.copyfile(os.path.join(workdir, name), os.path.join(env_dir, name))
+    return environment_from(cfg, env_dir)
+
+
 def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer) -> int:
     """The body `launch.train` and `launch.sft` share.
 
     Initialises multi-host JAX when the environment asks for it, prepares
     WORKDIR, builds the environment (`aepo_jax.experiment.environment_from`:
-    task, tokenizer, tools), sizes a fresh model's vocabulary to the tokenizer,
+    task, tokenizer, tools; each process in its own folder, `process_environment`), sizes a fresh model's vocabulary to the tokenizer,
     then `make_trainer(cfg, env,
     process_index, process_count)` -> a trainer that is resumed (with
     `resume`), trained and closed; the environment's processes are stopped
@@ -114,7 +147,6 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
     from aepo_jax.experiment import (
-        environment_from,
         fit_model_to_tokenizer,
         loop_config_from,
         save_run_files,
@@ -128,7 +160,7 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     start_runtime(cfg)
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)
-    env = environment_from(cfg, workdir)
+    env = process_environment(cfg, workdir, process_index)
     trainer = None
     try:
         fit_model_to_tokenizer(cfg, env)

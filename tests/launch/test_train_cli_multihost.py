@@ -46,3 +46,8 @@ def test_two_process_launch_with_rollout_ahead_resumes_exactly(tmp_path):
     assert [r["trajectories"] for r in whole] == [4.0, 4.0, 4.0]  # both processes' rollouts, gathered
     assert [without_wall_clock(r) for r in resumed] == [without_wall_clock(r) for r in whole]
     assert os.path.isdir(tmp_path / "resumed" / "checkpoints" / "2" / "rollout_params")
+    # Each process builds its task files and tools in its own folder; the second encodes with a copy of
+    # the tokenizer the first trained.
+    second = tmp_path / "whole" / "env-process-1"
+    assert (second / "tokenizer.model").read_bytes() == (tmp_path / "whole" / "tokenizer.model").read_bytes()
+    assert sorted(os.listdir(second / "task")) == sorted(os.listdir(tmp_path / "whole" / "task"))

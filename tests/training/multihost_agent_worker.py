@@ -90,13 +90,9 @@ def main(workdir: str, ahead: bool) -> None:
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from aepo_jax.experiment import (
-        environment_from,
-        fit_model_to_tokenizer,
-        rl_trainer_from,
-    )
+    from aepo_jax.experiment import fit_model_to_tokenizer, rl_trainer_from
     from configs.aepo_tiny import get_config
-    from launch.run_setup import prepare_workdir
+    from launch.run_setup import prepare_workdir, process_environment
 
     cfg = get_config()
     cfg.model.n_layers = 1
@@ -122,7 +118,7 @@ def main(workdir: str, ahead: bool) -> None:
 
     copy_threads = _record_copy_threads()
     prepare_workdir(cfg, workdir, resume=False, process_index=index)  # one workdir, shared like a bucket
-    env = environment_from(cfg, workdir)
+    env = process_environment(cfg, workdir, index)  # each process's task files and tools in its own folder
     fit_model_to_tokenizer(cfg, env)
     trainer = rl_trainer_from(cfg, env, workdir, process_index=index, process_count=count)
     rollout = trainer.rollout_fn
