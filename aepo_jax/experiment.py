@@ -245,6 +245,18 @@ def _tokenizer(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable[[],
     return train_sentencepiece(texts(), int(cfg.tokenizer.vocab_size), model_prefix=prefix)
 
 
+def _hf_tokenizer(path: str) -> Any:
+    """`tokenizer.kind = "hf"`: the Hugging Face tokenizer at `path` (a tokenizer.json or the folder
+    holding it), with the agent tags added."""
+    from aepo_jax.tokenizers import load_tokenizer
+
+    if not path:
+        raise ValueError("tokenizer.kind='hf' needs tokenizer.path: a Hugging Face tokenizer.json or its folder")
+    if not (os.path.isdir(path) or path.endswith(".json")):
+        raise ValueError(f"tokenizer.kind='hf' needs a tokenizer.json or its folder, got tokenizer.path={path!r}")
+    return load_tokenizer(path, add_agent_tokens=True)
+
+
 def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environment:
     """Task, tokenizer, tools, prompt encoder and reward for `cfg` (see the module docstring)."""
     from aepo_jax.envs.facts_task import (
@@ -302,8 +314,10 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
 
         graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""))
         pretrained = (graphdef, params)
+    elif cfg.tokenizer.get("kind") == "hf":  # a pretrained checkpoint's own tokenizer.json (the paper configs)
+        tokenizer = _hf_tokenizer(cfg.tokenizer.path)
     elif cfg.tokenizer.get("kind"):
-        raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported; use '' or 'gguf'")
+        raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported; use '', 'hf' or 'gguf'")
     else:
         tokenizer = _tokenizer(cfg, workdir, texts)
     tools, closers = tools_from(cfg, corpus_path)

@@ -59,7 +59,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # [B, T, V] in training, scoring and SFT (aepo_jax/models/lm_head.py); None = all of T at once.
     c.model.logits_chunk_size = config_dict.placeholder(int)
 
-    # path "": train a SentencePiece BPE of `vocab_size` on the task's text (kept in WORKDIR/tokenizer.model).
+    # kind "": `path` by its file type (.model, .gguf, tokenizer.json or its folder), or with path "" a
+    # SentencePiece BPE of `vocab_size` trained on the task's text (kept in WORKDIR/tokenizer.model);
+    # "hf": `path` is a Hugging Face tokenizer.json or its folder (the paper configs); "gguf": the tokenizer
+    # inside model.gguf_path. The agent tags are added to HF and GGUF tokenizers.
     c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})
 
     c.data = ml_collections.ConfigDict()

@@ -6,7 +6,6 @@ text with hypothesis.
 """
 
 import itertools
-import json
 import unicodedata
 
 import pytest
@@ -25,6 +24,7 @@ from aepo_jax.tokenizers import (
     load_tokenizer,
     train_sentencepiece,
 )
+from tests.hf_tokenizer_files import CHATML_JINJA, write_hf_tokenizer
 from tests.property_budget import examples
 
 CORPUS = [
@@ -119,31 +119,9 @@ def test_sentencepiece_bad_inputs_raise_clear_errors(tmp_path):
 
 # --- Hugging Face tokenizer.json ------------------------------------------------------------
 
-CHATML_JINJA = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    backend = RustTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    backend.train_from_iterator(CORPUS, trainer=trainer)
-    path = tmp_path_factory.mktemp("hf")
-    backend.save(str(path / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
-              "chat_template": CHATML_JINJA, "tokenizer_class": "PreTrainedTokenizerFast"}
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
+    return write_hf_tokenizer(tmp_path_factory.mktemp("hf"), CORPUS).parent
 
 
 @SETTINGS

@@ -1,0 +1,97 @@
+"""The paper configs start as they are written (`launch/tpu_vm.sh run configs/aepo_qwen3_14b.py`): their
+own tokenizer kind ("hf", the checkpoint's tokenizer.json), data layout (a local JSONL), reward and tools,
+with only the `/path/to/...` placeholders pointed at small local files. No other test built their
+environment, and `tokenizer.kind="hf"` was refused there. One launch runs a whole RL step of the 14B
+config on this CPU with the model cut to the tiny preset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.experiment import environment_from
+from aepo_jax.tokenizers import HFTokenizer
+from configs import aepo_qwen2_5_7b, aepo_qwen3_14b
+from tests.child_process import child_env
+from tests.hf_tokenizer_files import write_hf_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOWNS = ["Brindle", "Ostwick", "Marrow", "Kelden", "Pyrford", "Tallis", "Wenlow", "Ashby"]
+
+
+@pytest.fixture(scope="module")
+def local_files(tmp_path_factory):
+    """(tokenizer.json, training rows JSONL, search corpus JSONL) in a temporary folder."""
+    root = tmp_path_factory.mktemp("paper_inputs")
+    corpus = [{"id": t.lower(), "contents": f"{t}\n{t} is a town of {1000 + 37 * i} people founded in {1800 + 7 * i}."}
+              for i, t in enumerate(TOWNS)]
+    rows = [{"id": f"q{i}", "question": f"When was {t} founded?", "answer": str(1800 + 7 * (i % len(TOWNS)))}
+            for i, t in enumerate(TOWNS * 2)]
+    for name, records in (("corpus.jsonl", corpus), ("train.jsonl", rows)):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    texts = [c["contents"] for c in corpus] + [r["question"] for r in rows] + [
+        "<think>search first</think> <search>Brindle founded</search> <result>1800</result> <answer>1800</answer>"]
+    tokenizer_json = write_hf_tokenizer(root / "hf", texts * 20)
+    return tokenizer_json, root / "train.jsonl", root / "corpus.jsonl"
+
+
+@pytest.mark.parametrize("module", [aepo_qwen3_14b, aepo_qwen2_5_7b], ids=lambda m: m.__name__.split(".")[-1])
+def test_paper_config_builds_its_environment_from_local_files(module, local_files, tmp_path):
+    tokenizer_json, rows, corpus = local_files
+    cfg = module.get_config()
+    assert (cfg.tokenizer.kind, cfg.tokenizer.path.startswith("/path/to/")) == ("hf", True)
+    cfg.tokenizer.path, cfg.data.path, cfg.data.corpus_path = str(tokenizer_json), str(rows), str(corpus)
+    env = environment_from(cfg, str(tmp_path))
+    try:
+        assert isinstance(env.tokenizer, HFTokenizer)
+        assert all(len(env.tokenizer.encode(tag)) == 1 for tag in AGENT_SPECIAL_TOKENS)  # tags are tokens
+        by_id = {example["id"]: example for example in env.examples}
+        assert len(by_id) == 16 and by_id["q9"]["answers"] == ["1807"]
+        assert env.tokenizer.decode(env.encode_prompt(by_id["q9"])).count("When was Ostwick founded?") == 1
+        assert "Brindle" in env.tools.tools["search"].run("Brindle founded").text  # the search server answers
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(("kind", "path", "message"), [
+    ("hf", "", r"tokenizer.kind='hf' needs tokenizer.path"),
+    ("hf", "tokenizer.model", r"needs a tokenizer.json or its folder, got tokenizer.path='tokenizer.model'"),
+    ("tiktoken", "x", r"tokenizer.kind 'tiktoken' is not supported; use '', 'hf' or 'gguf'"),
+])
+def test_a_tokenizer_setting_that_cannot_work_is_refused_by_name(kind, path, message, local_files, tmp_path):
+    cfg = aepo_qwen3_14b.get_config()
+    cfg.tokenizer.kind, cfg.tokenizer.path = kind, path
+    cfg.data.path = str(local_files[1])
+    with pytest.raises(ValueError, match=message):
+        environment_from(cfg, str(tmp_path))
+
+
+@pytest.mark.slow  # a launch: starts the tools and compiles the sampler and the train step
+def test_the_14b_config_launches_one_rl_step_with_only_the_model_cut_down(local_files, tmp_path):
+    tokenizer_json, rows, corpus = local_files
+    overrides = {
+        "tokenizer.path": tokenizer_json, "data.path": rows, "data.corpus_path": corpus,
+        # This CPU: the tiny preset from scratch, no TPU kernel, every device in `data`.
+        "model.preset": "tiny", "model.checkpoint_dir": "", "model.attention": "dense",
+        "model.compute_dtype": "float32", "mesh.shape": '{"data": -1, "fsdp": 1, "tensor": 1}',
+        # One small step.
+        "total_steps": 1, "data.prompts_per_step": 2, "rollout.k": 2, "rollout.initial_rollouts": 1,
+        "rollout.max_prompt_len": 512, "rollout.max_response_len": 16, "rollout.max_tool_calls": 1,
+        "train.max_seq_len": 1024, "train.mini_batch_prompts": 2, "train.micro_batch_size": 2,
+        "checkpoint.async_save": False, "log.progress_bar": False, "log.tensorboard": False,
+    }
+    args = [f"--config.{key}={value}" for key, value in overrides.items()]
+    out = subprocess.run([sys.executable, "-m", "launch.train", "--config", "configs/aepo_qwen3_14b.py",
+                          "--workdir", str(tmp_path / "run"), *args], cwd=REPO, env=child_env(),
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1] and records[0]["trajectories"] == 4.0
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["1"]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (saved["tokenizer"]["kind"], saved["reward"]["name"], saved["rollout"]["strategy"]) == ("hf", "qa_f1", "aepo")
