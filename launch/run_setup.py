@@ -119,6 +119,11 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
             raise
         return env
     wait_for_every_process("run_setup.first_environment")
+    trained_here = not cfg.tokenizer.get("kind") and not cfg.tokenizer.get("path")
+    if trained_here and not os.path.exists(os.path.join(workdir, TOKENIZER_FILES[0])):
+        raise ValueError(f"process {process_index} does not see {os.path.join(workdir, TOKENIZER_FILES[0])}, "
+                         "which the first process trained: every host must see the same --workdir (a shared "
+                         "folder or bucket mount)")
     os.makedirs(env_dir, exist_ok=True)
     for name in TOKENIZER_FILES:
         if os.path.exists(os.path.join(workdir, name)):
