@@ -341,8 +341,24 @@ def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = Non
 
     if env.pretrained is not None:
         return env.pretrained
+    if cfg.model.get("checkpoint_dir"):
+        check_tokenizer_fits_checkpoint(env.tokenizer, cfg.model.checkpoint_dir)
     fit_model_to_tokenizer(cfg, env)
     return init_model(cfg, mesh=mesh)
+
+
+def check_tokenizer_fits_checkpoint(tokenizer: Any, checkpoint_dir: str) -> None:
+    """A ValueError, before any weight is read, when the tokenizer has ids (the agent tags appended past
+    its base vocabulary, say) beyond the checkpoint's embedding rows: the embedding lookup would clamp
+    them to the last row and the policy could never sample them."""
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+
+    rows = checkpoint_config(checkpoint_dir).vocab_size
+    if tokenizer.vocab_size > rows:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids (the agent tags included) but the checkpoint "
+                         f"{checkpoint_dir} has {rows} vocabulary rows: ids {rows} and up would be clamped to its "
+                         "last row and could never be sampled; use a checkpoint whose vocabulary has room for the "
+                         "tags (Qwen's pads past its tokenizer) or a tokenizer whose ids fit")
 
 
 def parameter_count(params: Any) -> int:

@@ -203,6 +203,20 @@ def _weight_files(directory: Path) -> list[Path]:
     return files
 
 
+def checkpoint_config(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face model directory, from its `config.json` alone (no weight read)."""
+    directory = Path(path)
+    if directory.is_file():
+        raise NotADirectoryError(f"{directory} is a file; a Hugging Face checkpoint is the model directory that "
+                                 f"holds config.json and the safetensors files (here: {directory.parent})")
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory does not exist: {directory}")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in checkpoint directory {directory}")
+    return config_from_hf(json.loads(config_path.read_text()))
+
+
 def load_hf_checkpoint(
     path: str | Path,
     dtype: Any = jnp.float32,
@@ -222,16 +236,8 @@ def load_hf_checkpoint(
       attention: attention backend of the returned model (`ModelConfig.attention`).
     """
     directory = Path(path)
-    if directory.is_file():
-        raise NotADirectoryError(f"{directory} is a file; load_hf_checkpoint takes the model directory that "
-                                 f"holds config.json and the safetensors files (here: {directory.parent})")
-    if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory does not exist: {directory}")
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"no config.json in checkpoint directory {directory}")
+    config = checkpoint_config(directory)
     weight_files = _weight_files(directory)
-    config = config_from_hf(json.loads(config_path.read_text()))
     tensors: dict[str, np.ndarray] = {}
     for file in weight_files:
         tensors.update(read_safetensors(file))

@@ -95,3 +95,34 @@ def test_the_14b_config_launches_one_rl_step_with_only_the_model_cut_down(local_
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["1"]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (saved["tokenizer"]["kind"], saved["reward"]["name"], saved["rollout"]["strategy"]) == ("hf", "qa_f1", "aepo")
+
+
+@pytest.mark.parametrize("room", [False, True], ids=["no_room", "room"])
+def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weights_are_read(room, local_files,
+                                                                                               tmp_path):
+    """The paper configs pair a checkpoint with its tokenizer.json plus the agent tags, whose ids follow
+    the tokenizer's own. Qwen's embedding has rows to spare past its tokenizer; a checkpoint without
+    them would get the last tag ids clamped to its last row. One row short: refused by name; 32 rows
+    to spare: the model loads with the checkpoint's rows."""
+    from flax import nnx
+
+    from aepo_jax.experiment import model_from
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
+
+    tokenizer_json, rows_path, _ = local_files
+    cfg = aepo_qwen3_14b.get_config()
+    cfg.tokenizer.path, cfg.data.path = str(tokenizer_json), str(rows_path)
+    env = environment_from(cfg, str(tmp_path / "env"))
+    env.close()
+    ids = env.tokenizer.vocab_size
+    assert env.tokenizer.encode(AGENT_SPECIAL_TOKENS[-1]) == [ids - 1]  # the tags come last
+    rows = ids + 32 if room else ids - 1
+    save_hf_checkpoint(Decoder(get_preset("tiny", vocab_size=rows), rngs=nnx.Rngs(0)), tmp_path / "hf")
+    cfg.model.preset, cfg.model.checkpoint_dir, cfg.model.attention = "tiny", str(tmp_path / "hf"), "dense"
+    if not room:
+        with pytest.raises(ValueError, match=rf"tokenizer has {ids} ids .* has {rows} vocabulary rows"):
+            model_from(cfg, env)
+    else:
+        _, params = model_from(cfg, env)
+        assert params["embed"].value.shape[0] == rows
