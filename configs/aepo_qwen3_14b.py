@@ -47,6 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.name = "deep_search"
     c.data.path = "/path/to/aepo_deep_search_1k.jsonl"  # paper: 1,071 training rows
     c.data.prompts_per_step = 64  # paper: 64
+    # The search tool: our BM25 server over this JSONL corpus ({"id", "contents"} per line), or a running
+    # retrieval server given by --config.data.search_url=http://HOST:PORT (used instead when set).
+    c.data.corpus_path = "/path/to/search_corpus.jsonl"
     c.reward.name = "qa_f1"  # released deep-research reward (spec §5)
 
     c.rollout.strategy = "aepo"

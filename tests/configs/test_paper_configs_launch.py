@@ -45,6 +45,8 @@ def test_paper_config_builds_its_environment_from_local_files(module, local_file
     tokenizer_json, rows, corpus = local_files
     cfg = module.get_config()
     assert (cfg.tokenizer.kind, cfg.tokenizer.path.startswith("/path/to/")) == ("hf", True)
+    # The deep-search config names a search corpus to serve (the reasoning config has no search tool).
+    assert cfg.data.corpus_path.startswith("/path/to/") == (module is aepo_qwen3_14b)
     cfg.tokenizer.path, cfg.data.path, cfg.data.corpus_path = str(tokenizer_json), str(rows), str(corpus)
     env = environment_from(cfg, str(tmp_path))
     try:
@@ -110,9 +112,9 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
     from aepo_jax.models import Decoder, get_preset
     from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
 
-    tokenizer_json, rows_path, _ = local_files
+    tokenizer_json, rows_path, corpus = local_files
     cfg = aepo_qwen3_14b.get_config()
-    cfg.tokenizer.path, cfg.data.path = str(tokenizer_json), str(rows_path)
+    cfg.tokenizer.path, cfg.data.path, cfg.data.corpus_path = str(tokenizer_json), str(rows_path), str(corpus)
     env = environment_from(cfg, str(tmp_path / "env"))
     env.close()
     ids = env.tokenizer.vocab_size
