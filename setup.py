@@ -44,7 +44,7 @@ setup(
     version="0.1.0",
     description="Agentic Entropy-Balanced Policy Optimization (AEPO) and baselines in JAX/Flax",
     packages=find_packages(include=["aepo_jax", "aepo_jax.*", "launch", "launch.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # typing.Self; the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,
     include_package_data=True,

@@ -14,19 +14,25 @@
 #   launch/tpu_vm.sh delete                      # delete the slice
 #
 # Settings come from the environment (defaults in brackets):
-#   TPU_NAME [aepo-jax], ZONE [us-east5-a], ACCELERATOR_TYPE [v5p-128: 64 chips; v5p-64 (32 chips) also holds both paper configs, docs/scaling.md],
+#   TPU_NAME [aepo-jax], ZONE [us-east5-a],
+#   ACCELERATOR_TYPE [v5p-64: 32 chips on 8 hosts, which hold both paper configs, docs/scaling.md;
+#     with v5p-128 (16 hosts) the 14B config needs --config.train.mini_batch_prompts divisible by 16],
 #   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
-#   REPO_URL [git URL of this repository], BRANCH [main]
+#   REPO_URL [git URL of this repository], BRANCH [main], PYTHON [python3; it must be >= 3.11]
 # WORKDIR is a path every worker mounts at the same place (a bucket through
 # gcsfuse, e.g. /mnt/BUCKET/run, or a Filestore share): checkpoints must be
 # visible to every host (orbax writes them collectively). A gs:// URL is refused.
+# tfds and orbax finish their writes by renaming folders: mount the bucket with
+# `gcsfuse --rename-dir-limit=1000000 BUCKET /mnt/BUCKET` (or use a bucket with a
+# hierarchical namespace), or gcsfuse refuses those renames.
 # The paper configs run attention through the TPU kernels (model.attention=splash,
 # docs/attention.md); nothing to override here.
 set -euo pipefail
 
 TPU_NAME="${TPU_NAME:-aepo-jax}"
 ZONE="${ZONE:-us-east5-a}"
-ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v5p-128}"
+ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v5p-64}"
+PYTHON="${PYTHON:-python3}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-v2-alpha-tpuv5}"
 REPO_URL="${REPO_URL:-https://github.com/your-org/aepo-jax.git}"
 BRANCH="${BRANCH:-main}"
@@ -50,9 +56,13 @@ create() {
   gcloud compute tpus tpu-vm create "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" \
     --accelerator-type "${ACCELERATOR_TYPE}" --version "${RUNTIME_VERSION}"
   # Same checkout and environment on every host.
-  on_all_workers "set -e; rm -rf aepo-jax; git clone --branch ${BRANCH} ${REPO_URL} aepo-jax; \
-    cd aepo-jax && python3 -m venv .venv && .venv/bin/pip install -q -U pip && \
-    .venv/bin/pip install -q -e . 'jax[tpu]'"
+  # The versions CI tests (constraints.txt), the tokenizer and tool extras the paper configs need
+  # (hf: tokenizer.json; server: the search server and the tools), and a Python the code runs on.
+  on_all_workers "set -e; ${PYTHON} -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
+    \"aepo-jax needs Python >= 3.11; set PYTHON to one (e.g. PYTHON=python3.11)\")'; \
+    rm -rf aepo-jax; git clone --branch ${BRANCH} ${REPO_URL} aepo-jax; \
+    cd aepo-jax && ${PYTHON} -m venv .venv && .venv/bin/pip install -q -U pip && \
+    .venv/bin/pip install -q -c constraints.txt -e '.[hf,server]' 'jax[tpu]'"
 }
 
 run() {

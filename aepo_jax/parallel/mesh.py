@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
+import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -41,14 +42,58 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
     axis_shapes = tuple(sizes[axis] for axis in MESH_AXES)
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     try:
-        return jax.make_mesh(axis_shapes, MESH_AXES, axis_types=axis_types, devices=devices)
+        mesh = jax.make_mesh(axis_shapes, MESH_AXES, axis_types=axis_types, devices=devices)
     except NotImplementedError:
         # A TPU slice whose physical axes the logical ones cannot be assembled from without
         # splitting one (e.g. fsdp 8 on a 4x4x4 v5p slice): split it rather than refuse the mesh.
         from jax.experimental import mesh_utils
 
         grid = mesh_utils.create_device_mesh(axis_shapes, devices, allow_split_physical_axes=True)
-        return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+        mesh = jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+    if all(len(owners) == 1 for owners in batch_slice_owners(mesh)):
+        return mesh
+    return _process_major_mesh(devices, axis_shapes, axis_types) or mesh
+
+
+def batch_slice_owners(mesh: jax.sharding.Mesh) -> list[set[int]]:
+    """For each batch slice of `mesh` (each (data, fsdp) index, in order), the processes holding its
+    `tensor` devices. Every process feeds the rows of the slices it holds (`place_train_batch`), so a
+    slice held by two processes would get two different sets of rows."""
+    groups = mesh.devices.reshape(-1, mesh.shape["tensor"])
+    return [{device.process_index for device in group} for group in groups]
+
+
+def require_whole_batch_slices(mesh: jax.sharding.Mesh, process_index: int, count: int) -> None:
+    """A ValueError unless every batch slice of `mesh` lies on one process and process `process_index`
+    holds `count` of them: each process builds the rows of its own slices."""
+    owners = batch_slice_owners(mesh)
+    shared = [i for i, held in enumerate(owners) if len(held) > 1]
+    mine = sum(held == {process_index} for held in owners)
+    if shared or mine != count:
+        raise ValueError(f"the mesh {dict(mesh.shape)} gives process {process_index} {mine} whole batch slices "
+                         f"(expected {count}) and splits slices {shared} between processes (owners: "
+                         f"{[sorted(h) for h in owners]}); every (data, fsdp) slice must lie on one process: "
+                         "build the mesh with aepo_jax.parallel.make_mesh")
+
+
+def _process_major_mesh(devices: Sequence[jax.Device], axis_shapes: tuple[int, ...],
+                        axis_types: tuple[jax.sharding.AxisType, ...]) -> jax.sharding.Mesh | None:
+    """The mesh with each process's devices in a row, so that each holds whole batch slices, its
+    `tensor` groups among its own devices; None when `tensor` does not divide a process's devices
+    (then a batch slice must span processes).
+
+    jax's own layout follows the physical torus: on a v5p-64 slice (2x4x4 chips, 2x2x1 per host) it
+    lays `tensor` = 4 along a line of 4 chips on two hosts, so every batch slice would be split between
+    two processes."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    local = {len(group) for group in by_process.values()}
+    if len(local) != 1 or local.pop() % axis_shapes[-1]:
+        return None
+    ordered = [d for p in sorted(by_process) for d in sorted(by_process[p], key=lambda d: d.id)]
+    grid = np.array(ordered, dtype=object).reshape(axis_shapes)
+    return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def parse_mesh_shape(spec: str) -> dict[str, int]:

@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from aepo_jax.objectives import compute_advantages, kl_penalty
+from aepo_jax.parallel.mesh import require_whole_batch_slices
 from aepo_jax.parallel.multihost import (
     gather_metrics,
     global_max,
@@ -175,6 +176,8 @@ class RLTrainer(CheckpointedTrainer):
                              "it is not supported with several processes")
         self.local_data_parallel = local_share(data_parallel_size(self.run.mesh), self.process_count,
                                                "the mesh's data x fsdp devices")
+        if self.process_count > 1:
+            require_whole_batch_slices(self.run.mesh, jax.process_index(), self.local_data_parallel)
         multiple = math.lcm(int(config.train.micro_batch_size), data_parallel_size(self.run.mesh))
         self.rows_per_mini = -(-self.local_mini_prompts * int(config.rollout.k) // multiple) * multiple
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)

@@ -37,3 +37,26 @@ def test_gpu_sampler_check_without_an_output_folder_prints_usage_and_writes_noth
     assert out.returncode != 0
     assert "usage: gpu_sampler_check.sh OUT_DIR" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_configs_need(tmp_path):
+    """`create` runs gcloud (faked here: it records its arguments) with an install command on every
+    worker: the constraints CI tests, the `hf` extra (tokenizer.json) and the `server` extra (the
+    search server and tools), behind a Python >= 3.11 check."""
+    log = tmp_path / "gcloud.log"
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {log}\nprintf -- "---\\n" >> {log}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/tpu_vm.sh"), "create"], capture_output=True,
+                         text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    create, ssh = log.read_text().split("---\n")[:2]
+    assert "--accelerator-type\nv5p-64\n" in create
+    install = ssh.split("--command\n", 1)[1]
+    assert ".venv/bin/pip install -q -c constraints.txt -e '.[hf,server]' 'jax[tpu]'" in install
+    assert "sys.version_info >= (3, 11)" in install
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        setup = f.read()
+    assert '"hf":' in setup and '"server":' in setup and 'python_requires=">=3.11"' in setup

@@ -56,3 +56,35 @@ def test_two_processes_initialise_on_loopback():
     results = result_lines(start_processes(["-c", _WORKER], 2, 2), timeout_s=120)
     # each process sees its own index, two processes, and all four devices of the job
     assert sorted(results) == ["RESULT 0 2 4", "RESULT 1 2 4"]
+
+
+# Two processes of 4 devices, mesh fsdp 2 x tensor 4, devices handed over the way jax lays a v5p torus
+# out (a line of 4 chips on two hosts as `tensor`): each batch slice would lie on both processes.
+_MESH_WORKER = """
+import jax
+import numpy as np
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+index, count = maybe_initialize_distributed("auto")
+from aepo_jax.parallel.mesh import MESH_AXES, batch_slice_owners, make_mesh, require_whole_batch_slices
+own = [[d for d in jax.devices() if d.process_index == p] for p in range(count)]
+torus_order = own[0][:2] + own[1][:2] + own[0][2:] + own[1][2:]
+mesh = make_mesh({"data": 1, "fsdp": 2, "tensor": 4}, torus_order)
+torus = jax.sharding.Mesh(np.array(torus_order, dtype=object).reshape(1, 2, 4), MESH_AXES,
+                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
+try:
+    require_whole_batch_slices(torus, index, 1)
+    refused = "no"
+except ValueError as err:
+    refused = "yes" if "splits slices [0, 1] between processes" in str(err) else str(err)
+require_whole_batch_slices(mesh, index, 1)
+owners = lambda m: [sorted(held) for held in batch_slice_owners(m)]
+print("RESULT", index, owners(mesh), owners(torus), refused, flush=True)
+"""
+
+
+def test_every_batch_slice_of_the_mesh_lies_on_one_process():
+    """Each process builds the rows of its own batch slices (`place_train_batch`); a slice on two
+    processes would get two different sets of rows. make_mesh lays each process's devices out in a
+    row when the given order splits slices, and the trainer refuses a mesh that splits them."""
+    results = result_lines(start_processes(["-c", _MESH_WORKER], 2, 4), timeout_s=120)
+    assert sorted(results) == [f"RESULT {i} [[0], [1]] [[0, 1], [0, 1]] yes" for i in (0, 1)]
