@@ -8,6 +8,7 @@
 #
 # Usage:
 #   launch/tpu_vm.sh create                      # create the slice, install the package on all workers
+#   launch/tpu_vm.sh install                     # (re)install on every worker of an existing slice
 #   launch/tpu_vm.sh run CONFIG WORKDIR [ARGS]   # same command on every worker
 #   launch/tpu_vm.sh evaluate WORKDIR [ARGS]     # pass@k of WORKDIR's newest checkpoint, every worker
 #                                                # sampling its share (launch.evaluate; ARGS e.g. --n 4)
@@ -18,7 +19,9 @@
 #   ACCELERATOR_TYPE [v5p-64: 32 chips on 8 hosts, which hold both paper configs, docs/scaling.md;
 #     with v5p-128 (16 hosts) the 14B config needs --config.train.mini_batch_prompts divisible by 16],
 #   RUNTIME_VERSION [v2-alpha-tpuv5], PROJECT [gcloud default],
-#   REPO_URL [git URL of this repository], BRANCH [main], PYTHON [python3; it must be >= 3.11]
+#   REPO_URL [git URL of this repository], BRANCH [main], PYTHON [python3; it must be >= 3.11: if the
+#     runtime image's is older, install one on the workers (e.g. python3.11 and python3.11-venv) and
+#     run `PYTHON=python3.11 launch/tpu_vm.sh install`]
 # WORKDIR is a path every worker mounts at the same place (a bucket through
 # gcsfuse, e.g. /mnt/BUCKET/run, or a Filestore share): checkpoints must be
 # visible to every host (orbax writes them collectively). A gs:// URL is refused.
@@ -42,7 +45,7 @@ if [[ -n "${PROJECT:-}" ]]; then
 fi
 
 usage() {
-  sed -n '2,24p' "$0" >&2
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" >&2  # the header comment
   exit 2
 }
 
@@ -55,6 +58,10 @@ on_all_workers() {
 create() {
   gcloud compute tpus tpu-vm create "${TPU_NAME}" --zone "${ZONE}" "${PROJECT_FLAG[@]}" \
     --accelerator-type "${ACCELERATOR_TYPE}" --version "${RUNTIME_VERSION}"
+  install_package
+}
+
+install_package() {
   # Same checkout and environment on every host.
   # The versions CI tests (constraints.txt), the tokenizer and tool extras the paper configs need
   # (hf: tokenizer.json; server: the search server and the tools), and a Python the code runs on.
@@ -96,6 +103,7 @@ delete() {
 
 case "${1:-}" in
   create) shift; create "$@" ;;
+  install) shift; install_package "$@" ;;
   run) shift; run "$@" ;;
   evaluate) shift; evaluate "$@" ;;
   delete) shift; delete "$@" ;;

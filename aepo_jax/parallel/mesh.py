@@ -59,7 +59,8 @@ def batch_slice_owners(mesh: jax.sharding.Mesh) -> list[set[int]]:
     """For each batch slice of `mesh` (each (data, fsdp) index, in order), the processes holding its
     `tensor` devices. Every process feeds the rows of the slices it holds (`place_train_batch`), so a
     slice held by two processes would get two different sets of rows."""
-    groups = mesh.devices.reshape(-1, mesh.shape["tensor"])
+    tensor_last = np.moveaxis(mesh.devices, mesh.axis_names.index("tensor"), -1)
+    groups = tensor_last.reshape(-1, mesh.shape["tensor"])
     return [{device.process_index for device in group} for group in groups]
 
 

@@ -21,6 +21,7 @@ def test_tpu_script_without_a_command_prints_usage():
                          check=False)
     assert out.returncode == 2
     assert "launch/tpu_vm.sh create" in out.stderr
+    assert "--rename-dir-limit" in out.stderr and "docs/attention.md" in out.stderr  # the whole header
 
 
 def test_gpu_script_requires_coordinator_environment():
@@ -48,12 +49,19 @@ def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_confi
     fake.parent.mkdir()
     fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {log}\nprintf -- "---\\n" >> {log}\n')
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    settings = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "RUNTIME_VERSION", "PROJECT", "REPO_URL", "BRANCH", "PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in settings}
+    env["PATH"] = f"{fake.parent}:{os.environ['PATH']}"
     out = subprocess.run(["bash", os.path.join(REPO, "launch/tpu_vm.sh"), "create"], capture_output=True,
                          text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
     create, ssh = log.read_text().split("---\n")[:2]
     assert "--accelerator-type\nv5p-64\n" in create
+    log.unlink()  # `install` alone: only the install command, on an existing slice
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/tpu_vm.sh"), "install"], capture_output=True,
+                         text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().split("---\n")[:-1] == [ssh]
     install = ssh.split("--command\n", 1)[1]
     assert ".venv/bin/pip install -q -c constraints.txt -e '.[hf,server]' 'jax[tpu]'" in install
     assert "sys.version_info >= (3, 11)" in install
