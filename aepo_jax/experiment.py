@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -33,7 +33,12 @@ import ml_collections
 import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
-from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, PromptConfig, render_prompt
+from aepo_jax.agent.prompts import (
+    DEFAULT_SYSTEM_PROMPT,
+    PromptConfig,
+    render_prompt,
+    system_prompt_for_tools,
+)
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
@@ -133,12 +138,13 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
 
 def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
-    else none) and the python sandbox, with the config's timeout, result size and search top-k.
+    else none) with browse over the same server, and the python sandbox, with the config's timeout, result size and search top-k.
     `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
     than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
     `rollout.tool_concurrency` is how many calls the registry runs at once."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
+        BrowseTool,
         PythonSandbox,
         PythonTool,
         SearchTool,
@@ -157,6 +163,10 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     if search_url:
         tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
                                      max_result_chars=int(cfg.rollout.max_result_chars))
+        # A search result's document, read whole by its id from the same server (`GET /doc/{id}`), and with
+        # `rollout.browse_urls` any http(s) page (that needs internet).
+        tools["browse"] = BrowseTool(search_url, max_result_chars=int(cfg.rollout.max_result_chars),
+                                     allow_urls=bool(cfg.rollout.get("browse_urls", False)))
     sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox)
@@ -321,6 +331,8 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     else:
         tokenizer = _tokenizer(cfg, workdir, texts)
     tools, closers = tools_from(cfg, corpus_path)
+    if prompt.system_prompt == DEFAULT_SYSTEM_PROMPT:  # offer the tools this run has, and no other
+        prompt = replace(prompt, system_prompt=system_prompt_for_tools(tools.tools))
     search = tools.tools.get("search")
     return Environment(tokenizer, list(examples), heldout, corpus_path, prompt, int(cfg.rollout.max_prompt_len),
                        cfg.reward.name, tools, closers, task, task_dir, pretrained,

@@ -103,6 +103,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.tool_concurrency = DEFAULT_MAX_WORKERS  # tool calls in flight at once (the registry's threads)
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
+    # <browse> reads a corpus document by id from the search server; True also fetches http(s) URLs (internet).
+    c.rollout.browse_urls = False
     # Agent-loop schedule (docs/rollout_engine.md): "rounds" = lockstep rounds (decode every row to a stop,
     # then run all tools); "continuous" = tool calls run while the other rows decode in chunks of chunk_tokens.
     c.rollout.schedule = LoopConfig.schedule

@@ -7,7 +7,7 @@ ids are exactly what the model sees (spec section 4).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,18 +18,35 @@ from aepo_jax.agent.tags import (
     RESULT_OPEN,
     THINK_CLOSE,
     THINK_OPEN,
+    TOOL_TAGS,
 )
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a research assistant that answers questions by reasoning and using tools.\n"
-    f"Think inside {THINK_OPEN} ... {THINK_CLOSE}.\n"
-    "To search the knowledge corpus, write <search>your query</search>.\n"
-    "To run Python (print what you need), write <python>your code</python>.\n"
-    "To read a whole document, write <browse>document id or url</browse>.\n"
-    f"Each tool's output comes back inside {RESULT_OPEN} ... {RESULT_CLOSE}.\n"
-    "Call one tool at a time and wait for its result.\n"
-    f"When you know the answer, write {ANSWER_OPEN}\\boxed{{your answer}}{ANSWER_CLOSE}."
-)
+# The default system prompt's line for each tool, offered only when the run has that tool.
+TOOL_INSTRUCTIONS = {
+    "search": "To search the knowledge corpus, write <search>your query</search>.\n",
+    "python": "To run Python (print what you need), write <python>your code</python>.\n",
+    "browse": "To read a whole document, write <browse>document id or url</browse>.\n",
+}
+
+
+def system_prompt_for_tools(tools: Iterable[str] = TOOL_TAGS) -> str:
+    """The default system prompt, offering only the tools in `tools` (a run's registered tool names),
+    so the policy is not told to call a tool that would answer "unknown tool"."""
+    unknown = sorted(set(tools) - set(TOOL_INSTRUCTIONS))
+    if unknown:
+        raise ValueError(f"no system prompt line for tools {unknown}; known: {sorted(TOOL_INSTRUCTIONS)}")
+    offered = set(tools)
+    return (
+        "You are a research assistant that answers questions by reasoning and using tools.\n"
+        f"Think inside {THINK_OPEN} ... {THINK_CLOSE}.\n"
+        + "".join(TOOL_INSTRUCTIONS[tag] for tag in TOOL_TAGS if tag in offered)
+        + f"Each tool's output comes back inside {RESULT_OPEN} ... {RESULT_CLOSE}.\n"
+        "Call one tool at a time and wait for its result.\n"
+        f"When you know the answer, write {ANSWER_OPEN}\\boxed{{your answer}}{ANSWER_CLOSE}."
+    )
+
+
+DEFAULT_SYSTEM_PROMPT = system_prompt_for_tools()  # every tool
 
 
 class ChatTokenizer(Protocol):

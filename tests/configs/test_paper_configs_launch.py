@@ -45,19 +45,37 @@ def test_paper_config_builds_its_environment_from_local_files(module, local_file
     tokenizer_json, rows, corpus = local_files
     cfg = module.get_config()
     assert (cfg.tokenizer.kind, cfg.tokenizer.path.startswith("/path/to/")) == ("hf", True)
-    # The deep-search config names a search corpus to serve (the reasoning config has no search tool).
-    assert cfg.data.corpus_path.startswith("/path/to/") == (module is aepo_qwen3_14b)
-    cfg.tokenizer.path, cfg.data.path, cfg.data.corpus_path = str(tokenizer_json), str(rows), str(corpus)
+    # The deep-search config names a search corpus to serve; the reasoning config has no search tool.
+    searches = module is aepo_qwen3_14b
+    assert cfg.data.corpus_path.startswith("/path/to/") == searches
+    cfg.tokenizer.path, cfg.data.path = str(tokenizer_json), str(rows)
+    if searches:
+        cfg.data.corpus_path = str(corpus)
     env = environment_from(cfg, str(tmp_path))
     try:
         assert isinstance(env.tokenizer, HFTokenizer)
         assert all(len(env.tokenizer.encode(tag)) == 1 for tag in AGENT_SPECIAL_TOKENS)  # tags are tokens
         by_id = {example["id"]: example for example in env.examples}
         assert len(by_id) == 16 and by_id["q9"]["answers"] == ["1807"]
-        assert env.tokenizer.decode(env.encode_prompt(by_id["q9"])).count("When was Ostwick founded?") == 1
-        assert "Brindle" in env.tools.tools["search"].run("Brindle founded").text  # the search server answers
+        prompt = env.tokenizer.decode(env.encode_prompt(by_id["q9"]))
+        assert prompt.count("When was Ostwick founded?") == 1
+        # The system prompt offers the tools the run has, and no other.
+        assert sorted(env.tools.tools) == (["browse", "python", "search"] if searches else ["python"])
+        assert [f"<{tag}>" in prompt for tag in ("search", "python", "browse")] == [searches, True, searches]
+        if searches:
+            assert "Brindle" in env.tools.tools["search"].run("Brindle founded").text  # the server answers
+            assert "1000 people" in env.tools.tools["browse"].run("brindle people").text  # a document by id
+            assert env.tools.tools["browse"].run("http://example.com x").status != "ok"  # no URLs by default
     finally:
         env.close()
+
+
+def test_the_system_prompt_refuses_a_tool_it_has_no_line_for():
+    from aepo_jax.agent.prompts import DEFAULT_SYSTEM_PROMPT, system_prompt_for_tools
+
+    assert system_prompt_for_tools(["search", "python", "browse"]) == DEFAULT_SYSTEM_PROMPT
+    with pytest.raises(ValueError, match=r"no system prompt line for tools \['calculator'\]"):
+        system_prompt_for_tools(["python", "calculator"])
 
 
 @pytest.mark.parametrize(("kind", "path", "message"), [
