@@ -39,6 +39,10 @@ from aepo_jax.agent.prompts import (
     render_prompt,
     system_prompt_for_tools,
 )
+from aepo_jax.experiment_tokenizer import (
+    check_tokenizer_fits_checkpoint,
+    tokenizer_from,
+)
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 from aepo_jax.rewards import compute_reward
 from aepo_jax.rollout.agent_sampler import agent_sampler
@@ -238,35 +242,6 @@ def _demo_task(cfg: ml_collections.ConfigDict, directory: str):
                       heldout_fraction=float(e.heldout_fraction), max_syllables=int(e.max_syllables))
 
 
-def _tokenizer(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable[[], list[str]]) -> Any:
-    """`tokenizer.path`, else WORKDIR/tokenizer.model when it exists (a resumed or evaluated run),
-    else a SentencePiece trained on `texts()` and kept there."""
-    from aepo_jax.tokenizers import load_tokenizer
-    from aepo_jax.tokenizers.sentencepiece_tokenizer import (
-        SentencePieceTokenizer,
-        train_sentencepiece,
-    )
-
-    if cfg.tokenizer.path:
-        return load_tokenizer(cfg.tokenizer.path, add_agent_tokens=True)
-    prefix = os.path.join(workdir, "tokenizer")
-    if os.path.exists(prefix + ".model"):
-        return SentencePieceTokenizer(prefix + ".model")
-    return train_sentencepiece(texts(), int(cfg.tokenizer.vocab_size), model_prefix=prefix)
-
-
-def _hf_tokenizer(path: str) -> Any:
-    """`tokenizer.kind = "hf"`: the Hugging Face tokenizer at `path` (a tokenizer.json or the folder
-    holding it), with the agent tags added."""
-    from aepo_jax.tokenizers import load_tokenizer
-
-    if not path:
-        raise ValueError("tokenizer.kind='hf' needs tokenizer.path: a Hugging Face tokenizer.json or its folder")
-    if not (os.path.isdir(path) or path.endswith(".json")):
-        raise ValueError(f"tokenizer.kind='hf' needs a tokenizer.json or its folder, got tokenizer.path={path!r}")
-    return load_tokenizer(path, add_agent_tokens=True)
-
-
 def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environment:
     """Task, tokenizer, tools, prompt encoder and reward for `cfg` (see the module docstring)."""
     from aepo_jax.envs.facts_task import (
@@ -324,12 +299,8 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
 
         graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""))
         pretrained = (graphdef, params)
-    elif cfg.tokenizer.get("kind") == "hf":  # a pretrained checkpoint's own tokenizer.json (the paper configs)
-        tokenizer = _hf_tokenizer(cfg.tokenizer.path)
-    elif cfg.tokenizer.get("kind"):
-        raise ValueError(f"tokenizer.kind {cfg.tokenizer.kind!r} is not supported; use '', 'hf' or 'gguf'")
     else:
-        tokenizer = _tokenizer(cfg, workdir, texts)
+        tokenizer = tokenizer_from(cfg, workdir, texts)
     tools, closers = tools_from(cfg, corpus_path)
     if prompt.system_prompt == DEFAULT_SYSTEM_PROMPT:  # offer the tools this run has, and no other
         prompt = replace(prompt, system_prompt=system_prompt_for_tools(tools.tools))
@@ -357,23 +328,6 @@ def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = Non
         check_tokenizer_fits_checkpoint(env.tokenizer, cfg.model.checkpoint_dir)
     fit_model_to_tokenizer(cfg, env)
     return init_model(cfg, mesh=mesh)
-
-
-def check_tokenizer_fits_checkpoint(tokenizer: Any, checkpoint_dir: str) -> None:
-    """A ValueError, before any weight is read, when the tokenizer has ids (the agent tags appended past
-    its base vocabulary, say) beyond the checkpoint's embedding rows: the embedding lookup would clamp
-    them to the last row and the policy could never sample them."""
-    from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
-    from aepo_jax.models.hf_checkpoint import checkpoint_config
-
-    rows = checkpoint_config(checkpoint_dir).vocab_size
-    tag_ids = [tokenizer.token_to_id(tag) for tag in AGENT_SPECIAL_TOKENS]
-    ids = max([tokenizer.vocab_size] + [i + 1 for i in tag_ids if i is not None])  # a count, or past the last tag
-    if ids > rows:
-        raise ValueError(f"the tokenizer has {ids} ids (the agent tags included) but the checkpoint "
-                         f"{checkpoint_dir} has {rows} vocabulary rows: ids {rows} and up would be clamped to its "
-                         "last row and could never be sampled; use a checkpoint whose vocabulary has room for the "
-                         "tags (Qwen's pads past its tokenizer) or a tokenizer whose ids fit")
 
 
 def parameter_count(params: Any) -> int:
