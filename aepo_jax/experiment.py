@@ -41,6 +41,7 @@ from aepo_jax.agent.prompts import (
 )
 from aepo_jax.experiment_tokenizer import (
     check_tokenizer_fits_checkpoint,
+    copy_tokenizer_files,
     tokenizer_from,
 )
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
@@ -49,8 +50,6 @@ from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 from aepo_jax.tools.timing import TimedTools
-
-TOKENIZER_FILES = ("tokenizer.model", "tokenizer.vocab")
 
 
 # -- rollout pieces ------------------------------------------------------------
@@ -343,9 +342,7 @@ def save_run_files(cfg: ml_collections.ConfigDict, run_dir: str, env: Environmen
         json.dump(json.loads(cfg.to_json_best_effort()), f, indent=2, sort_keys=True)
     if os.path.abspath(run_dir) == os.path.abspath(env_dir):
         return
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(env_dir, name)):
-            shutil.copyfile(os.path.join(env_dir, name), os.path.join(run_dir, name))
+    copy_tokenizer_files(env_dir, run_dir)
     if env.task_dir and os.path.isdir(env.task_dir):
         shutil.copytree(env.task_dir, os.path.join(run_dir, "task"), dirs_exist_ok=True)
 

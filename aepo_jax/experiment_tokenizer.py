@@ -10,6 +10,20 @@ from typing import Any
 
 import ml_collections
 
+# The files of a trained tokenizer, kept in a run's folder.
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.vocab")
+
+
+def copy_tokenizer_files(source_dir: str, dest_dir: str) -> bool:
+    """Copy a trained tokenizer's files from `source_dir` into `dest_dir`; returns whether its model
+    file was there."""
+    import shutil
+
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(source_dir, name)):
+            shutil.copyfile(os.path.join(source_dir, name), os.path.join(dest_dir, name))
+    return os.path.exists(os.path.join(source_dir, TOKENIZER_FILES[0]))
+
 
 def tokenizer_from(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable[[], list[str]]) -> Any:
     """The tokenizer of `cfg.tokenizer` (kind "" or "hf"), with the agent tags.

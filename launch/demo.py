@@ -52,7 +52,8 @@ def format_table(report: dict[str, Any]) -> str:
 def fresh_environment(cfg, workdir: str, search_url: str = "", stages: tuple[str, ...] = ()):
     """The demo's environment in WORKDIR, after removing what an earlier run left there (its stages,
     task files and tokenizer), so a rerun replaces, never mixes into, the previous one."""
-    from aepo_jax.experiment import TOKENIZER_FILES, environment_from
+    from aepo_jax.experiment import environment_from
+    from aepo_jax.experiment_tokenizer import TOKENIZER_FILES
 
     os.makedirs(workdir, exist_ok=True)
     for sub in (*stages, "task"):

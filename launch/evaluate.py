@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -159,11 +158,9 @@ def main(argv: list[str]) -> int:
     env_dir = os.path.join(out, "env" if process_index == 0 else f"env-process-{process_index}")
     os.makedirs(env_dir, exist_ok=True)
     if run_dir and not cfg.tokenizer.path:
-        for suffix in (".model", ".vocab"):
-            source = os.path.join(run_dir, "tokenizer" + suffix)
-            if os.path.exists(source):
-                shutil.copyfile(source, os.path.join(env_dir, "tokenizer" + suffix))
-        if not os.path.exists(os.path.join(env_dir, "tokenizer.model")):
+        from aepo_jax.experiment_tokenizer import copy_tokenizer_files
+
+        if not copy_tokenizer_files(run_dir, env_dir):
             print(f"warning: {run_dir} has no tokenizer.model; training one from the config's task text",
                   file=sys.stderr, flush=True)
 

@@ -104,9 +104,8 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
     """This process's `Environment` (`aepo_jax.experiment.environment_from`) in its own folder
     (`process_environment_dir`). With several processes the first builds its own first; the others
     then start from a copy of its tokenizer (when it trained one), so every process encodes alike."""
-    import shutil
-
-    from aepo_jax.experiment import TOKENIZER_FILES, environment_from
+    from aepo_jax.experiment import environment_from
+    from aepo_jax.experiment_tokenizer import TOKENIZER_FILES, copy_tokenizer_files
     from aepo_jax.parallel.distributed import wait_for_every_process
 
     env_dir = process_environment_dir(workdir, process_index)
@@ -119,15 +118,13 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
             raise
         return env
     wait_for_every_process("run_setup.first_environment")
-    trained_here = not cfg.tokenizer.get("kind") and not cfg.tokenizer.get("path")
-    if trained_here and not os.path.exists(os.path.join(workdir, TOKENIZER_FILES[0])):
-        raise ValueError(f"process {process_index} does not see {os.path.join(workdir, TOKENIZER_FILES[0])}, "
+    trained = os.path.join(workdir, TOKENIZER_FILES[0])
+    if not cfg.tokenizer.get("kind") and not cfg.tokenizer.get("path") and not os.path.exists(trained):
+        raise ValueError(f"process {process_index} does not see {trained}, "
                          "which the first process trained: every host must see the same --workdir (a shared "
                          "folder or bucket mount)")
     os.makedirs(env_dir, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(workdir, name)):
-            shutil.copyfile(os.path.join(workdir, name), os.path.join(env_dir, name))
+    copy_tokenizer_files(workdir, env_dir)
     return environment_from(cfg, env_dir)
 
 
