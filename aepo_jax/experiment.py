@@ -40,6 +40,7 @@ from aepo_jax.agent.prompts import (
     system_prompt_for_tools,
 )
 from aepo_jax.experiment_tokenizer import (
+    agent_tags_registered,
     check_tokenizer_fits_checkpoint,
     copy_tokenizer_files,
     tokenizer_from,
@@ -296,7 +297,8 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     if cfg.tokenizer.get("kind") == "gguf":  # a pretrained policy brings its own tokenizer and chat template
         from aepo_jax.envs.pretrained import load_gguf_policy
 
-        graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""))
+        graphdef, params, tokenizer = load_gguf_policy(cfg.model.get("gguf_path", ""),
+                                                       register_agent_tags=agent_tags_registered(cfg))
         pretrained = (graphdef, params)
     else:
         tokenizer = tokenizer_from(cfg, workdir, texts)

@@ -41,17 +41,30 @@ def tokenizer_from(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable
     kind, path = cfg.tokenizer.get("kind") or "", cfg.tokenizer.path
     if kind not in ("", "hf"):  # "gguf" is handled where its policy is loaded (`environment_from`)
         raise ValueError(f"tokenizer.kind {kind!r} is not supported; use '', 'hf' or 'gguf'")
+    register_tags = agent_tags_registered(cfg)
     if kind == "hf":
         if not path:
             raise ValueError("tokenizer.kind='hf' needs tokenizer.path: a Hugging Face tokenizer.json or its folder")
         if not (os.path.isdir(path) or path.endswith(".json")):
             raise ValueError(f"tokenizer.kind='hf' needs a tokenizer.json or its folder, got tokenizer.path={path!r}")
     if path:
-        return load_tokenizer(path, add_agent_tokens=True)
+        return load_tokenizer(path, add_agent_tokens=register_tags)
+    if not register_tags:
+        raise ValueError("tokenizer.agent_tags='text' needs a tokenizer file (tokenizer.path): the SentencePiece "
+                         "trained for a run always registers the agent tags")
     prefix = os.path.join(workdir, "tokenizer")
     if os.path.exists(prefix + ".model"):
         return SentencePieceTokenizer(prefix + ".model")
     return train_sentencepiece(texts(), int(cfg.tokenizer.vocab_size), model_prefix=prefix)
+
+
+def agent_tags_registered(cfg: ml_collections.ConfigDict) -> bool:
+    """Whether `tokenizer.agent_tags` registers the agent tags as tokens ("special", the default) or
+    leaves them ordinary text ("text"); anything else is an error naming the setting."""
+    mode = cfg.tokenizer.get("agent_tags", "special")
+    if mode not in ("special", "text"):
+        raise ValueError(f"tokenizer.agent_tags must be 'special' or 'text', got {mode!r}")
+    return mode == "special"
 
 
 def check_tokenizer_fits_checkpoint(tokenizer: Any, checkpoint_dir: str) -> None:

@@ -142,6 +142,7 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int =
     """
 
     from aepo_jax.agent.loop import cache_slots
+    from aepo_jax.agent.tags import ANSWER_CLOSE, TOOL_CLOSE_TAGS
     from aepo_jax.experiment import loop_config_from, sampling_params_from
     from aepo_jax.parallel import state_shardings
     from aepo_jax.parallel.multihost import local_share
@@ -187,8 +188,14 @@ def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int =
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
     keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=layout.rows(1))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    stop_table = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                              build_stop_table([[1, 2, 3]], [0]))  # one 3-token stop sequence and EOS
+    # The run's stops: tags as text are stop strings over a per-id byte table of the whole vocabulary;
+    # registered tags, one-id stop sequences (a 3-token one here, to be safe) and EOS.
+    if cfg.tokenizer.get("agent_tags", "special") == "text":
+        closes = [*TOOL_CLOSE_TAGS, ANSWER_CLOSE]
+        table = build_stop_table([], [0, 1], closes, [b""] * model_config.vocab_size, model_config.vocab_size)
+    else:
+        table = build_stop_table([[1, 2, 3]], [0])
+    stop_table = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), table)
     steps = DECODE_WINDOW
     budget = rows_of((rows,), jnp.int32)
     progress = jax.eval_shape(start_progress, budget, stop_table)

@@ -40,6 +40,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.attention = "splash"
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen2.5-7B-Instruct/tokenizer.json"
+    # The tags as the checkpoint's own text pieces (the paper's SFT data writes them as plain text; registered
+    # as new ids they would read untrained embedding rows): segments stop on the generated text.
+    c.tokenizer.agent_tags = "text"
 
     c.data.name = "math_reasoning"
     c.data.path = "/path/to/aepo_reasoning_10k.jsonl"  # paper: 10,000 rows

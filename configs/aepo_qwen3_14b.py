@@ -43,6 +43,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.attention = "splash"
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/path/to/Qwen3-14B/tokenizer.json"
+    # The tags as the checkpoint's own text pieces (the paper's SFT data writes them as plain text; registered
+    # as new ids they would read untrained embedding rows): segments stop on the generated text.
+    c.tokenizer.agent_tags = "text"
 
     c.data.name = "deep_search"
     c.data.path = "/path/to/aepo_deep_search_1k.jsonl"  # paper: 1,071 training rows

@@ -62,8 +62,13 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # kind "": `path` by its file type (.model, .gguf, tokenizer.json or its folder), or with path "" a
     # SentencePiece BPE of `vocab_size` trained on the task's text (kept in WORKDIR/tokenizer.model);
     # "hf": `path` is a Hugging Face tokenizer.json or its folder (the paper configs); "gguf": the tokenizer
-    # inside model.gguf_path. The agent tags are added to HF and GGUF tokenizers.
-    c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512})
+    # inside model.gguf_path.
+    # agent_tags "special": the agent tags (<search>, </answer>, ...) are registered as one token each (added
+    # to HF and GGUF tokenizers past their vocabulary, in the trained SentencePiece), for a policy trained with
+    # them; a segment stops on the tag's id. "text": they stay ordinary text in the tokenizer's own pieces, as
+    # a checkpoint fine-tuned with plain-text tags (the released ARPO/AEPO SFT models) writes them; a segment
+    # stops when the generated text completes a closing tag, however it is split into tokens.
+    c.tokenizer = ml_collections.ConfigDict({"kind": "", "path": "", "vocab_size": 512, "agent_tags": "special"})
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_facts"

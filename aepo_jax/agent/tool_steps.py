@@ -107,5 +107,7 @@ class ToolSteps:
 
 
 def _ends_with_answer(text: str) -> bool:
-    """True when the last tag of the segment closes an answer (a stop at `</answer>`)."""
-    return text.rstrip().endswith(tags.ANSWER_CLOSE)
+    """True when the last closing tag of the segment closes an answer (a stop at `</answer>`; a stop
+    string may end inside the segment's last token, as `</answer>` does in a token `>.`)."""
+    answer = text.rfind(tags.ANSWER_CLOSE)
+    return answer >= 0 and all(text.rfind(close) < answer for close in tags.TOOL_CLOSE_TAGS)

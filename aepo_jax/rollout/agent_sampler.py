@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aepo_jax.agent.loop import LoopConfig, agent_stop_sequences, cache_slots
+from aepo_jax.agent.loop import LoopConfig, cache_slots
+from aepo_jax.agent.loop_config import agent_stops
 from aepo_jax.sampling import Sampler, SamplingParams
+from aepo_jax.tokenizers import end_of_generation_ids, token_bytes
 
 # A rollout's decode states hold at least this many rows: its last few trajectories (and small
 # branch groups) run the programs compiled for this batch instead of compiling batches of 1, 2 and 4.
@@ -24,7 +26,8 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
 
     Args:
       graphdef, params: the policy (`nnx.split` of the decoder).
-      tokenizer: gives `eos_id`, `pad_id` and the agent tags' token ids.
+      tokenizer: gives the end-of-generation ids, `pad_id` and the agent tags (stops by id when
+        they are registered tokens, else as strings on the generated text: `agent_stops`).
       loop: the loop's limits; every decode state gets `cache_slots(loop, prompts)` slots from its
         prefill on (a fixed length, so a rollout compiles each program for one cache length and
         never grows a cache; prefills, appends and decode windows still read only the span their
@@ -37,7 +40,9 @@ def agent_sampler(graphdef: Any, params: Any, tokenizer: Any, loop: LoopConfig, 
       prompts: prompts known in advance; a longer one than `loop.max_context_len` lengthens the cache.
     """
     slots = cache_slots(loop, prompts)
-    return Sampler(graphdef, params, eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
-                   stop_sequences=agent_stop_sequences(tokenizer), params=sampling,
+    stop_sequences, stop_strings = agent_stops(tokenizer)
+    return Sampler(graphdef, params, eos_ids=end_of_generation_ids(tokenizer), pad_id=tokenizer.pad_id,
+                   stop_sequences=stop_sequences, stop_strings=stop_strings,
+                   token_bytes=token_bytes(tokenizer) if stop_strings else None, params=sampling,
                    max_cache_len=slots, mesh=mesh, seed=seed, min_batch=ROLLOUT_MIN_BATCH, min_cache_len=slots,
                    compile_in_background=loop.compiles_in_background, layerwise_decode=loop.decode_layerwise)

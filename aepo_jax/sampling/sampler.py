@@ -82,6 +82,10 @@ class Sampler(ProgramRuns, RowOps):
       eos_ids: ids that end a row (stop reason "eos").
       pad_id: id written for padding (never attended to).
       stop_sequences: token-id sequences that end a row right after their last token.
+      stop_strings: texts that end a row right after the token that completes one, however the
+        text is split into tokens (stop reason "stop"; index M + j after the M id sequences).
+      token_bytes: the bytes each id decodes to (`aepo_jax.tokenizers.token_bytes`); needed with
+        `stop_strings`.
       params: default SamplingParams.
       max_cache_len: cache slots a row may never exceed (growth beyond raises).
       mesh: optional mesh (the run's, from the composition root). The decode
@@ -126,6 +130,8 @@ class Sampler(ProgramRuns, RowOps):
         eos_ids: Sequence[int] = (),
         pad_id: int = 0,
         stop_sequences: Sequence[Sequence[int]] = (),
+        stop_strings: Sequence[str | bytes] = (),
+        token_bytes: Sequence[bytes] | None = None,
         params: SamplingParams | None = None,
         max_cache_len: int = 4096,
         mesh: jax.sharding.Mesh | None = None,
@@ -158,7 +164,8 @@ class Sampler(ProgramRuns, RowOps):
         self.params = params if params is not None else SamplingParams()
         self.max_cache_len = int(max_cache_len)
         self._cache_dtype = cache_dtype if cache_dtype is not None else self.config.dtype
-        self._stop_table = build_stop_table(stop_sequences, eos_ids)
+        self._stop_table = build_stop_table(stop_sequences, eos_ids, stop_strings, token_bytes,
+                                            self.config.vocab_size)
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._calls = 0
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}

@@ -42,6 +42,19 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]: ...
 
 
+def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
+    """The bytes each id decodes to alone (for stop strings matched on generated text)."""
+    method = getattr(tokenizer, "token_bytes", None)
+    if method is not None:
+        return method()
+    return [tokenizer.decode([i]).encode("utf-8") for i in range(tokenizer.vocab_size)]
+
+
+def end_of_generation_ids(tokenizer: Tokenizer) -> list[int]:
+    """Every id that ends a generation: the tokenizer's `eos_ids` when it has them, else its EOS."""
+    return list(getattr(tokenizer, "eos_ids", None) or [tokenizer.eos_id])
+
+
 def load_tokenizer(path: str | os.PathLike, *, add_agent_tokens: bool = False) -> Tokenizer:
     """Open a tokenizer by file type: `.model` (SentencePiece), `.gguf`, or
     `tokenizer.json` / a directory holding it (Hugging Face).
@@ -81,6 +94,8 @@ __all__ = [
     "SentencePieceTokenizer",
     "Tokenizer",
     "chat_format_from_template",
+    "end_of_generation_ids",
     "load_tokenizer",
+    "token_bytes",
     "train_sentencepiece",
 ]

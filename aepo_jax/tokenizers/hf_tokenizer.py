@@ -33,6 +33,8 @@ class HFTokenizer:
       chat_format: how chats render; defaults to ChatML.
       add_agent_tokens: register the agent tags (spec section 4) as special
         tokens; see `add_special_tokens` for what that does to the vocabulary.
+      extra_eos_ids: more ids that end a generation besides EOS (`generation_config.json`'s
+        `eos_token_id`, e.g. Qwen's `<|endoftext|>` beside `<|im_end|>`); `eos_ids` holds all.
     """
 
     def __init__(
@@ -44,12 +46,18 @@ class HFTokenizer:
         pad_token: str | None = None,
         chat_format: ChatFormat | None = None,
         add_agent_tokens: bool = False,
+        extra_eos_ids: Sequence[int] = (),
     ):
         self.backend = backend
         self.base_vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.eos_id: int = self._require_id(eos_token, "EOS")
         self.bos_id: int | None = None if bos_token is None else self._require_id(bos_token, "BOS")
         self.pad_id: int = self.eos_id if pad_token is None else self._require_id(pad_token, "pad")
+        vocab = self.base_vocab_size
+        bad = [int(i) for i in extra_eos_ids if not 0 <= int(i) < vocab]
+        if bad:
+            raise ValueError(f"end-of-generation ids {bad} are outside the tokenizer's {vocab} ids")
+        self.eos_ids: list[int] = list(dict.fromkeys([self.eos_id, *(int(i) for i in extra_eos_ids)]))
         self.chat_format = chat_format or CHATML
         self.num_added = 0
         if add_agent_tokens:
@@ -67,7 +75,9 @@ class HFTokenizer:
 
         Special tokens and the chat template come from `tokenizer_config.json`
         beside it when present; the template is used if it is a simple ChatML
-        or Llama-3 one (see `chat_format_from_template`), else ChatML.
+        or Llama-3 one (see `chat_format_from_template`), else ChatML. The ids that end a
+        generation are EOS plus `generation_config.json`'s `eos_token_id` beside it, as
+        transformers' `generate` stops on them.
         """
         import tokenizers
 
@@ -95,6 +105,7 @@ class HFTokenizer:
             pad_token=_token_string(config.get("pad_token")),
             chat_format=chat_format or chat_format_from_template(template),
             add_agent_tokens=add_agent_tokens,
+            extra_eos_ids=_generation_eos_ids(json_path.parent / "generation_config.json"),
         )
 
     @property
@@ -138,6 +149,12 @@ class HFTokenizer:
         """Text of `ids`, special tokens included as their strings."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def token_bytes(self) -> list[bytes]:
+        """The UTF-8 bytes each id decodes to alone (special tokens as their strings); a piece of a
+        multi-byte character decodes to U+FFFD, so only whole characters are exact."""
+        texts = self.backend.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=False)
+        return [t.encode("utf-8") for t in texts]
+
     def token_to_id(self, piece: str) -> int | None:
         return self.backend.token_to_id(piece)
 
@@ -147,6 +164,17 @@ class HFTokenizer:
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the chat rendered with `self.chat_format`."""
         return self.chat_format.render_ids(messages, add_generation_prompt, self.encode, self.eos_id)
+
+
+def _generation_eos_ids(path: Path) -> list[int]:
+    """`eos_token_id` of a `generation_config.json` (an int or a list), or [] without the file."""
+    if not path.is_file():
+        return []
+    value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{path}: eos_token_id must be an int or a list of ints, got {value!r}")
+    return values
 
 
 def _token_string(value) -> str | None:

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.agent.loop_config import agent_stops
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS, ANSWER_CLOSE, TOOL_CLOSE_TAGS
 from aepo_jax.experiment import environment_from
 from aepo_jax.tokenizers import HFTokenizer
 from configs import aepo_qwen2_5_7b, aepo_qwen3_14b
@@ -45,6 +46,7 @@ def test_paper_config_builds_its_environment_from_local_files(module, local_file
     tokenizer_json, rows, corpus = local_files
     cfg = module.get_config()
     assert (cfg.tokenizer.kind, cfg.tokenizer.path.startswith("/path/to/")) == ("hf", True)
+    assert cfg.tokenizer.agent_tags == "text"  # the checkpoint's own pieces, as its SFT data wrote them
     # The deep-search config names a search corpus to serve; the reasoning config has no search tool.
     searches = module is aepo_qwen3_14b
     assert cfg.data.corpus_path.startswith("/path/to/") == searches
@@ -54,7 +56,10 @@ def test_paper_config_builds_its_environment_from_local_files(module, local_file
     env = environment_from(cfg, str(tmp_path))
     try:
         assert isinstance(env.tokenizer, HFTokenizer)
-        assert all(len(env.tokenizer.encode(tag)) == 1 for tag in AGENT_SPECIAL_TOKENS)  # tags are tokens
+        # The tags stay the tokenizer's own text (no new ids), and a segment stops on their text.
+        assert env.tokenizer.vocab_size == env.tokenizer.base_vocab_size
+        assert all(env.tokenizer.token_to_id(tag) is None for tag in AGENT_SPECIAL_TOKENS)
+        assert agent_stops(env.tokenizer) == ([], [*TOOL_CLOSE_TAGS, ANSWER_CLOSE])
         by_id = {example["id"]: example for example in env.examples}
         assert len(by_id) == 16 and by_id["q9"]["answers"] == ["1807"]
         prompt = env.tokenizer.decode(env.encode_prompt(by_id["q9"]))
@@ -82,9 +87,13 @@ def test_the_system_prompt_refuses_a_tool_it_has_no_line_for():
     ("hf", "", r"tokenizer.kind='hf' needs tokenizer.path"),
     ("hf", "tokenizer.model", r"needs a tokenizer.json or its folder, got tokenizer.path='tokenizer.model'"),
     ("tiktoken", "x", r"tokenizer.kind 'tiktoken' is not supported; use '', 'hf' or 'gguf'"),
+    ("hf", "tags:plain", r"tokenizer.agent_tags must be 'special' or 'text', got 'plain'"),
+    ("", "", r"tokenizer.agent_tags='text' needs a tokenizer file"),
 ])
 def test_a_tokenizer_setting_that_cannot_work_is_refused_by_name(kind, path, message, local_files, tmp_path):
     cfg = aepo_qwen3_14b.get_config()
+    if path.startswith("tags:"):
+        cfg.tokenizer.agent_tags, path = path[len("tags:"):], str(local_files[0])
     cfg.tokenizer.kind, cfg.tokenizer.path = kind, path
     cfg.data.path = str(local_files[1])
     with pytest.raises(ValueError, match=message):
@@ -114,13 +123,14 @@ def test_the_14b_config_launches_one_rl_step_with_only_the_model_cut_down(local_
     assert [r["step"] for r in records] == [1] and records[0]["trajectories"] == 4.0
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["1"]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert (saved["tokenizer"]["kind"], saved["reward"]["name"], saved["rollout"]["strategy"]) == ("hf", "qa_f1", "aepo")
+    assert (saved["tokenizer"]["kind"], saved["tokenizer"]["agent_tags"], saved["reward"]["name"],
+            saved["rollout"]["strategy"]) == ("hf", "text", "qa_f1", "aepo")
 
 
 @pytest.mark.parametrize("room", [False, True], ids=["no_room", "room"])
 def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weights_are_read(room, local_files,
                                                                                                tmp_path):
-    """The paper configs pair a checkpoint with its tokenizer.json plus the agent tags, whose ids follow
+    """With `agent_tags="special"` a checkpoint is paired with its tokenizer.json plus the agent tags, whose ids follow
     the tokenizer's own. Qwen's embedding has rows to spare past its tokenizer; a checkpoint without
     them would get the last tag ids clamped to its last row. One row short: refused by name; 32 rows
     to spare: the model loads with the checkpoint's rows."""
@@ -133,6 +143,7 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
     tokenizer_json, rows_path, corpus = local_files
     cfg = aepo_qwen3_14b.get_config()
     cfg.tokenizer.path, cfg.data.path, cfg.data.corpus_path = str(tokenizer_json), str(rows_path), str(corpus)
+    cfg.tokenizer.agent_tags = "special"  # a checkpoint trained with the tags as tokens of their own
     env = environment_from(cfg, str(tmp_path / "env"))
     env.close()
     ids = env.tokenizer.vocab_size

@@ -1,0 +1,128 @@
+"""Agent tags as ordinary text (`tokenizer.agent_tags="text"`, a checkpoint fine-tuned with plain-text tags):
+the rollout sampler stops when the generated text completes a closing tag, and the loop runs the call.
+
+The policy is a real decoder whose weights are set so that greedy decoding writes a chosen token chain:
+the layers add nothing to the residual stream and the untied head scores token y by the embedding of
+the one token meant to precede it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from aepo_jax.agent.loop import AgentLoop, LoopConfig
+from aepo_jax.agent.loop_config import agent_stops
+from aepo_jax.agent.tags import ANSWER_CLOSE, TOOL_CLOSE_TAGS
+from aepo_jax.models import Decoder, get_preset
+from aepo_jax.rollout.agent_sampler import agent_sampler
+from aepo_jax.sampling import SamplingParams
+from aepo_jax.tokenizers import HFTokenizer, end_of_generation_ids
+from aepo_jax.tools import PythonSandbox, PythonTool, SandboxLimits, ToolRegistry
+from tests.hf_tokenizer_files import write_hf_tokenizer
+
+CORPUS = ["<python>print(6 * 7)</python> <answer>\\boxed{42}</answer> the search results, python code."] * 20
+CALL = "<python>print(6*7)</python>"
+GREEDY = SamplingParams(greedy=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    return write_hf_tokenizer(tmp_path_factory.mktemp("tok"), CORPUS, vocab_size=400)
+
+
+def chain_policy(vocab: int, chain: list[int]):
+    """(graphdef, params): greedy decoding after chain[0] writes chain[1:] (and then what its last token's
+    earlier successor in the chain, if any, leads to)."""
+    model = Decoder(get_preset("tiny", vocab_size=vocab, tie_embeddings=False), rngs=nnx.Rngs(0))
+    model.layers.attention.o_proj[...] = 0.0  # the layers add nothing: the logits see the last token alone
+    model.layers.mlp.down[...] = 0.0
+    embed = np.asarray(model.embed[...])
+    head = np.zeros(model.lm_head[...].shape, np.float32)  # [d, V]
+    successor = {}
+    for before, after in itertools.pairwise(chain):
+        assert successor.setdefault(before, after) == after, "the chain must give each token one successor"
+        head[:, after] += 30.0 * embed[before] / np.linalg.norm(embed[before])  # summed over its predecessors
+    model.lm_head[...] = head
+    return nnx.split(model)
+
+
+def test_plain_text_tags_stop_by_their_text_and_registered_tags_by_their_id(tokenizer_json):
+    plain = HFTokenizer.from_file(tokenizer_json)
+    sequences, strings = agent_stops(plain)
+    assert sequences == [] and strings == [*TOOL_CLOSE_TAGS, ANSWER_CLOSE]
+    assert all(len(plain.encode(tag)) > 1 for tag in strings)  # split into the tokenizer's own pieces
+    registered = HFTokenizer.from_file(tokenizer_json, add_agent_tokens=True)
+    sequences, strings = agent_stops(registered)
+    assert strings == [] and all(len(s) == 1 for s in sequences)
+
+
+@pytest.mark.parametrize("register", [False, True])
+def test_the_rollout_sampler_stops_where_the_text_closes_a_tool_call(tokenizer_json, register):
+    tok = HFTokenizer.from_file(tokenizer_json, add_agent_tokens=register)
+    start = tok.encode(" the")
+    call = tok.encode(CALL)
+    graphdef, params = chain_policy(tok.vocab_size, [start[-1], *call])
+    loop = LoopConfig(max_context_len=128, max_response_tokens=64)
+    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    _, out = sampler.generate(sampler.prefill([start]), 40, rng=jax.random.key(0))
+    assert out.row_tokens(0) == call, tok.decode(out.row_tokens(0))
+    assert out.stop_reason[0] == "stop"
+    # without the stops the same policy runs on past the tag: the stop is what ended it
+    free = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    free._stop_table = free._stop_table.replace(strings=free._stop_table.strings[:0],
+                                                ids=free._stop_table.ids[:0], compare=free._stop_table.compare[:0])
+    _, more = free.generate(free.prefill([start]), 40, rng=jax.random.key(0))
+    assert len(more.row_tokens(0)) == 40
+
+
+def test_the_agent_loop_runs_a_call_written_as_plain_text(tokenizer_json):
+    tok = HFTokenizer.from_file(tokenizer_json)
+    start = tok.encode(" the")
+    graphdef, params = chain_policy(tok.vocab_size, [start[-1], *tok.encode(CALL)])
+    loop = LoopConfig(max_context_len=256, max_response_tokens=160, max_tool_calls=1)
+    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
+        tools = ToolRegistry({"python": PythonTool(sandbox)})
+        try:
+            result = AgentLoop(sampler, tok, tools, loop).run([start], 1, 1, rng=np.random.default_rng(0),
+                                                             key=jax.random.key(0))
+        finally:
+            tools.close()
+    (traj,) = result.groups[0]
+    assert [(s.tag, s.content) for s in traj.tool_steps] == [("python", "print(6*7)")]
+    assert "42" in traj.tool_steps[0].result_text and traj.tool_steps[0].ok
+
+
+def test_generation_config_end_ids_stop_a_row_too(tmp_path):
+    folder = tmp_path / "tok"
+    write_hf_tokenizer(folder, CORPUS, vocab_size=400)
+    tok = HFTokenizer.from_file(folder)
+    assert end_of_generation_ids(tok) == [tok.eos_id]
+    endoftext = tok.token_to_id("<|endoftext|>")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eos_id, endoftext]}))
+    tok = HFTokenizer.from_file(folder)
+    assert end_of_generation_ids(tok) == [tok.eos_id, endoftext]
+    start = tok.encode(" the")
+    graphdef, params = chain_policy(tok.vocab_size, [start[-1], *tok.encode(" python code"), endoftext])
+    sampler = agent_sampler(graphdef, params, tok, LoopConfig(max_context_len=64, max_response_tokens=32), GREEDY,
+                            seed=0)
+    _, out = sampler.generate(sampler.prefill([start]), 20, rng=jax.random.key(0))
+    assert out.row_tokens(0)[-1] == endoftext and out.stop_reason[0] == "eos"
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [10**6]}))
+    with pytest.raises(ValueError, match="outside the tokenizer"):
+        HFTokenizer.from_file(folder)
+
+
+def test_a_segment_ends_with_an_answer_when_its_last_closing_tag_is_the_answers():
+    from aepo_jax.agent.tool_steps import _ends_with_answer
+
+    assert _ends_with_answer("<answer>\\boxed{1}</answer>")
+    assert _ends_with_answer("<answer>\\boxed{1}</answer>.\n")  # a stop string ending inside the last token
+    assert not _ends_with_answer("<answer>\\boxed{1}</answer> then <python>x</python>")
+    assert not _ends_with_answer("<search>q</search>")
