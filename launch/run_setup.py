@@ -14,7 +14,8 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     """Create WORKDIR, print the config, write WORKDIR/config.json; returns its path.
 
     Without `resume`, a workdir that already holds checkpoints is an error, so
-    a run never silently trains on top of (or next to) another one.
+    a run never silently trains on top of (or next to) another one; with it, a workdir without one
+    is an error too (an unmounted bucket or a mistyped path would otherwise start again from step 0).
     """
     from aepo_jax.run_paths import require_local_path
 
@@ -26,6 +27,9 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     if not resume and os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints)):
         raise SystemExit(f"{workdir} already has checkpoints; pass --resume to continue that run "
                          "or choose another --workdir")
+    if resume and not (os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))):
+        raise SystemExit(f"--resume: {checkpoints} holds no checkpoint (is the bucket mounted? is --workdir "
+                         "right?); leave out --resume to start a new run")
     path = os.path.join(workdir, "config.json")
     if process_index == 0:
         os.makedirs(workdir, exist_ok=True)
@@ -169,8 +173,13 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
         if process_index == 0:
             save_run_files(cfg, workdir, env, workdir)  # config.json again, now with the vocabulary size
         trainer = make_trainer(cfg, env, process_index, process_count)
-        if resume and trainer.restore_latest():
-            print(f"resumed from step {int(trainer.state.rounds)}", flush=True)
+        if resume:
+            if not trainer.restore_latest():
+                raise SystemExit(f"--resume: no complete checkpoint under {workdir}/checkpoints")
+            step = int(trainer.state.rounds)
+            dropped = trainer.logger.keep_through(step)  # the records after it are logged again
+            print(f"resumed from step {step}" + (f" ({dropped} later metrics lines dropped)" if dropped else ""),
+                  flush=True)
         trainer.train()
     finally:
         if trainer is not None:

@@ -90,6 +90,8 @@ class MetricsLogger:
             return record
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())  # a mounted bucket (gcsfuse) uploads on fsync or close: a preempted
+        # host would otherwise lose every record since the run started
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -97,6 +99,33 @@ class MetricsLogger:
         if self.console and (step % self.console_every == 0 if console is None else console):
             write_console_line(format_console_line(record))
         return record
+
+    def keep_through(self, step: int) -> int:
+        """Drop the records after `step` (a resumed run repeats them) and a last line cut short (a
+        preempted write); returns how many lines were dropped. The file is replaced whole, atomically."""
+        if not self.active:
+            return 0
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        kept = []
+        for number, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if number == len(lines) - 1:
+                    continue  # the last write was cut short
+                raise ValueError(f"{self.path}: line {number + 1} is not a JSON record: {line[:80]!r}") from None
+            if int(record["step"]) <= step:
+                kept.append(line)
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return len(lines) - len(kept)
 
     def close(self) -> None:
         if self._file is not None:

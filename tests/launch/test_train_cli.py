@@ -117,6 +117,14 @@ def test_existing_run_needs_resume_flag(two_step_run):
     assert "pass --resume" in out.stderr
 
 
+def test_resume_without_a_checkpoint_is_refused_before_anything_starts(tmp_path):
+    """An unmounted bucket or a mistyped --workdir looks like an empty folder: --resume must not start
+    the run again from step 0 there."""
+    out = _launch(*SEEDED_RUN, "--workdir", str(tmp_path / "nothing_here"), "--resume", timeout=300)
+    assert out.returncode != 0
+    assert "holds no checkpoint" in out.stderr and "leave out --resume" in out.stderr
+
+
 def test_every_key_the_plots_and_console_ask_for_is_emitted(two_step_run):
     from aepo_jax.training.metric_keys import CONSOLE_KEYS, PLOT_PANELS
 

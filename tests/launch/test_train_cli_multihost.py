@@ -37,7 +37,8 @@ def test_two_process_launch_with_rollout_ahead_resumes_exactly(tmp_path):
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "3")
     metrics = tmp_path / "resumed" / "metrics.jsonl"
-    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))
+    with open(metrics, "a", encoding="utf-8") as f:  # step 3's record is there, and a write cut short after it
+        f.write('{"step": 4, "lo')
     _launch(tmp_path / "resumed", 3, *every_step, "--resume")
     whole = read_metrics(str(tmp_path / "whole" / "metrics.jsonl"))
     resumed = read_metrics(str(metrics))

@@ -56,3 +56,22 @@ def test_plot_metrics_missing_file_is_a_clear_error(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode != 0
     assert "no metrics file" in out.stderr
+
+
+def test_a_resumed_run_keeps_the_records_through_its_step_and_drops_a_cut_line(tmp_path):
+    with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, {"loss": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "lo')  # a preempted write
+    with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as logger:
+        assert logger.keep_through(2) == 2
+        logger.log(3, {"loss": 30.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(str(tmp_path))] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_a_broken_line_before_the_last_is_an_error_not_a_silent_loss(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as logger, \
+            pytest.raises(ValueError, match="line 2 is not a JSON record"):
+        logger.keep_through(5)
