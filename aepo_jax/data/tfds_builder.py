@@ -13,6 +13,7 @@ reads it back with `load_prepared(path)` without the config.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -152,6 +153,15 @@ def load_prepared(dataset_path: str | Path, split: str = "train") -> list[Exampl
     return [decode_example(source[i]) for i in range(len(source))]
 
 
+def file_digest(path: str | Path, length: int = 12) -> str:
+    """The first `length` hex digits of the SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:length]
+
+
 def load_local_examples(
     path: str | Path,
     data_dir: str | Path,
@@ -162,19 +172,23 @@ def load_local_examples(
 ) -> list[Example]:
     """One-call path for configs: prepare a single-file dataset through tfds and read it back.
 
+    The prepared copy is named by the file's contents too (`<name>_<sha256 prefix>`), so an edited or
+    replaced file is prepared again instead of silently reading the old rows.
+
     Args:
       path: JSONL or parquet file.
-      data_dir: tfds data directory (prepared once, reused afterwards).
+      data_dir: tfds data directory (prepared once per file contents, reused afterwards).
       name: config name (default: the file's stem).
       layout: row layout (`records.LAYOUTS`).
       data_source: tag for rows without their own (default: the name).
     """
     path = Path(path)
+    base = name or path.stem
     builder = prepare_local_dataset(
-        name or path.stem,
+        f"{base}_{file_digest(path)}",
         {"train": path},
         data_dir,
         layout=layout,
-        data_source=data_source,
+        data_source=data_source or base,
     )
     return load_prepared(builder.data_path, "train")

@@ -10,6 +10,7 @@ import pytest
 from aepo_jax.data.demo_datasets import DEMO_DIR
 from aepo_jax.data.records import DatasetFormatError, read_examples
 from aepo_jax.data.tfds_builder import (
+    file_digest,
     load_local_examples,
     load_prepared,
     prepare_local_dataset,
@@ -80,7 +81,22 @@ def test_load_local_examples_one_call(tmp_path):
         tmp_path
         / "tfds"
         / "local_qa_dataset"
-        / "multihop_qa"
+        / f"multihop_qa_{file_digest(DEMO_DIR / 'multihop_qa.jsonl')}"
         / "1.0.0"
         / "dataset_info.json"
     ).is_file()
+
+
+def test_an_edited_data_file_is_prepared_again_not_read_from_the_old_copy(tmp_path):
+    source = tmp_path / "v1" / "train.jsonl"
+    source.parent.mkdir()
+    rows = [{"id": f"q{i}", "question": f"q{i}?", "answer": f"old{i}"} for i in range(3)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sorted(e["answers"][0] for e in load_local_examples(source, tmp_path / "tfds")) == ["old0", "old1", "old2"]
+    source.write_text("".join(json.dumps({**r, "answer": r["answer"].replace("old", "new")}) + "\n" for r in rows))
+    assert sorted(e["answers"][0] for e in load_local_examples(source, tmp_path / "tfds")) == ["new0", "new1", "new2"]
+    other = tmp_path / "v2" / "train.jsonl"  # another file of the same name
+    other.parent.mkdir()
+    other.write_text(json.dumps({"id": "z", "question": "z?", "answer": "zed"}) + "\n")
+    assert [e["answers"] for e in load_local_examples(other, tmp_path / "tfds")] == [["zed"]]
+    assert {e["data_source"] for e in load_local_examples(other, tmp_path / "tfds")} == {"train"}  # the stem
