@@ -146,6 +146,7 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     from absl import logging as absl_logging
 
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
+    from aepo_jax.training.checkpoint import cut_short_note
 
     if absl_logging.get_verbosity() <= absl_logging.INFO and not cfg.get("verbose_logs", False):
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
@@ -175,7 +176,8 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
         trainer = make_trainer(cfg, env, process_index, process_count)
         if resume:
             if not trainer.restore_latest():
-                raise SystemExit(f"--resume: no complete checkpoint under {workdir}/checkpoints")
+                raise SystemExit(f"--resume: no complete checkpoint under {workdir}/checkpoints"
+                                 + cut_short_note(trainer.checkpointer))
             step = int(trainer.state.rounds)
             dropped = trainer.logger.keep_through(step)  # the records after it are logged again
             print(f"resumed from step {step}" + (f" ({dropped} later metrics lines dropped)" if dropped else ""),

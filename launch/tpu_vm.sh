@@ -25,9 +25,10 @@
 # WORKDIR is a path every worker mounts at the same place (a bucket through
 # gcsfuse, e.g. /mnt/BUCKET/run, or a Filestore share): checkpoints must be
 # visible to every host (orbax writes them collectively). A gs:// URL is refused.
-# tfds and orbax finish their writes by renaming folders: mount the bucket with
+# tfds finishes its writes by renaming folders: mount the bucket with
 # `gcsfuse --rename-dir-limit=1000000 BUCKET /mnt/BUCKET` (or use a bucket with a
-# hierarchical namespace), or gcsfuse refuses those renames.
+# hierarchical namespace), or gcsfuse refuses those renames. Checkpoints are
+# written in place and committed by a commit_success.txt (no rename).
 # The paper configs run attention through the TPU kernels (model.attention=splash,
 # docs/attention.md); nothing to override here.
 set -euo pipefail

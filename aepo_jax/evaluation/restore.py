@@ -23,7 +23,7 @@ from aepo_jax.models import ModelConfig
 from aepo_jax.parallel.multihost import first_process_value
 from aepo_jax.parallel.sharding import state_shardings
 from aepo_jax.training.build import abstract_model
-from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.checkpoint import Checkpointer, cut_short_note
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def restore_policy_params(
         # The newest step can change while processes look (a run still training): all read the first one's.
         step = first_process_value(-1 if step is None else step)
         if step < 0:
-            raise FileNotFoundError(f"no complete checkpoint in {location.manager_dir}")
+            raise FileNotFoundError(f"no complete checkpoint in {location.manager_dir}"
+                                    + cut_short_note(checkpointer))
         try:
             params = checkpointer.restore_params(abstract_params, step=step, shardings=shardings)
         except (ValueError, KeyError, TypeError) as err:

@@ -1,9 +1,15 @@
 """Orbax checkpoints of the train state plus the data-pipeline position.
 
 Saves are asynchronous and keep the newest `keep` steps. Orbax writes each
-step into a temporary directory and renames it on finalize, so a process
-killed mid-save leaves only complete steps visible: `latest_step()` and
-`restore()` use the newest complete one (tested with a SIGKILLed subprocess).
+step in place and, once every file is written, a `commit_success.txt` in it
+(`COMMIT_FILE` atomicity), so a process killed mid-save leaves only complete
+steps visible: `latest_step()` and `restore()` use the newest committed one
+(tested with a SIGKILLed subprocess). Orbax's default on a local path, a
+temporary folder renamed when done, is atomic on a local disk but not on a
+gcsfuse bucket, which renames a folder object by object: a preempted rename
+could leave a partial step (with its commit file, written before the rename)
+that looked complete. Steps saved that way carry the commit file too, so
+their runs resume unchanged.
 Restoring goes through an abstract target (shapes, dtypes, shardings), so
 optax tuples come back as tuples and arrays land on the requested devices.
 The target's shapes are checked against the step's metadata before any array
@@ -65,7 +71,16 @@ def abstract_like(tree: Any, shardings: Any | None = None) -> Any:
     )
 
 
+COMMIT_FILE_NAME = "commit_success.txt"  # what orbax's COMMIT_FILE protocol writes last into a step
 ROLLOUT_PARAMS = "rollout_params"  # the item of the parameters the next rollout samples with
+
+
+def cut_short_note(checkpointer: Checkpointer) -> str:
+    """": steps [...] were cut short ..." for a folder whose step folders lack their commit file, else ""."""
+    steps = checkpointer.uncommitted_steps()
+    if not steps:
+        return ""
+    return f": steps {steps} have no {COMMIT_FILE_NAME} (their saves were cut short; they are never restored)"
 
 
 class Checkpointer:
@@ -79,6 +94,7 @@ class Checkpointer:
             save_interval_steps=save_every,
             enable_async_checkpointing=async_save,
             create=True,
+            atomicity_options=ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE),
         )
         # The manager's first step is a device collective over every process; they meet here first, so a
         # host that started up slower than the others does not fail that collective (see the barrier).
@@ -107,6 +123,14 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         self._manager.reload()
         return list(self._manager.all_steps())
+
+    def uncommitted_steps(self) -> list[int]:
+        """Step folders without a commit file: saves cut short (never restored)."""
+        if not os.path.isdir(self.directory):
+            return []
+        names = [n for n in os.listdir(self.directory) if n.isdigit()]
+        return sorted(int(n) for n in names
+                      if not os.path.exists(os.path.join(self.directory, n, COMMIT_FILE_NAME)))
 
     def restore(self, target: Any, step: int | None = None, shardings: Any | None = None) -> tuple[Any, dict]:
         """Restore (state, data_position) at `step` (default newest complete).

@@ -14,7 +14,11 @@ import optax
 import pytest
 from flax import nnx
 
-from aepo_jax.training.checkpoint import Checkpointer
+from aepo_jax.training.checkpoint import (
+    COMMIT_FILE_NAME,
+    Checkpointer,
+    cut_short_note,
+)
 from aepo_jax.training.optimizer import make_optimizer
 from aepo_jax.training.train_state import TrainState
 from tests.child_process import child_env
@@ -124,11 +128,9 @@ _SAVER = textwrap.dedent(
 )
 
 
-def _tmp_dirs_of_step2(directory: str) -> list[str]:
-    return [n for n in os.listdir(directory) if n.startswith("2") and n != "2"]
-
-
 def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
+    """A save cut short is never taken for a complete step: the step's folder is written in place and
+    exists half-written (as a gcsfuse folder rename cut short would leave it), without its commit file."""
     directory = str(tmp_path / "ckpt")
     env = child_env()
     proc = subprocess.Popen(
@@ -138,7 +140,7 @@ def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "STEP1_DONE"
         deadline = time.time() + 120
-        while not _tmp_dirs_of_step2(directory):
+        while not os.path.isdir(os.path.join(directory, "2")):
             assert time.time() < deadline, "step-2 save never started"
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
@@ -148,13 +150,17 @@ def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert not os.path.exists(os.path.join(directory, "2")), "save finished before the kill"
-    assert _tmp_dirs_of_step2(directory), "the interrupted save should leave only a temporary dir"
+    assert not os.path.exists(os.path.join(directory, "2", COMMIT_FILE_NAME)), "save finished before the kill"
 
     target = {"w": jnp.zeros((4, 4), jnp.float32), "step": jnp.int32(0)}
     with Checkpointer(directory, keep=5) as ckpt:
         assert ckpt.latest_step() == 1
+        assert ckpt.uncommitted_steps() == [2] and "steps [2] have no" in cut_short_note(ckpt)
         restored, position = ckpt.restore(target)
-    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 4), 1.5, np.float32))
-    assert int(restored["step"]) == 1
-    assert position == {"next_index": 11}
+        np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 4), 1.5, np.float32))
+        assert int(restored["step"]) == 1
+        assert position == {"next_index": 11}
+        # The resumed run saves step 2 again over what was cut short.
+        ckpt.save(2, {**target, "step": jnp.int32(2)}, {"next_index": 22})
+        ckpt.wait_until_finished()
+        assert ckpt.latest_step() == 2 and ckpt.uncommitted_steps() == []
