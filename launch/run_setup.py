@@ -9,9 +9,13 @@ import os
 
 import ml_collections
 
+from launch.resume_check import check_resume_config
 
-def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0) -> str:
-    """Create WORKDIR, print the config, write WORKDIR/config.json; returns its path.
+
+def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0,
+                    allow_config_changes: bool = False) -> str:
+    """Create WORKDIR, print the config, write WORKDIR/config.json (a resumed run: check it against the
+    saved one first, `launch.resume_check`, and leave the writing to the run); returns its path.
 
     Without `resume`, a workdir that already holds checkpoints is an error, so
     a run never silently trains on top of (or next to) another one; with it, a workdir without one
@@ -31,11 +35,17 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
         raise SystemExit(f"--resume: {checkpoints} holds no checkpoint (is the bucket mounted? is --workdir "
                          "right?); leave out --resume to start a new run")
     path = os.path.join(workdir, "config.json")
+    resolved = json.loads(cfg.to_json_best_effort())
+    if resume:
+        changed = check_resume_config(workdir, resolved, allow_config_changes, keep_old=process_index == 0)
+        if changed and process_index == 0:
+            print(f"--resume: config changes accepted: {changed}", flush=True)
     if process_index == 0:
         os.makedirs(workdir, exist_ok=True)
         print("resolved config:\n" + str(cfg), flush=True)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(json.loads(cfg.to_json_best_effort()), f, indent=2, sort_keys=True)
+        if not resume:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(resolved, f, indent=2, sort_keys=True)
     return path
 
 
@@ -85,7 +95,8 @@ def check_config_arguments(argv: list[str]) -> None:
 
 
 def define_run_flags() -> tuple:
-    """`--config`, `--workdir` and `--resume` of the training entry points (call once, at import)."""
+    """`--config`, `--workdir`, `--resume` and `--allow_config_changes` of the training entry points (call
+    once, at import)."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -93,8 +104,11 @@ def define_run_flags() -> tuple:
                                              lock_config=True)
     workdir = flags.DEFINE_string("workdir", None, "run directory: metrics, checkpoints, config")
     resume = flags.DEFINE_bool("resume", False, "continue from the newest complete checkpoint in WORKDIR")
+    allow_changes = flags.DEFINE_bool("allow_config_changes", False,
+                                      "with --resume: accept config settings that differ from the run's "
+                                      "(launch/resume_check.py; the old config is kept beside it)")
     flags.mark_flags_as_required(["config", "workdir"])
-    return config, workdir, resume
+    return config, workdir, resume, allow_changes
 
 
 def process_environment_dir(workdir: str, process_index: int) -> str:
@@ -132,7 +146,8 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
     return environment_from(cfg, env_dir)
 
 
-def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer) -> int:
+def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer,
+                 allow_config_changes: bool = False) -> int:
     """The body `launch.train` and `launch.sft` share.
 
     Initialises multi-host JAX when the environment asks for it, prepares
@@ -166,7 +181,8 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
         raise SystemExit(f"error: {err}") from err
     start_runtime(cfg)
 
-    prepare_workdir(cfg, workdir, resume=resume, process_index=process_index)
+    prepare_workdir(cfg, workdir, resume=resume, process_index=process_index,
+                    allow_config_changes=allow_config_changes)
     env = process_environment(cfg, workdir, process_index)
     trainer = None
     try:

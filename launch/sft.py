@@ -23,7 +23,7 @@ from absl import app
 
 from launch.run_setup import define_run_flags
 
-_CONFIG, _WORKDIR, _RESUME = define_run_flags()
+_CONFIG, _WORKDIR, _RESUME, _ALLOW_CONFIG_CHANGES = define_run_flags()
 
 
 def make_sft_trainer(cfg, env, process_index: int, process_count: int):
@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     from aepo_jax.experiment_sft import sft_config_from
     from launch.run_setup import run_training
 
-    return run_training(sft_config_from(_CONFIG.value), _WORKDIR.value, _RESUME.value, make_sft_trainer)
+    return run_training(sft_config_from(_CONFIG.value), _WORKDIR.value, _RESUME.value, make_sft_trainer,
+                        allow_config_changes=_ALLOW_CONFIG_CHANGES.value)
 
 
 if __name__ == "__main__":

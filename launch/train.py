@@ -19,7 +19,7 @@ from absl import app
 
 from launch.run_setup import define_run_flags
 
-_CONFIG, _WORKDIR, _RESUME = define_run_flags()
+_CONFIG, _WORKDIR, _RESUME, _ALLOW_CONFIG_CHANGES = define_run_flags()
 
 
 def make_rl_trainer(cfg, env, process_index: int, process_count: int):
@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from launch.run_setup import run_training
 
-    return run_training(_CONFIG.value, _WORKDIR.value, _RESUME.value, make_rl_trainer)
+    return run_training(_CONFIG.value, _WORKDIR.value, _RESUME.value, make_rl_trainer,
+                        allow_config_changes=_ALLOW_CONFIG_CHANGES.value)
 
 
 if __name__ == "__main__":

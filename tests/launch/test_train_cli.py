@@ -125,6 +125,15 @@ def test_resume_without_a_checkpoint_is_refused_before_anything_starts(tmp_path)
     assert "holds no checkpoint" in out.stderr and "leave out --resume" in out.stderr
 
 
+def test_resume_with_a_changed_learning_rate_is_refused_naming_it(two_step_run):
+    workdir, _ = two_step_run
+    saved = (workdir / "config.json").read_text()
+    out = _launch(*SEEDED_RUN, "--workdir", str(workdir), "--resume", "--config.optim.lr=0.5", timeout=300)
+    assert out.returncode != 0
+    assert "optim.lr: 0.001 -> 0.5" in out.stderr and "--allow_config_changes" in out.stderr
+    assert (workdir / "config.json").read_text() == saved  # the run's config is left as it was
+
+
 def test_every_key_the_plots_and_console_ask_for_is_emitted(two_step_run):
     from aepo_jax.training.metric_keys import CONSOLE_KEYS, PLOT_PANELS
 

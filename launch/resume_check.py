@@ -1,0 +1,82 @@
+"""What a resumed run may change in its config, and the check that refuses the rest.
+
+A resumed run restores the state a config trained; a different learning rate, objective, reward or
+rollout setting would silently mix two experiments in one curve (and the run's config.json, which
+evaluation rebuilds the run from, would then describe neither). Settings that say where files are,
+how the work is laid out or logged, or how long to run may change: they leave the maths alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from typing import Any
+
+# Dotted keys (a trailing "." covers a whole section) a resumed run may set differently.
+RESUME_MAY_CHANGE: tuple[str, ...] = (
+    "total_steps", "train.total_steps",  # run longer
+    "log.", "checkpoint.", "verbose_logs",  # logging and saving
+    "distributed.", "mesh.",  # the layout: orbax reshards the state, the data position is global
+    "train.micro_batch_size", "train.compilation_cache_dir",  # the same update, in pieces / compiled once
+    "model.attention", "model.remat", "model.logits_chunk_size",  # the same maths, other kernels or memory
+    "rollout.tool_concurrency", "rollout.background_compile", "rollout.layerwise_decode",
+    "rollout.sampler_weights",
+    # Where files are: a bucket mounted elsewhere (a data file's contents name its prepared copy).
+    "data.path", "data.corpus_path", "data.search_url", "tokenizer.path", "model.checkpoint_dir",
+    "model.gguf_path", "sft.path",
+)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a.b": value} for every leaf of a nested mapping."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def may_change(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE)
+
+
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every leaf that differs (missing on one side: None)."""
+    before, after = flatten(saved), flatten(current)
+    return [(key, before.get(key), after.get(key)) for key in sorted(before.keys() | after.keys())
+            if before.get(key) != after.get(key)]
+
+
+def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes: bool, keep_old: bool = True
+                        ) -> list[str]:
+    """Compare the config of a resumed run with the one RUN_DIR/config.json saved (every process runs it,
+    so all stop alike).
+
+    Differences outside `RESUME_MAY_CHANGE` stop the run (SystemExit naming each key, old -> new) unless
+    `allow_changes`. A `model.vocab_size` the run has not filled in yet (None: the tokenizer's, set later)
+    is not a difference. When anything differs and `keep_old` (the first process), the saved config is
+    copied to RUN_DIR/config.before-resume-<time>.json before the run writes its own. Returns the keys
+    that differ.
+    """
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    changes = [(key, old, new) for key, old, new in config_changes(saved, current)
+               if not (key == "model.vocab_size" and new is None)]
+    refused = [(key, old, new) for key, old, new in changes if not may_change(key)]
+    if refused and not allow_changes:
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in refused)
+        raise SystemExit(f"--resume: the config differs from the run's {path} in settings that change what "
+                         f"it trains:\n{lines}\nresume with the run's settings, or pass --allow_config_changes "
+                         "to continue under the new ones (the old config is kept beside it)")
+    if changes and keep_old:
+        shutil.copy2(path, os.path.join(run_dir, f"config.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.json"))
+    return [key for key, _, _ in changes]

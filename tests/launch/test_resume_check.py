@@ -1,0 +1,63 @@
+"""A resumed run's config against the one its run saved: what may change, what is refused, what is kept."""
+
+import json
+
+import pytest
+
+from launch.resume_check import check_resume_config, config_changes, may_change
+
+SAVED = {"total_steps": 10, "optim": {"lr": 1e-3, "schedule": "constant"}, "model": {"vocab_size": 512},
+         "mesh": {"shape": {"data": -1, "fsdp": 8}}, "data": {"path": "/mnt/a/train.jsonl"}}
+
+
+def write_saved(run_dir):
+    (run_dir / "config.json").write_text(json.dumps(SAVED))
+
+
+def changed(**edits):
+    """SAVED with dotted keys set."""
+    out = json.loads(json.dumps(SAVED))
+    for dotted, value in edits.items():
+        node = out
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def test_changes_are_listed_by_dotted_key_with_both_values():
+    assert config_changes(SAVED, changed(optim__lr=0.5, mesh__shape__fsdp=4)) == [
+        ("mesh.shape.fsdp", 8, 4), ("optim.lr", 1e-3, 0.5)]
+    assert config_changes(SAVED, SAVED) == []
+
+
+def test_where_and_how_long_may_change_but_not_what_is_trained():
+    assert all(may_change(k) for k in ("total_steps", "mesh.shape.fsdp", "log.tensorboard", "data.path"))
+    assert not any(may_change(k) for k in ("optim.lr", "objective.clip_low", "reward.name", "rollout.k", "seed",
+                                           "logx"))
+
+
+def test_a_changed_learning_rate_is_refused_naming_it(tmp_path):
+    write_saved(tmp_path)
+    with pytest.raises(SystemExit, match=r"optim.lr: 0.001 -> 0.5") as err:
+        check_resume_config(str(tmp_path), changed(optim__lr=0.5, total_steps=20), allow_changes=False)
+    assert "total_steps" not in str(err.value)  # allowed changes are not listed as refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_allowed_or_accepted_changes_keep_the_old_config_beside_the_new(tmp_path):
+    write_saved(tmp_path)
+    assert check_resume_config(str(tmp_path), changed(total_steps=20, data__path="/mnt/b/train.jsonl"),
+                               allow_changes=False) == ["data.path", "total_steps"]
+    assert check_resume_config(str(tmp_path), changed(optim__lr=0.5), allow_changes=True) == ["optim.lr"]
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("config.before-resume-")]
+    assert kept and all(json.loads(p.read_text()) == SAVED for p in kept)
+    assert json.loads((tmp_path / "config.json").read_text()) == SAVED  # the run writes its own later
+
+
+def test_a_vocabulary_size_the_run_fills_in_later_is_no_change(tmp_path):
+    write_saved(tmp_path)
+    assert check_resume_config(str(tmp_path), changed(model__vocab_size=None), allow_changes=False) == []
+    with pytest.raises(SystemExit, match="model.vocab_size"):
+        check_resume_config(str(tmp_path), changed(model__vocab_size=600), allow_changes=False)
