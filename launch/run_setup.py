@@ -199,6 +199,9 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
             print(f"resumed from step {step}" + (f" ({dropped} later metrics lines dropped)" if dropped else ""),
                   flush=True)
         trainer.train()
+        if trainer.preempted_at is not None:  # saved; a non-zero exit, so a scheduler relaunches it
+            raise SystemExit(f"preempted: saved step {trainer.preempted_at} in {workdir}/checkpoints; "
+                             "relaunch the same command with --resume to continue")
     finally:
         if trainer is not None:
             trainer.close()

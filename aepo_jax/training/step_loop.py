@@ -20,6 +20,7 @@ import ml_collections
 from aepo_jax.training.build import RunParts
 from aepo_jax.training.checkpoint import Checkpointer
 from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
+from aepo_jax.training.preemption import PreemptionWatch
 
 
 class CheckpointedTrainer:
@@ -30,6 +31,7 @@ class CheckpointedTrainer:
     run: RunParts
     progress_name: str = "train"
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
+    preempted_at: int | None = None  # the step a preemption notice stopped `train()` at (saved), else None
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
@@ -68,7 +70,10 @@ class CheckpointedTrainer:
 
     # -- loop --------------------------------------------------------------
     def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
-        """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records."""
+        """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records.
+
+        A preemption notice (SIGTERM, `preemption.PreemptionWatch`) saves the step reached and stops
+        early, with `preempted_at` set to it."""
         total = int(self.config.train.total_steps)
         start = int(self.state.rounds)
         end = total if num_steps is None else min(total, start + num_steps)
@@ -81,18 +86,25 @@ class CheckpointedTrainer:
         records = []
         every = max(1, int(self.config.checkpoint.every))
         self._run_end = end
+        self.preempted_at = None
+        watch = PreemptionWatch()
         try:
             for _ in range(start, end):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
                 every_or_last = step % self.logger.console_every == 0 or step == end
                 records.append(self.logger.log(step, metrics, console=every_or_last))
-                if step % every == 0 or step == end:
+                preempted = watch.reached(step)
+                if step % every == 0 or step == end or preempted:
                     self.save(force=True)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(self._progress_postfix(metrics))
+                if preempted:
+                    self.preempted_at = step
+                    break
         finally:
+            watch.close()
             self._run_end = None
             if bar is not None:
                 bar.close()

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -164,3 +165,34 @@ def test_a_second_seeded_run_writes_identical_metrics(two_step_run, tmp_path):
         differing = {k: (a.get(k), b.get(k)) for k in without_wall_clock(a).keys() | without_wall_clock(b).keys()
                      if a.get(k) != b.get(k)}
         assert not differing, json.dumps(differing, indent=1)
+
+
+def test_a_preemption_notice_saves_the_step_reached_and_the_run_resumes_from_it(tmp_path):
+    """SIGTERM (a preempted VM, a scheduler's cancel) mid-run: the step in progress finishes, is saved
+    although it is no checkpoint step, and the run exits non-zero; `--resume` continues from that step."""
+    workdir = tmp_path / "run"
+    run = [*SEEDED_RUN, "--workdir", str(workdir), "--config.total_steps=40", "--config.checkpoint.every=1000"]
+    process = subprocess.Popen([sys.executable, "-m", "launch.train", *run], cwd=REPO, env=child_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        metrics = workdir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):  # the first step is done
+            assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first step"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode != 0, output[-3000:]
+    steps = [r["step"] for r in read_metrics(str(workdir))]
+    reached = steps[-1]
+    assert 1 <= reached < 40 and steps == list(range(1, reached + 1))
+    assert f"preempted: saved step {reached}" in output
+    assert sorted(os.listdir(workdir / "checkpoints")) == [str(reached)]
+    out = _launch(*run, "--resume", f"--config.total_steps={reached + 1}", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from step {reached}" in out.stdout
+    assert [r["step"] for r in read_metrics(str(workdir))] == list(range(1, reached + 2))

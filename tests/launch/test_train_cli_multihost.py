@@ -52,3 +52,34 @@ def test_two_process_launch_with_rollout_ahead_resumes_exactly(tmp_path):
     second = tmp_path / "whole" / "env-process-1"
     assert (second / "tokenizer.model").read_bytes() == (tmp_path / "whole" / "tokenizer.model").read_bytes()
     assert sorted(os.listdir(second / "task")) == sorted(os.listdir(tmp_path / "whole" / "task"))
+
+
+@pytest.mark.slow  # a two-process launch, stopped by a preemption notice to one host
+def test_a_preemption_notice_to_one_host_saves_one_agreed_step_on_both(tmp_path):
+    """SIGTERM to the second host only: jax's preemption service makes both hosts agree on a step, both
+    save it (one collective checkpoint) and exit non-zero; nothing is left half-saved."""
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    procs = start_processes([*RUN, "--config.total_steps=40", "--config.checkpoint.every=1000",
+                             "--workdir", str(workdir)], 2, 4)
+    try:
+        metrics, deadline = workdir / "metrics.jsonl", time.monotonic() + TIMEOUT_S
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no first step"
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGTERM)
+        results = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode != 0 for p in procs), [r[1][-2000:] for r in results]
+    steps = [r["step"] for r in read_metrics(str(metrics))]
+    reached = steps[-1]
+    assert 1 <= reached < 40 and steps == list(range(1, reached + 1))
+    assert all(f"preempted: saved step {reached}" in err for _, err in results), [r[1][-2000:] for r in results]
+    assert sorted(os.listdir(workdir / "checkpoints")) == [str(reached)]
+    assert os.path.exists(workdir / "checkpoints" / str(reached) / "commit_success.txt")
