@@ -27,6 +27,7 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     # Where files are: a bucket mounted elsewhere (a data file's contents name its prepared copy).
     "data.path", "data.corpus_path", "data.search_url", "tokenizer.path", "model.checkpoint_dir",
     "model.gguf_path", "sft.path",
+    "sft.steps",  # an SFT run extended, as total_steps for RL
 )
 
 
@@ -47,10 +48,12 @@ def may_change(key: str) -> bool:
 
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, current value) for every leaf that differs (missing on one side: None)."""
+    """(key, saved value, current value) for every leaf that differs. A key the saved config lacks is
+    no change: the run was saved by code that had no such setting (its value is the code's default);
+    a key the current config lacks is one (None)."""
     before, after = flatten(saved), flatten(current)
     return [(key, before.get(key), after.get(key)) for key in sorted(before.keys() | after.keys())
-            if before.get(key) != after.get(key)]
+            if key in before and before.get(key) != after.get(key)]
 
 
 def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes: bool, keep_old: bool = True

@@ -12,6 +12,18 @@ import ml_collections
 from launch.resume_check import check_resume_config
 
 
+def checkpoint_steps(directory: str) -> tuple[list[int], list[int]]:
+    """(complete steps, steps cut short while saving) in a checkpoint folder: a step is complete once
+    orbax has written its commit file (`aepo_jax.training.checkpoint`)."""
+    from aepo_jax.training.checkpoint import COMMIT_FILE_NAME
+
+    if not os.path.isdir(directory):
+        return [], []
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    complete = [s for s in steps if os.path.exists(os.path.join(directory, str(s), COMMIT_FILE_NAME))]
+    return complete, [s for s in steps if s not in complete]
+
+
 def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0,
                     allow_config_changes: bool = False) -> str:
     """Create WORKDIR, print the config, write WORKDIR/config.json (a resumed run: check it against the
@@ -28,12 +40,15 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
     checkpoints = os.path.join(workdir, "checkpoints")
-    if not resume and os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints)):
+    complete, cut_short = checkpoint_steps(checkpoints)
+    if not resume and complete:
         raise SystemExit(f"{workdir} already has checkpoints; pass --resume to continue that run "
                          "or choose another --workdir")
-    if resume and not (os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))):
-        raise SystemExit(f"--resume: {checkpoints} holds no checkpoint (is the bucket mounted? is --workdir "
-                         "right?); leave out --resume to start a new run")
+    if resume and not complete:
+        detail = f" (steps {cut_short} were cut short while saving)" if cut_short else \
+            " (is the bucket mounted? is --workdir right?)"
+        raise SystemExit(f"--resume: {checkpoints} holds no complete checkpoint{detail}; leave out --resume "
+                         "to start the run again")
     path = os.path.join(workdir, "config.json")
     resolved = json.loads(cfg.to_json_best_effort())
     if resume:
@@ -162,6 +177,7 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
 
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
     from aepo_jax.training.checkpoint import cut_short_note
+    from aepo_jax.training.preemption import Preempted
 
     if absl_logging.get_verbosity() <= absl_logging.INFO and not cfg.get("verbose_logs", False):
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
@@ -198,10 +214,10 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
             dropped = trainer.logger.keep_through(step)  # the records after it are logged again
             print(f"resumed from step {step}" + (f" ({dropped} later metrics lines dropped)" if dropped else ""),
                   flush=True)
-        trainer.train()
-        if trainer.preempted_at is not None:  # saved; a non-zero exit, so a scheduler relaunches it
-            raise SystemExit(f"preempted: saved step {trainer.preempted_at} in {workdir}/checkpoints; "
-                             "relaunch the same command with --resume to continue")
+        try:
+            trainer.train()
+        except Preempted as err:  # saved; a non-zero exit, so a scheduler relaunches it
+            raise SystemExit(str(err)) from None
     finally:
         if trainer is not None:
             trainer.close()

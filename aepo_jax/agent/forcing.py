@@ -149,10 +149,13 @@ class ToolForcingGenerator:
     def reserve(self, state: ForcedState, rows: int) -> ForcedState:
         return ForcedState(self.sampler.reserve(state.inner, rows), state.ids, state.forced, state.free_left)
 
-    def generate(self, state: ForcedState, max_new_tokens: int | Sequence[int], rng: Any = None):
+    continues_stops = True  # passes continue_ids on to the sampler
+
+    def generate(self, state: ForcedState, max_new_tokens: int | Sequence[int], rng: Any = None,
+                 continue_ids: Sequence[Sequence[int]] | None = None):
         budgets = [int(max_new_tokens)] * state.num_rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
         free = [min(b, left) for b, left in zip(budgets, state.free_left, strict=True)]
-        inner, out = self.sampler.generate(state.inner, free, rng)
+        inner, out = self.sampler.generate(state.inner, free, rng, continue_ids=continue_ids)
         ids = [list(r) for r in state.ids]
         forced_count = list(state.forced)
         free_left = [left - int(n) for left, n in zip(state.free_left, out.num_tokens, strict=True)]

@@ -43,6 +43,9 @@ class Generator(Protocol):
 
     def concat(self, states: Sequence[Any]) -> Any: ...
 
+    # Optional: with `continues_stops = True`, generate(state, max_new_tokens, rng, continue_ids=...)
+    # takes per row the ids of the paused segment it goes on with (else []), so a stop begun before
+    # the pause still ends it.
     # Optional (the continuous schedule reuses rows with it when present, else concatenates):
     # def place(self, state, dst_rows, source, src_rows) -> state: row dst_rows[i] of `state`
     # becomes a copy of row src_rows[i] of `source`, the other rows untouched.

@@ -360,7 +360,12 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             limits = [max(0, min(n, r)) for n, r in zip(limits, room, strict=True)]
         # The released measure reads vLLM-style top-10 log-probs; only it asks the sampler for them.
         top_k = {"top_logprobs": TOP_LOGPROBS} if self.cfg.entropy_measure == "top10_sum" else {}
-        self.state, out = self.gen.generate(self.state, self._by_slot(limits, 0), sub, **top_k)
+        extra = dict(top_k)
+        if getattr(self.gen, "continues_stops", False):  # a paused segment's stop (a tag) may be half written
+            going_on = [self._paused_segment_ids(t) for t in self.rows]
+            if any(going_on):
+                extra["continue_ids"] = self._by_slot(going_on, [])
+        self.state, out = self.gen.generate(self.state, self._by_slot(limits, 0), sub, **extra)
         self.generated_this_round = [int(out.num_tokens[slot]) for slot in self.slots]
         results = []
         top = None
@@ -384,6 +389,14 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             results.append((traj.response_ids[segment_start:], str(out.stop_reason[i])))
         self.paused = set()
         return results
+
+    def _paused_segment_ids(self, traj: Trajectory) -> list[int]:
+        """The ids of the segment a paused row goes on with ([] for any other row)."""
+        last = traj.segments[-1] if traj.segments else None
+        if traj.traj_id not in self.paused or traj.traj_id in self.waiting or last is None \
+                or last.end != len(traj.response_ids):
+            return []
+        return traj.response_ids[last.start:]
 
     def _open_segment(self, traj: Trajectory, start: int, end: int, top: np.ndarray | None) -> None:
         """A new segment; the first one of a lineage root sets `H_init`."""

@@ -26,7 +26,7 @@ from aepo_jax.sampling.jitted import (
 )
 from aepo_jax.sampling.params import SamplingParams
 from aepo_jax.sampling.state import DecodeState, SampleOutput
-from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES
+from aepo_jax.sampling.stopping import NOT_STOPPED, STOP_REASON_NAMES, StartWindows
 
 MIN_CACHE_SLOTS = 128  # smallest cache bucket
 MIN_BLOCK = 8  # smallest prompt / append block bucket
@@ -50,7 +50,8 @@ class ProgramRuns:
     _check_ids and last_decode_spans)."""
 
     def _decode(self, state: DecodeState, budgets: np.ndarray, row_keys: jax.Array, sampling: SamplingParams,
-                top_logprobs: int, rows: Sequence[int] | None = None) -> tuple[DecodeState, SampleOutput]:
+                top_logprobs: int, rows: Sequence[int] | None = None, starts: StartWindows | None = None
+                ) -> tuple[DecodeState, SampleOutput]:
         """The decode windows of `generate` over every row of `state` (budgets int32[batch]), or over rows
         `rows` only (at most half the batch; `budgets` and `row_keys` are then theirs, padded to half the
         batch, and the output's rows are theirs): each window takes their live span, decodes it and puts
@@ -60,6 +61,9 @@ class ProgramRuns:
         row_keys = place_rows(self.layout, row_keys)
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
+        if starts is not None:  # rows going on with a paused segment: the stops they had begun
+            progress = progress.replace(window=place_rows(self.layout, jnp.asarray(starts.ids)),
+                                        text_window=place_rows(self.layout, jnp.asarray(starts.text)))
         # The variant any window of this batch may run (the longest window over the whole cache): a later
         # window whose own shape and every longer span are not compiled runs as it, not compiling on the spot.
         self._compile_window_later(target, (self._graphdef, self._params_state, state.arrays,
@@ -149,7 +153,8 @@ class ProgramRuns:
                 and compiles.has_ready(("rows", batch, length)))
 
     def _decode_in_halves(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
-                          sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
+                          sampling: SamplingParams, top_logprobs: int, starts: StartWindows | None = None
+                          ) -> tuple[DecodeState, SampleOutput]:
         """A compiled stand-in for a decode over more than half the batch that would otherwise compile on
         the spot: its rows decode in two half batches (`_generate_rows`; each row keeps its own key,
         so it draws what one decode would draw), and the whole-batch decode program is queued to compile
@@ -166,8 +171,8 @@ class ProgramRuns:
                 self._stop_table, progress)
         self._compile_window_later(target, args, *variants[0], sampling, top_logprobs)
         self._compiles.fallback_calls += 1
-        state, first = self._generate_rows(state, active[:half], budgets, row_keys, sampling, top_logprobs)
-        state, second = self._generate_rows(state, active[half:], budgets, row_keys, sampling, top_logprobs)
+        state, first = self._generate_rows(state, active[:half], budgets, row_keys, sampling, top_logprobs, starts)
+        state, second = self._generate_rows(state, active[half:], budgets, row_keys, sampling, top_logprobs, starts)
         return state, first.with_rows_of(second, active[half:].tolist(), self.pad_id)
 
     def _run_block(self, state: DecodeState, token_lists: Sequence[Sequence[int]], block: int, kind: str,

@@ -51,7 +51,7 @@ from aepo_jax.sampling.program_runs import (
 )
 from aepo_jax.sampling.row_ops import RowOps
 from aepo_jax.sampling.state import DecodeArrays, DecodeState, SampleOutput
-from aepo_jax.sampling.stopping import build_stop_table
+from aepo_jax.sampling.stopping import StartWindows, build_stop_table, start_windows
 
 
 def _signature(state: nnx.State) -> tuple:
@@ -75,6 +75,9 @@ def default_layerwise_decode(platforms: set[str] | frozenset[str]) -> bool:
 
 class Sampler(ProgramRuns, RowOps):
     """Jitted KV-cache sampler with prefill, generate, append, fork and concat (DESIGN.md, Sampler).
+
+    `generate(..., continue_ids=)` lets a row going on with a paused segment keep the stop it had begun
+    (`continues_stops`).
 
     Args:
       graphdef: the model's nnx GraphDef (`nnx.split(model)`).
@@ -122,6 +125,8 @@ class Sampler(ProgramRuns, RowOps):
         so it is off by default (every call runs its exact shape: bit-reproducible).
     """
 
+    continues_stops = True  # generate takes continue_ids (the agent loop passes them for paused segments)
+
     def __init__(
         self,
         graphdef: nnx.GraphDef,
@@ -166,6 +171,10 @@ class Sampler(ProgramRuns, RowOps):
         self._cache_dtype = cache_dtype if cache_dtype is not None else self.config.dtype
         self._stop_table = build_stop_table(stop_sequences, eos_ids, stop_strings, token_bytes,
                                             self.config.vocab_size)
+        if mesh is not None:  # replicated once: an uncommitted table would be copied to the mesh every call
+            self._stop_table = jax.device_put(self._stop_table,
+                                              jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        self._token_bytes = list(token_bytes) if stop_strings else None
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._calls = 0
         self._counters = {"prefill_tokens": 0, "append_tokens": 0, "decode_tokens": 0}
@@ -317,6 +326,7 @@ class Sampler(ProgramRuns, RowOps):
         rng: jax.Array | None = None,
         params: SamplingParams | None = None,
         top_logprobs: int = 0,
+        continue_ids: Sequence[Sequence[int]] | None = None,
     ) -> tuple[DecodeState, SampleOutput]:
         """Samples up to max_new_tokens per row (int, or one budget per real row).
 
@@ -327,6 +337,8 @@ class Sampler(ProgramRuns, RowOps):
         `top_logprobs=k > 0` also returns, per generated token, the k largest
         full-vocabulary log-probs at the sampling temperature and their ids
         (a separate compiled program per k; 0 leaves the default program as is).
+        `continue_ids` (one list per real row): the ids a row generated since its last append when it
+        goes on with a paused segment, so that a stop sequence or string it had begun still ends it.
         """
         if not 0 <= int(top_logprobs) <= self.config.vocab_size:
             raise ValueError(f"top_logprobs must be in [0, vocab_size={self.config.vocab_size}], got {top_logprobs}")
@@ -338,17 +350,28 @@ class Sampler(ProgramRuns, RowOps):
         if jnp.issubdtype(key.dtype, jnp.uint32):
             key = jax.random.wrap_key_data(key)
         row_keys = jax.random.split(key, state.batch_size)  # row b's key, whichever batch it decodes in
+        starts = self._start_windows(state, continue_ids)
         active = np.flatnonzero(budgets[: state.num_rows] > 0)
         half = state.batch_size // 2
         if self.half_batch_decode and len(active) and half % self._data_size == 0 and half >= self.min_batch:
             if len(active) <= half:
-                return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs))
+                return self._generate_rows(state, active, budgets, row_keys, sampling, int(top_logprobs), starts)
             if self._halves_would_serve(state):
-                return self._decode_in_halves(state, active, budgets, row_keys, sampling, int(top_logprobs))
-        return self._decode(state, budgets, row_keys, sampling, int(top_logprobs))
+                return self._decode_in_halves(state, active, budgets, row_keys, sampling, int(top_logprobs), starts)
+        return self._decode(state, budgets, row_keys, sampling, int(top_logprobs), starts=starts)
+
+    def _start_windows(self, state: DecodeState, continue_ids: Sequence[Sequence[int]] | None) -> StartWindows | None:
+        """The stop windows rows continuing a paused segment start from (None: every row starts empty)."""
+        if continue_ids is None or not any(len(ids) for ids in continue_ids):
+            return None
+        if len(continue_ids) != state.num_rows:
+            raise ValueError(f"generate got continue_ids for {len(continue_ids)} rows, the state has {state.num_rows}")
+        table = self._stop_table
+        return start_windows(continue_ids, state.batch_size, table.window, table.text_window, self._token_bytes)
 
     def _generate_rows(self, state: DecodeState, active: np.ndarray, budgets: np.ndarray, row_keys: jax.Array,
-                       sampling: SamplingParams, top_logprobs: int) -> tuple[DecodeState, SampleOutput]:
+                       sampling: SamplingParams, top_logprobs: int, starts: StartWindows | None = None
+                       ) -> tuple[DecodeState, SampleOutput]:
         """`generate` when at most half the batch has a budget (the others wait on tools or are done): each
         decode window runs on those rows only, in a batch of half the size, taking their live span and
         putting it back (`rows_decode_program`), with their own keys, so the decode costs half the batch's
@@ -358,7 +381,8 @@ class Sampler(ProgramRuns, RowOps):
         index = padded_rows(rows, state.batch_size // 2)
         inner_budgets = np.zeros((len(index),), np.int32)
         inner_budgets[: len(rows)] = budgets[active]
-        state, out = self._decode(state, inner_budgets, row_keys[index], sampling, top_logprobs, rows=rows)
+        state, out = self._decode(state, inner_budgets, row_keys[index], sampling, top_logprobs, rows=rows,
+                                  starts=None if starts is None else starts.take(index))
         self._compiles.ran(("rows", state.batch_size, state.cache_length))  # its decode windows ran
         return state, out.spread(rows, state.num_rows, self.pad_id)
 

@@ -10,6 +10,7 @@ row after the token that completes it, as a string stop does in vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import flax.struct
@@ -122,6 +123,37 @@ def _string_arrays(stop_strings: Sequence[str], token_bytes: Sequence[bytes] | N
 def empty_window(batch: int, table: StopTable) -> jax.Array:
     """int32[B, L] window holding no generated ids yet."""
     return jnp.full((batch, table.window), _WINDOW_FILL, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class StartWindows:
+    """Host windows a generate call starts from, one row per decode row: the last ids and bytes a row
+    generated before a pause, so a stop split across two calls (a segment paused mid-tag) still matches."""
+
+    ids: np.ndarray  # int32[B, L]
+    text: np.ndarray  # int32[B, text_window]
+
+    def take(self, rows: np.ndarray) -> StartWindows:
+        return StartWindows(self.ids[rows], self.text[rows])
+
+
+def start_windows(continue_ids: Sequence[Sequence[int]], batch: int, window: int, text_window: int,
+                  token_bytes: Sequence[bytes] | None) -> StartWindows:
+    """The windows of `batch` rows whose first rows have generated `continue_ids` since their last
+    append (the rest nothing), as the decode loop would have pushed them (each token's last
+    TOKEN_BYTES bytes; ids past `token_bytes` have none)."""
+    ids = np.full((batch, window), _WINDOW_FILL, np.int32)
+    text = np.full((batch, text_window), _WINDOW_FILL, np.int32)
+    for row, generated in enumerate(continue_ids):
+        tail = [int(t) for t in generated][-window:]
+        if tail:
+            ids[row, window - len(tail):] = tail
+        if text_window and generated:
+            known = len(token_bytes or ())
+            data = b"".join(bytes(token_bytes[t])[-TOKEN_BYTES:] for t in generated if 0 <= t < known)[-text_window:]
+            if data:
+                text[row, text_window - len(data):] = np.frombuffer(data, np.uint8)
+    return StartWindows(ids, text)
 
 
 def empty_text_window(batch: int, table: StopTable) -> jax.Array:

@@ -14,6 +14,16 @@ import threading
 from typing import Any
 
 
+class Preempted(Exception):
+    """A trainer stopped at `step` on a preemption notice, after saving it: relaunch with --resume.
+    Raised (not returned) so that no caller goes on as if training had finished."""
+
+    def __init__(self, step: int, directory: str):
+        super().__init__(f"preempted: saved step {step} in {directory}; relaunch the same command with --resume "
+                         "to continue")
+        self.step = step
+
+
 class PreemptionWatch:
     """`reached(step)`: True at the step where the run should save and stop after a SIGTERM."""
 

@@ -20,7 +20,7 @@ import ml_collections
 from aepo_jax.training.build import RunParts
 from aepo_jax.training.checkpoint import Checkpointer
 from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
-from aepo_jax.training.preemption import PreemptionWatch
+from aepo_jax.training.preemption import Preempted, PreemptionWatch
 
 
 class CheckpointedTrainer:
@@ -72,8 +72,8 @@ class CheckpointedTrainer:
     def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
         """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records.
 
-        A preemption notice (SIGTERM, `preemption.PreemptionWatch`) saves the step reached and stops
-        early, with `preempted_at` set to it."""
+        A preemption notice (SIGTERM, `preemption.PreemptionWatch`) saves the step reached and raises
+        `preemption.Preempted` (with `preempted_at` set to the step)."""
         total = int(self.config.train.total_steps)
         start = int(self.state.rounds)
         end = total if num_steps is None else min(total, start + num_steps)
@@ -109,6 +109,8 @@ class CheckpointedTrainer:
             if bar is not None:
                 bar.close()
             self.checkpointer.wait_until_finished()
+        if self.preempted_at is not None:
+            raise Preempted(self.preempted_at, self.checkpointer.directory)
         return records
 
     def close(self) -> None:

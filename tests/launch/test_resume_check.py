@@ -61,3 +61,23 @@ def test_a_vocabulary_size_the_run_fills_in_later_is_no_change(tmp_path):
     assert check_resume_config(str(tmp_path), changed(model__vocab_size=None), allow_changes=False) == []
     with pytest.raises(SystemExit, match="model.vocab_size"):
         check_resume_config(str(tmp_path), changed(model__vocab_size=600), allow_changes=False)
+
+
+def test_a_setting_newer_than_the_saved_run_is_no_change(tmp_path):
+    """A run saved before a setting existed (its config.json lacks the key) resumes under the default."""
+    write_saved(tmp_path)
+    assert check_resume_config(str(tmp_path), changed(tokenizer__agent_tags="special"), allow_changes=False) == []
+
+
+def test_a_first_save_cut_short_neither_blocks_a_new_run_nor_passes_for_a_checkpoint(tmp_path):
+    from configs.aepo_tiny import get_config
+    from launch.run_setup import checkpoint_steps, prepare_workdir
+
+    (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)  # no commit_success.txt: cut short
+    assert checkpoint_steps(str(tmp_path / "checkpoints")) == ([], [5])
+    with pytest.raises(SystemExit, match=r"no complete checkpoint \(steps \[5\] were cut short"):
+        prepare_workdir(get_config(), str(tmp_path), resume=True)
+    prepare_workdir(get_config(), str(tmp_path), resume=False)  # a new run may start over it
+    (tmp_path / "checkpoints" / "5" / "commit_success.txt").write_text("done")
+    with pytest.raises(SystemExit, match="already has checkpoints"):
+        prepare_workdir(get_config(), str(tmp_path), resume=False)

@@ -123,7 +123,7 @@ def test_resume_without_a_checkpoint_is_refused_before_anything_starts(tmp_path)
     the run again from step 0 there."""
     out = _launch(*SEEDED_RUN, "--workdir", str(tmp_path / "nothing_here"), "--resume", timeout=300)
     assert out.returncode != 0
-    assert "holds no checkpoint" in out.stderr and "leave out --resume" in out.stderr
+    assert "holds no complete checkpoint" in out.stderr and "leave out --resume" in out.stderr
 
 
 def test_resume_with_a_changed_learning_rate_is_refused_naming_it(two_step_run):

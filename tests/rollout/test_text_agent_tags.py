@@ -81,11 +81,40 @@ def test_the_rollout_sampler_stops_where_the_text_closes_a_tool_call(tokenizer_j
     assert len(more.row_tokens(0)) == 40
 
 
-def test_the_agent_loop_runs_a_call_written_as_plain_text(tokenizer_json):
+@pytest.mark.parametrize("register", [False, True])
+def test_a_tag_split_between_two_generate_calls_still_stops_the_row(tokenizer_json, register):
+    """A segment paused mid-tag (a chunk or segment limit) goes on with `continue_ids`: the rest of the
+    tag ends it where one call would have; without them the row runs on past the tag."""
+    tok = HFTokenizer.from_file(tokenizer_json, add_agent_tokens=register)
+    start = tok.encode(" the")
+    call = tok.encode(CALL)
+    graphdef, params = chain_policy(tok.vocab_size, [start[-1], *call])
+    loop = LoopConfig(max_context_len=128, max_response_tokens=64)
+    for cut in range(1, len(call)):
+        sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+        state, first = sampler.generate(sampler.prefill([start]), cut, rng=jax.random.key(0))
+        assert first.row_tokens(0) == call[:cut] and first.stop_reason[0] == "length"
+        _, rest = sampler.generate(state, 40, rng=jax.random.key(1), continue_ids=[call[:cut]])
+        assert rest.row_tokens(0) == call[cut:] and rest.stop_reason[0] == "stop", cut
+    if not register:  # the tag's pieces split: without the first call's ids the stop is missed
+        sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+        state, _ = sampler.generate(sampler.prefill([start]), len(call) - 1, rng=jax.random.key(0))
+        _, rest = sampler.generate(state, 40, rng=jax.random.key(1))
+        assert len(rest.row_tokens(0)) > 1
+
+
+@pytest.mark.parametrize(("schedule", "segment_tokens"), [("rounds", None), ("rounds", 3), ("rounds", 5),
+                                                         ("rounds", 9), ("rounds", 10), ("continuous", 4)])
+def test_the_agent_loop_runs_a_call_written_as_plain_text(tokenizer_json, schedule, segment_tokens):
+    """Whole, or in segments paused every few tokens (so the closing tag is cut at several places), or in
+    the continuous schedule's chunks."""
     tok = HFTokenizer.from_file(tokenizer_json)
     start = tok.encode(" the")
     graphdef, params = chain_policy(tok.vocab_size, [start[-1], *tok.encode(CALL)])
-    loop = LoopConfig(max_context_len=256, max_response_tokens=160, max_tool_calls=1)
+    chunked = schedule == "continuous"
+    loop = LoopConfig(max_context_len=256, max_response_tokens=160, max_tool_calls=1, schedule=schedule,
+                      max_segment_tokens=None if chunked else segment_tokens,
+                      chunk_tokens=segment_tokens if chunked else 64, entropy_tokens=min(segment_tokens or 20, 20))
     sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
     with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
         tools = ToolRegistry({"python": PythonTool(sandbox)})

@@ -130,3 +130,22 @@ def test_the_sampler_stops_right_after_the_token_that_completes_a_stop_string(ti
             step, index = hit
             assert out.row_tokens(row) == tokens[: step + 1]
             assert out.stop_reason[row] == "stop" and out.stop_sequence_index[row] == index
+
+
+def test_the_stop_table_is_placed_on_the_mesh_once_not_copied_every_call(tiny_model):
+    """On a mesh the table (at the paper configs 151,936 x 64 ids) is replicated when the sampler is built;
+    a second generate moves no array between devices."""
+    import jax.sharding as shd
+
+    _, graphdef, state = tiny_model
+    devices = np.array(jax.devices()[:2])  # tests/conftest.py gives 8 CPU devices
+    mesh = shd.Mesh(devices.reshape(2, 1, 1), ("data", "fsdp", "tensor"))
+    vocab = 512
+    sampler = Sampler(graphdef, state, params=SAMPLED, mesh=mesh, stop_strings=["</a>"],
+                      token_bytes=random_token_bytes(np.random.default_rng(1), vocab))
+    assert all(leaf.sharding.is_fully_replicated and len(leaf.devices()) == 2
+               for leaf in jax.tree.leaves(sampler._stop_table))
+    prompts = random_prompts(2, [4, 6])
+    sampler.generate(sampler.prefill(prompts), 8, rng=jax.random.key(0))
+    with jax.transfer_guard_device_to_device("disallow"):
+        sampler.generate(sampler.prefill(prompts), 8, rng=jax.random.key(1))
