@@ -160,6 +160,22 @@ def test_hf_chat_template_matches_transformers_jinja(hf_dir):
         assert tok.apply_chat_template(CHAT, add_generation_prompt=gen) == tok.encode(expected)
 
 
+# A ChatML template whose generation prompt opens a think block (Qwen3-Thinking-2507's shape).
+THINKING_JINJA = CHATML_JINJA.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+
+
+def test_a_chatml_template_with_its_own_generation_prompt_renders_as_transformers_does(hf_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    assert "<think>" in THINKING_JINJA
+    reference = PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), chat_template=THINKING_JINJA)
+    ours = chat_format_from_template(THINKING_JINJA)
+    assert ours.generation_prompt == "<|im_start|>assistant\n<think>\n"
+    for gen in (True, False):
+        expected = reference.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=gen)
+        assert ours.render_text(CHAT, add_generation_prompt=gen) == expected
+
+
 def test_chat_format_from_template_reads_known_shapes():
     assert chat_format_from_template(CHATML_JINJA) == CHATML
     assert chat_format_from_template("{{ messages }}") is None

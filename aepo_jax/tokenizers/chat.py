@@ -120,6 +120,33 @@ LLAMA3_CHAT = ChatFormat(
 _CHATML_DEFAULT_SYSTEM = re.compile(r"'<\|im_start\|>system(?:\n|\\n)([^'{}+]*?)<\|im_end\|>")
 
 
+def template_generation_prompt(template: str) -> str | None:
+    """What a Jinja chat template appends for `add_generation_prompt=True` after a one-message chat,
+    rendered as transformers renders templates (a sandbox with trim_blocks and lstrip_blocks); None
+    when jinja2 is missing or the template does not render that way."""
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        return None
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    probe = [{"role": "user", "content": "Hi"}]
+    try:
+        compiled = env.from_string(template)
+        with_prompt, without = (compiled.render(messages=probe, add_generation_prompt=flag, bos_token="",
+                                                eos_token="") for flag in (True, False))
+    except Exception:  # noqa: BLE001 - any template the sandbox cannot render keeps the default
+        return None
+    if not with_prompt.startswith(without) or len(with_prompt) == len(without):
+        return None
+    return with_prompt[len(without):]
+
+
 def chat_format_from_template(template: str | None) -> ChatFormat | None:
     """Read a Jinja chat template of a simple known shape into a `ChatFormat`.
 
@@ -132,7 +159,9 @@ def chat_format_from_template(template: str | None) -> ChatFormat | None:
     if "<|im_start|>" in template and "<|im_end|>" in template:
         match = _CHATML_DEFAULT_SYSTEM.search(template)
         default_system = match.group(1).replace("\\n", "\n") if match else None
-        return dataclasses.replace(CHATML, default_system=default_system)
+        # The generation prompt exactly as the template writes it (Qwen3-Thinking's ends in "<think>\n").
+        prompt = template_generation_prompt(template) or CHATML.generation_prompt
+        return dataclasses.replace(CHATML, default_system=default_system, generation_prompt=prompt)
     if "<|start_header_id|>" in template and "<|eot_id|>" in template:
         return LLAMA3_CHAT
     return None
