@@ -35,7 +35,7 @@ EXTRAS = {
         "ipykernel>=6.29",
         "ruff>=0.5",
     ],
-    "hf": ["tokenizers>=0.19", "gguf>=0.10", "jinja2>=3.1"],  # jinja2: the generation prompt of a chat template
+    "hf": ["tokenizers>=0.19", "gguf>=0.10", "jinja2>=3.1.6"],  # jinja2: the generation prompt of a chat template
     "server": ["bm25s>=0.2", "beautifulsoup4>=4.12"],
 }
 

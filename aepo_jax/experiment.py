@@ -37,6 +37,7 @@ from aepo_jax.agent.prompts import (
     DEFAULT_SYSTEM_PROMPT,
     PromptConfig,
     render_prompt,
+    response_text,
     system_prompt_for_tools,
 )
 from aepo_jax.experiment_tokenizer import (
@@ -223,7 +224,7 @@ class Environment:
         return ids
 
     def reward_fn(self, example: dict, trajectory: Any) -> float:
-        text = self.tokenizer.decode(trajectory.response_ids)
+        text = response_text(self.tokenizer, trajectory.response_ids)
         return compute_reward(self.reward_name, text, example["answers"], data_source=example.get("data_source", ""))
 
     def close(self) -> None:

@@ -379,3 +379,30 @@ def test_gguf_tokenizer_agent_tags_append_ids(gguf_reader):
     assert tok.vocab_size == 49152 + len(AGENT_SPECIAL_TOKENS)
     ids = tok.encode("<search>x</search>")
     assert ids[0] >= 49152 and ids[-1] >= 49152 and tok.decode(ids) == "<search>x</search>"
+
+
+def test_a_template_rendered_with_tools_none_and_loop_controls_as_transformers_does():
+    """transformers renders with `tools=None` and jinja's loop controls; so must the generation prompt."""
+    from aepo_jax.tokenizers.chat import template_generation_prompt
+
+    tools = CHATML_JINJA.replace("{{ '<|im_start|>assistant\\n' }}",
+                                 "{% if tools is not none %}[T]{% endif %}{{ '<|im_start|>assistant\\n' }}")
+    assert template_generation_prompt(tools) == "<|im_start|>assistant\n"
+    loop = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+            "{% if loop.index > 5 %}{% break %}{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+    assert template_generation_prompt(loop) == "<|im_start|>assistant\n<think>\n"
+
+
+def test_a_response_to_a_prompt_that_opens_a_think_block_passes_the_format_check(hf_dir):
+    """A thinking template's prompt ends inside `<think>`: the response's `</think>` closes it, and the
+    answer is well formed (before, every such response failed the format check: reward -1)."""
+    from aepo_jax.agent.prompts import response_text
+    from aepo_jax.agent.protocol import validate_format
+
+    plain = HFTokenizer.from_file(hf_dir)
+    thinking = HFTokenizer.from_file(hf_dir, chat_format=chat_format_from_template(THINKING_JINJA))
+    ids = plain.encode("2+2 is 4.\n</think>\n\n<answer>\\boxed{4}</answer>")
+    assert validate_format(response_text(thinking, ids)) == (True, "")
+    assert validate_format(response_text(plain, ids))[0] is False  # no prompt opened it: unbalanced
+    assert response_text(plain, ids) == plain.decode(ids)

@@ -86,3 +86,15 @@ def render_prompts(
 ) -> list[list[int]]:
     """`render_prompt` for a batch of questions."""
     return [render_prompt(tokenizer, q, config) for q in questions]
+
+
+def response_text(tokenizer: ChatTokenizer, response_ids: Sequence[int]) -> str:
+    """A trajectory's response as text, what rewards and the format check read. A chat format whose
+    generation prompt opens a think block (a thinking template's `<|im_start|>assistant\\n<think>\\n`)
+    starts the response inside it: that opening is put back in front, so the response's `</think>`
+    closes a block."""
+    text = tokenizer.decode(response_ids)
+    prompt = getattr(getattr(tokenizer, "chat_format", None), "generation_prompt", "")
+    if prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE):
+        return prompt[prompt.rfind(THINK_OPEN):] + text
+    return text

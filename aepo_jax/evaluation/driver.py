@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from aepo_jax.agent.loop import AgentLoop, LoopConfig
+from aepo_jax.agent.prompts import response_text
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_reports
 from aepo_jax.evaluation.scoring import score_question
@@ -222,7 +223,7 @@ def evaluate(
             batch_stats.append((batch_index, part, stats))
             for index, group in enumerate(groups, start=first):
                 ex = examples[index]
-                texts = [tokenizer.decode(t.response_ids) for t in group]
+                texts = [response_text(tokenizer, t.response_ids) for t in group]
                 result = score_question(
                     ex, texts, [int(sum(t.mask)) for t in group], tool_calls=[t.num_tool_calls for t in group],
                     reward=config.reward, require_format=config.require_format, **reward_kw,

@@ -62,8 +62,9 @@ class ProgramRuns:
         budget = place_rows(self.layout, jnp.asarray(budgets))
         progress = self._call("decode", start_program, budget, self._stop_table)
         if starts is not None:  # rows going on with a paused segment: the stops they had begun
-            progress = progress.replace(window=place_rows(self.layout, jnp.asarray(starts.ids)),
-                                        text_window=place_rows(self.layout, jnp.asarray(starts.text)))
+            # placed as start_program placed the empty ones: another layout would be another compile
+            progress = progress.replace(window=jax.device_put(starts.ids, progress.window.sharding),
+                                        text_window=jax.device_put(starts.text, progress.text_window.sharding))
         # The variant any window of this batch may run (the longest window over the whole cache): a later
         # window whose own shape and every longer span are not compiled runs as it, not compiling on the spot.
         self._compile_window_later(target, (self._graphdef, self._params_state, state.arrays,

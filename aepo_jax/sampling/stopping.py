@@ -144,15 +144,22 @@ def start_windows(continue_ids: Sequence[Sequence[int]], batch: int, window: int
     TOKEN_BYTES bytes; ids past `token_bytes` have none)."""
     ids = np.full((batch, window), _WINDOW_FILL, np.int32)
     text = np.full((batch, text_window), _WINDOW_FILL, np.int32)
+    known = len(token_bytes or ())
     for row, generated in enumerate(continue_ids):
-        tail = [int(t) for t in generated][-window:]
+        tail = [int(t) for t in generated[-window:]]
         if tail:
             ids[row, window - len(tail):] = tail
-        if text_window and generated:
-            known = len(token_bytes or ())
-            data = b"".join(bytes(token_bytes[t])[-TOKEN_BYTES:] for t in generated if 0 <= t < known)[-text_window:]
-            if data:
-                text[row, text_window - len(data):] = np.frombuffer(data, np.uint8)
+        pieces, size = [], 0
+        for token in reversed(generated):  # only as far back as the window reaches
+            if size >= text_window:
+                break
+            if 0 <= token < known:
+                piece = bytes(token_bytes[token])[-TOKEN_BYTES:]
+                pieces.append(piece)
+                size += len(piece)
+        data = b"".join(reversed(pieces))[-text_window:] if text_window else b""
+        if data:
+            text[row, text_window - len(data):] = np.frombuffer(data, np.uint8)
     return StartWindows(ids, text)
 
 

@@ -10,6 +10,7 @@ shape (ChatML, Llama-3 headers); anything else falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 from collections.abc import Callable, Sequence
 
@@ -133,13 +134,18 @@ def template_generation_prompt(template: str) -> str | None:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def strftime_now(format: str) -> str:
+        return datetime.datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     probe = [{"role": "user", "content": "Hi"}]
     try:
         compiled = env.from_string(template)
-        with_prompt, without = (compiled.render(messages=probe, add_generation_prompt=flag, bos_token="",
-                                                eos_token="") for flag in (True, False))
+        with_prompt, without = (compiled.render(messages=probe, add_generation_prompt=flag, tools=None,
+                                                documents=None, bos_token="", eos_token="")
+                                for flag in (True, False))
     except Exception:  # noqa: BLE001 - any template the sandbox cannot render keeps the default
         return None
     if not with_prompt.startswith(without) or len(with_prompt) == len(without):

@@ -63,10 +63,12 @@ def test_a_vocabulary_size_the_run_fills_in_later_is_no_change(tmp_path):
         check_resume_config(str(tmp_path), changed(model__vocab_size=600), allow_changes=False)
 
 
-def test_a_setting_newer_than_the_saved_run_is_no_change(tmp_path):
-    """A run saved before a setting existed (its config.json lacks the key) resumes under the default."""
+def test_a_setting_newer_than_the_saved_run_is_no_change_but_is_named(tmp_path, capsys):
+    """A run saved before a setting existed (its config.json lacks the key) resumes under the given value."""
     write_saved(tmp_path)
-    assert check_resume_config(str(tmp_path), changed(tokenizer__agent_tags="special"), allow_changes=False) == []
+    assert check_resume_config(str(tmp_path), changed(tokenizer__agent_tags="text"), allow_changes=False) == []
+    printed = capsys.readouterr().out
+    assert "settings newer than" in printed and "'tokenizer.agent_tags': 'text'" in printed
 
 
 def test_a_first_save_cut_short_neither_blocks_a_new_run_nor_passes_for_a_checkpoint(tmp_path):

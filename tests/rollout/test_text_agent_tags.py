@@ -104,10 +104,11 @@ def test_a_tag_split_between_two_generate_calls_still_stops_the_row(tokenizer_js
 
 
 @pytest.mark.parametrize(("schedule", "segment_tokens"), [("rounds", None), ("rounds", 3), ("rounds", 5),
-                                                         ("rounds", 9), ("rounds", 10), ("continuous", 4)])
+                                                         ("rounds", 9), ("rounds", 10), ("continuous", 3),
+                                                         ("continuous", 5)])
 def test_the_agent_loop_runs_a_call_written_as_plain_text(tokenizer_json, schedule, segment_tokens):
     """Whole, or in segments paused every few tokens (so the closing tag is cut at several places), or in
-    the continuous schedule's chunks."""
+    the continuous schedule's chunks (3 and 5 cut the closing tag; the call is 11 tokens)."""
     tok = HFTokenizer.from_file(tokenizer_json)
     start = tok.encode(" the")
     graphdef, params = chain_policy(tok.vocab_size, [start[-1], *tok.encode(CALL)])

@@ -149,3 +149,23 @@ def test_the_stop_table_is_placed_on_the_mesh_once_not_copied_every_call(tiny_mo
     sampler.generate(sampler.prefill(prompts), 8, rng=jax.random.key(0))
     with jax.transfer_guard_device_to_device("disallow"):
         sampler.generate(sampler.prefill(prompts), 8, rng=jax.random.key(1))
+
+
+def test_a_call_that_goes_on_with_a_paused_segment_runs_the_compiled_decode_program(tiny_model):
+    """The seeded windows are laid out like the empty ones on a mesh: no second compile of the decode."""
+    import jax.sharding as shd
+
+    from aepo_jax.sampling.jitted import sampler_programs
+
+    _, graphdef, state = tiny_model
+    mesh = shd.Mesh(np.array(jax.devices()[:2]).reshape(2, 1, 1), ("data", "fsdp", "tensor"))
+    token_bytes = random_token_bytes(np.random.default_rng(2), 512)
+    sampler = Sampler(graphdef, state, params=SAMPLED, mesh=mesh, stop_strings=["never"], token_bytes=token_bytes,
+                      half_batch_decode=False)
+    prompts = random_prompts(5, [4, 6])
+    first_state, first = sampler.generate(sampler.prefill(prompts), 8, rng=jax.random.key(0))
+    decode = sampler_programs()["decode"]
+    compiled = decode._cache_size()
+    sampler.generate(first_state, 8, rng=jax.random.key(1),
+                     continue_ids=[first.row_tokens(0), first.row_tokens(1)])
+    assert decode._cache_size() == compiled
