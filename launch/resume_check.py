@@ -80,7 +80,8 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
         raise SystemExit(f"--resume: the config differs from the run's {path} in settings that change what "
                          f"it trains:\n{lines}\nresume with the run's settings, or pass --allow_config_changes "
                          "to continue under the new ones (the old config is kept beside it)")
-    newer = {key: value for key, value in flatten(current).items() if key not in flatten(saved)}
+    known = flatten(saved)
+    newer = {key: value for key, value in flatten(current).items() if key not in known}
     if newer and keep_old:  # not a change, but not what the run was saved under either: say so
         print(f"--resume: settings newer than {path}, taken as given: {newer}", flush=True)
     if changes and keep_old:

@@ -12,18 +12,6 @@ import ml_collections
 from launch.resume_check import check_resume_config
 
 
-def checkpoint_steps(directory: str) -> tuple[list[int], list[int]]:
-    """(complete steps, steps cut short while saving) in a checkpoint folder: a step is complete once
-    orbax has written its commit file (`aepo_jax.training.checkpoint`)."""
-    from aepo_jax.training.checkpoint import COMMIT_FILE_NAME
-
-    if not os.path.isdir(directory):
-        return [], []
-    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
-    complete = [s for s in steps if os.path.exists(os.path.join(directory, str(s), COMMIT_FILE_NAME))]
-    return complete, [s for s in steps if s not in complete]
-
-
 def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0,
                     allow_config_changes: bool = False) -> str:
     """Create WORKDIR, print the config, write WORKDIR/config.json (a resumed run: check it against the
@@ -34,13 +22,14 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     is an error too (an unmounted bucket or a mistyped path would otherwise start again from step 0).
     """
     from aepo_jax.run_paths import require_local_path
+    from aepo_jax.training.checkpoint import step_folders
 
     try:
         require_local_path(workdir, "--workdir")
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
     checkpoints = os.path.join(workdir, "checkpoints")
-    complete, cut_short = checkpoint_steps(checkpoints)
+    complete, cut_short = step_folders(checkpoints)
     if not resume and complete:
         raise SystemExit(f"{workdir} already has checkpoints; pass --resume to continue that run "
                          "or choose another --workdir")

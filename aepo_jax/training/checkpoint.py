@@ -75,6 +75,16 @@ COMMIT_FILE_NAME = "commit_success.txt"  # what orbax's COMMIT_FILE protocol wri
 ROLLOUT_PARAMS = "rollout_params"  # the item of the parameters the next rollout samples with
 
 
+def step_folders(directory: str) -> tuple[list[int], list[int]]:
+    """(complete steps, steps cut short while saving) in a checkpoint folder, read from the disk alone
+    (no manager, no collective): a step is complete once orbax has written its commit file."""
+    if not os.path.isdir(directory):
+        return [], []
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    complete = [s for s in steps if os.path.exists(os.path.join(directory, str(s), COMMIT_FILE_NAME))]
+    return complete, [s for s in steps if s not in complete]
+
+
 def cut_short_note(checkpointer: Checkpointer) -> str:
     """": steps [...] were cut short ..." for a folder whose step folders lack their commit file, else ""."""
     steps = checkpointer.uncommitted_steps()
@@ -126,11 +136,7 @@ class Checkpointer:
 
     def uncommitted_steps(self) -> list[int]:
         """Step folders without a commit file: saves cut short (never restored)."""
-        if not os.path.isdir(self.directory):
-            return []
-        names = [n for n in os.listdir(self.directory) if n.isdigit()]
-        return sorted(int(n) for n in names
-                      if not os.path.exists(os.path.join(self.directory, n, COMMIT_FILE_NAME)))
+        return step_folders(self.directory)[1]
 
     def restore(self, target: Any, step: int | None = None, shardings: Any | None = None) -> tuple[Any, dict]:
         """Restore (state, data_position) at `step` (default newest complete).

@@ -31,7 +31,6 @@ class CheckpointedTrainer:
     run: RunParts
     progress_name: str = "train"
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
-    preempted_at: int | None = None  # the step a preemption notice stopped `train()` at (saved), else None
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
@@ -73,7 +72,7 @@ class CheckpointedTrainer:
         """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records.
 
         A preemption notice (SIGTERM, `preemption.PreemptionWatch`) saves the step reached and raises
-        `preemption.Preempted` (with `preempted_at` set to the step)."""
+        `preemption.Preempted` naming that step."""
         total = int(self.config.train.total_steps)
         start = int(self.state.rounds)
         end = total if num_steps is None else min(total, start + num_steps)
@@ -86,7 +85,7 @@ class CheckpointedTrainer:
         records = []
         every = max(1, int(self.config.checkpoint.every))
         self._run_end = end
-        self.preempted_at = None
+        preempted_at = None
         watch = PreemptionWatch()
         try:
             for _ in range(start, end):
@@ -101,7 +100,7 @@ class CheckpointedTrainer:
                     bar.update(1)
                     bar.set_postfix(self._progress_postfix(metrics))
                 if preempted:
-                    self.preempted_at = step
+                    preempted_at = step
                     break
         finally:
             watch.close()
@@ -109,8 +108,8 @@ class CheckpointedTrainer:
             if bar is not None:
                 bar.close()
             self.checkpointer.wait_until_finished()
-        if self.preempted_at is not None:
-            raise Preempted(self.preempted_at, self.checkpointer.directory)
+        if preempted_at is not None:
+            raise Preempted(preempted_at, self.checkpointer.directory)
         return records
 
     def close(self) -> None:

@@ -72,11 +72,12 @@ def test_a_setting_newer_than_the_saved_run_is_no_change_but_is_named(tmp_path, 
 
 
 def test_a_first_save_cut_short_neither_blocks_a_new_run_nor_passes_for_a_checkpoint(tmp_path):
+    from aepo_jax.training.checkpoint import step_folders
     from configs.aepo_tiny import get_config
-    from launch.run_setup import checkpoint_steps, prepare_workdir
+    from launch.run_setup import prepare_workdir
 
     (tmp_path / "checkpoints" / "5" / "state").mkdir(parents=True)  # no commit_success.txt: cut short
-    assert checkpoint_steps(str(tmp_path / "checkpoints")) == ([], [5])
+    assert step_folders(str(tmp_path / "checkpoints")) == ([], [5])
     with pytest.raises(SystemExit, match=r"no complete checkpoint \(steps \[5\] were cut short"):
         prepare_workdir(get_config(), str(tmp_path), resume=True)
     prepare_workdir(get_config(), str(tmp_path), resume=False)  # a new run may start over it
