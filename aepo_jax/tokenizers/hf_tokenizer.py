@@ -150,8 +150,14 @@ class HFTokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def token_bytes(self) -> list[bytes]:
-        """The UTF-8 bytes each id decodes to alone (special tokens as their strings); a piece of a
-        multi-byte character decodes to U+FFFD, so only whole characters are exact."""
+        """The bytes each id stands for (added tokens as their UTF-8 strings).
+
+        Exact for byte-level BPE vocabularies (Qwen, Llama-3, GPT-2 style), including ids holding part
+        of a multi-byte character; other vocabularies fall back to each id decoded alone, where such a
+        piece reads as U+FFFD."""
+        exact = _byte_level_token_bytes(self.backend, self.vocab_size)
+        if exact is not None:
+            return exact
         texts = self.backend.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=False)
         return [t.encode("utf-8") for t in texts]
 
@@ -164,6 +170,37 @@ class HFTokenizer:
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the chat rendered with `self.chat_format`."""
         return self.chat_format.render_ids(messages, add_generation_prompt, self.encode, self.eos_id)
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """The byte-level BPE alphabet: byte value -> the printable character a vocabulary writes it as.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 take the characters from U+0100 on,
+    in byte order (the GPT-2 convention every byte-level BPE vocabulary follows)."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    shifted = iter(range(0x100, 0x200))
+    return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
+
+
+def _byte_level_token_bytes(backend, vocab_size: int) -> list[bytes] | None:
+    """Each id's bytes read from a byte-level BPE vocabulary, or None when `backend` is not one."""
+    from tokenizers import decoders
+
+    if not isinstance(backend.decoder, decoders.ByteLevel):
+        return None
+    to_byte = {char: b for b, char in byte_level_alphabet().items()}
+    added = {i: token.content.encode("utf-8") for i, token in backend.get_added_tokens_decoder().items()}
+    pieces: list[bytes | None] = [None] * vocab_size
+    for piece, i in backend.get_vocab(with_added_tokens=False).items():
+        if i in added or not 0 <= i < vocab_size:
+            continue
+        if any(char not in to_byte for char in piece):
+            return None  # not written in the byte alphabet after all
+        pieces[i] = bytes(to_byte[char] for char in piece)
+    pieces = [added.get(i, piece) for i, piece in enumerate(pieces)]
+    if any(piece is None for piece in pieces):
+        return None  # ids with no entry: leave them to the decoder
+    return pieces
 
 
 def _generation_eos_ids(path: Path) -> list[int]:

