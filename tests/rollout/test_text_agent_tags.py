@@ -57,6 +57,21 @@ def chain_policy(vocab: int, chain: list[int]):
     return nnx.split(model)
 
 
+def assert_runs_the_call(tok, graphdef, params, loop: LoopConfig, start: list[int]) -> None:
+    """One rollout from `start` through the real python sandbox runs `CALL` and reads back 42."""
+    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
+    with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
+        tools = ToolRegistry({"python": PythonTool(sandbox)})
+        try:
+            result = AgentLoop(sampler, tok, tools, loop).run([start], 1, 1, rng=np.random.default_rng(0),
+                                                             key=jax.random.key(0))
+        finally:
+            tools.close()
+    (traj,) = result.groups[0]
+    assert [(s.tag, s.content) for s in traj.tool_steps] == [("python", "print(6*7)")]
+    assert "42" in traj.tool_steps[0].result_text and traj.tool_steps[0].ok
+
+
 def test_plain_text_tags_stop_by_their_text_and_registered_tags_by_their_id(tokenizer_json):
     plain = HFTokenizer.from_file(tokenizer_json)
     sequences, strings = agent_stops(plain)
@@ -121,17 +136,7 @@ def test_the_agent_loop_runs_a_call_written_as_plain_text(tokenizer_json, schedu
     loop = LoopConfig(max_context_len=256, max_response_tokens=160, max_tool_calls=1, schedule=schedule,
                       max_segment_tokens=None if chunked else segment_tokens,
                       chunk_tokens=segment_tokens if chunked else 64, entropy_tokens=min(segment_tokens or 20, 20))
-    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
-    with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
-        tools = ToolRegistry({"python": PythonTool(sandbox)})
-        try:
-            result = AgentLoop(sampler, tok, tools, loop).run([start], 1, 1, rng=np.random.default_rng(0),
-                                                             key=jax.random.key(0))
-        finally:
-            tools.close()
-    (traj,) = result.groups[0]
-    assert [(s.tag, s.content) for s in traj.tool_steps] == [("python", "print(6*7)")]
-    assert "42" in traj.tool_steps[0].result_text and traj.tool_steps[0].ok
+    assert_runs_the_call(tok, graphdef, params, loop, start)
 
 
 def test_generation_config_end_ids_stop_a_row_too(tmp_path):
@@ -199,14 +204,4 @@ def test_the_agent_loop_runs_a_call_in_qwens_vocabulary(qwen_tokenizer):
     graphdef, params = chain_policy(QWEN3_EMBEDDING_ROWS, [start[-1], *tok.encode(CALL)])
     loop = LoopConfig(max_context_len=128, max_response_tokens=64, max_tool_calls=1, max_segment_tokens=5,
                       entropy_tokens=5)
-    sampler = agent_sampler(graphdef, params, tok, loop, GREEDY, seed=0)
-    with PythonSandbox(SandboxLimits(wall_seconds=20.0)) as sandbox:
-        tools = ToolRegistry({"python": PythonTool(sandbox)})
-        try:
-            result = AgentLoop(sampler, tok, tools, loop).run([start], 1, 1, rng=np.random.default_rng(0),
-                                                             key=jax.random.key(0))
-        finally:
-            tools.close()
-    (traj,) = result.groups[0]
-    assert [(s.tag, s.content) for s in traj.tool_steps] == [("python", "print(6*7)")]
-    assert "42" in traj.tool_steps[0].result_text and traj.tool_steps[0].ok
+    assert_runs_the_call(tok, graphdef, params, loop, start)
