@@ -70,60 +70,82 @@ class Replays:
         return step
 
 
+class NewBranches:
+    """The branches one call of `_decide_branches` draws, grouped by where they start."""
+
+    def __init__(self) -> None:
+        self.by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory], list[int]]] = {}
+        self.prefilled: list[Trajectory] = []
+
+    def states(self, by_marks: bool) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
+        """(source, children, rows) per snapshot, then the prefilled ones. Marks: the children are forked from
+        their parents' rows (their slots now) as marked, when they are added (`_add_children`): no row moves
+        before then, and a finished parent's row stays intact."""
+        states = [(MarkedRows(snapshot, parents) if by_marks else snapshot, kids, rows)
+                  for snapshot, rows, kids, parents in self.by_snapshot.values()]
+        if self.prefilled:
+            states.append((PREFILL, self.prefilled, None))
+        return states
+
+
 class BranchDecisions:
     """The branch-decision methods of the loop's per-run state (`loop._Run`), which provides rows,
     pending, snapshots_by_marks, replays, policy, ks, groups, rng, ids, events, round, cfg, gen, slots,
     _pauses, _active, _prompt_round and _depth."""
 
-    def _decide_branches(self, outputs: list[tuple[list[int], str]]
+    def _decide_branches(self, outputs: list[tuple[list[int], str] | None]
                          ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
         """Branch decisions for rows whose segment after a tool result is measured (spec 2.2 step 3).
         Returns (state, children, rows): child j starts as row rows[j] of state (None: row j).
 
         A decision waits while that segment is paused with fewer than K tokens,
         so it always reads the entropy of K tokens (or of the whole, shorter
-        segment). None is drawn once the prompt has no budget left.
+        segment). None is drawn once the prompt has no budget left. Under
+        `continuous` the decisions are drawn in their prompt's rounds
+        (`aepo_jax.agent.decision_rounds`).
         """
         if self.policy is None:
             self.pending = {}
             return []
-        by_snapshot: dict[int, tuple[Any, list[int], list[Trajectory]]] = {}
-        prefilled: list[Trajectory] = []
+        if self.cfg.schedule == "continuous":
+            return self._decide_in_rounds(outputs)
+        drawn = NewBranches()
         for traj in self.replays.due(self._prompt_round, self._depth):
-            prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
+            drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
         waiting: dict[int, tuple[Any, int]] = {}
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
                 continue
-            snapshot, slot = self.pending[traj.traj_id]
-            if outputs[row] is None:  # waiting on a tool: nothing decoded this tick
-                waiting[traj.traj_id] = (snapshot, slot)
-                continue
-            segment = traj.segments[-1] if traj.segments else None
-            branch_point = traj.tool_steps[-1].result_end
-            if segment is None or segment.start != branch_point:
+            if self._segment_after_result(traj) is None:
                 continue  # nothing was generated after the tool result: no entropy to judge
+            segment = traj.segments[-1]
             if segment.end - segment.start < self.cfg.entropy_tokens and self._pauses(row, outputs[row][1]):
-                waiting[traj.traj_id] = (snapshot, slot)  # fewer than K tokens so far: decide next round
+                waiting[traj.traj_id] = self.pending[traj.traj_id]  # fewer than K tokens so far: decide next round
                 continue
-            new = self._decide(traj, branch_point)
-            if not new:
-                continue
-            if self.cfg.branch_by == "prefill":
-                prefilled += new
-                continue
-            _, rows, kids, parents = by_snapshot.setdefault(id(snapshot), (snapshot, [], [], []))
-            rows += [slot] * len(new)
-            kids += new
-            parents += [self.slots[row]] * len(new)
+            self._draw_pending(traj, row, drawn)
         self.pending = waiting
-        # Marks: the children are forked from their parents' rows (their slots now) as marked, when they
-        # are added (`_add_children`): no row moves before then, and a finished parent's row stays intact.
-        states = [(MarkedRows(snapshot, parents) if self.snapshots_by_marks else snapshot, kids, rows)
-                  for snapshot, rows, kids, parents in by_snapshot.values()]
-        if prefilled:
-            states.append((PREFILL, prefilled, None))
-        return states
+        return drawn.states(self.snapshots_by_marks)
+
+    def _segment_after_result(self, traj: Trajectory) -> Any:
+        """The segment that starts right after `traj`'s latest tool result, or None while there is none."""
+        segment = traj.segments[-1] if traj.segments else None
+        if segment is None or segment.start != traj.tool_steps[-1].result_end:
+            return None
+        return segment
+
+    def _draw_pending(self, traj: Trajectory, row: int, drawn: NewBranches) -> None:
+        """Draw the decision `traj` (row `row` of the loop) awaits on its latest tool result into `drawn`."""
+        snapshot, slot = self.pending[traj.traj_id]
+        new = self._decide(traj, traj.tool_steps[-1].result_end)
+        if not new:
+            return
+        if self.cfg.branch_by == "prefill":
+            drawn.prefilled += new
+            return
+        _, rows, kids, parents = drawn.by_snapshot.setdefault(id(snapshot), (snapshot, [], [], []))
+        rows += [slot] * len(new)
+        kids += new
+        parents += [self.slots[row]] * len(new)
 
     def branch_budget(self, prompt: int) -> int:
         """Trajectories `prompt` may still get (spec 2.2 budget); groups only grow, so once 0 it stays 0."""

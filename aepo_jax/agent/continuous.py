@@ -11,11 +11,12 @@ has its own cache cursor), so a waiting row decodes nothing and writes no slots,
 and no cache row is copied out or back. Each tick starts by appending every result
 that has arrived (after any wait), in place, in one `append`. Branch decisions,
 compaction and top-ups run at every tick exactly as at the end of a lockstep
-round (`aepo_jax.agent.loop`); only when every row is waiting does the loop
-block, on the first result. What counts per round (a reused sample's decisions, the
-prompt-scope consecutive-branch counter) counts each prompt's own rounds
-(`aepo_jax.agent.prompt_rounds`), not ticks. docs/rollout_engine.md says what this
-does and does not do yet.
+round (`aepo_jax.agent.loop`), except that branch decisions are drawn in the
+lockstep rounds they would fall in (`aepo_jax.agent.decision_rounds`: a row's next
+tool result waits for the decision on its last one); only when every row is waiting
+does the loop block, on the first result. What counts per round (a reused sample's
+decisions, the prompt-scope consecutive-branch counter) counts those rounds, not ticks.
+docs/rollout_engine.md says what this does and does not do yet.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from aepo_jax.agent.protocol import ToolCall
+from aepo_jax.agent.trajectory import Trajectory
 
 TOOL_THREADS = 32  # the continuous schedule's tool threads when the runner does not say its own limit
 
@@ -37,33 +39,32 @@ def resolved(value: Any) -> Future:
 
 class ContinuousSchedule:
     """The continuous schedule's methods of the loop's per-run state (`loop._Run`), which provides
-    rows, state, waiting, parked, pool, replays, prompt_rounds and the round steps (_decode,
-    _decide_branches, _classify, _append_results, _compact, _add_children, _shrink, _top_up)."""
+    rows, state, waiting, pending, pool, replays, rounds_drawn and the round steps (_decode,
+    _decide_branches, _classify, _append_results, _compact, _add_children, _shrink, _top_up,
+    _end_drawn_rounds)."""
 
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
-        self.prompt_rounds.begin(self.rows)
         tick_events = len(self.events)
         while self.rows or self.replays.any_left():
             self.round += 1
             # Results are appended once a tick, just before it decodes: those that arrived while the last
             # tick decoded, and, when too few rows could decode, those waited for (module docstring), all
-            # in one append. Then the last tick ends as a lockstep round does: rows a result ended are
-            # dropped, the prompts' new trajectories counted, and the prompt rounds those results complete
-            # end, before any decision of this tick.
-            while self.waiting and self._too_few_generating():
+            # in one append. A row whose branch decision is still to be drawn has its next result held.
+            while self._unfinished_calls() and self._too_few_generating():
                 self._wait_for_results()
-            if self._fold_in_arrived():
+            folded = self._fold_in_arrived()
+            if folded:
                 self._compact()
                 self._top_up()
-            if self.round > 1:
-                ended = self.prompt_rounds.end_tick(self.rows, self._new_per_prompt(tick_events))
-                if self.policy is not None:
-                    self.policy.end_round(ended)
-            tick_events = len(self.events)
-            generating = any(t.traj_id not in self.waiting for t in self.rows)
+            generating = any(self._decodes(t) for t in self.rows)
             outputs = self._decode() if generating else [None] * len(self.rows)
             children = self._decide_branches(outputs)
+            if not (folded or generating or self.rounds_drawn or self._unfinished_calls()):
+                raise RuntimeError(
+                    f"the continuous schedule is stuck at tick {self.round}: no row can decode, no tool call "
+                    f"is running and no branch decision can be drawn ({len(self.rows)} rows, "
+                    f"{len(self.pending)} decisions pending)")
             calls, malformed = self._classify(outputs)
             for i, call in calls:
                 self.waiting[self.rows[i].traj_id] = self.pool.submit(self._call_tool, call)
@@ -73,6 +74,19 @@ class ContinuousSchedule:
             self._add_children(children)
             self._shrink()
             self._top_up()
+            self._end_drawn_rounds(tick_events)
+            tick_events = len(self.events)
+
+    def _decodes(self, traj: Trajectory) -> bool:
+        """True for a row that decodes this tick: not finished and not waiting on a tool result."""
+        return not traj.finished and traj.traj_id not in self.waiting
+
+    def _unfinished_calls(self) -> bool:
+        return any(not future.done() for future in self.waiting.values())
+
+    def _held(self, traj_id: int) -> bool:
+        """True when the row's tool result waits for the branch decision on its previous one."""
+        return traj_id in self.pending
 
     def _new_per_prompt(self, since: int) -> list[int]:
         """Trajectories each prompt got (branches and top-ups, as a lockstep round counts) from event `since` on."""
@@ -95,7 +109,8 @@ class ContinuousSchedule:
     def _too_few_generating(self) -> bool:
         """No row can decode, or few can while the tool runner is busy: wait for results first. A row whose
         result has arrived counts as decoding: the tick appends it first."""
-        generating = sum(1 for t in self.rows if t.traj_id not in self.waiting or self.waiting[t.traj_id].done())
+        generating = sum(1 for t in self.rows if self._decodes(t) or (
+            not t.finished and self.waiting[t.traj_id].done() and not self._held(t.traj_id)))
         if generating == 0:
             return True
         unfinished = sum(1 for future in self.waiting.values() if not future.done())
@@ -107,7 +122,7 @@ class ContinuousSchedule:
 
     def _fold_in_arrived(self) -> bool:
         """Append the tool results that have arrived to their rows, in place (one append); False when none had."""
-        arrived = [tid for tid, future in self.waiting.items() if future.done()]
+        arrived = [tid for tid, future in self.waiting.items() if future.done() and not self._held(tid)]
         if not arrived:
             return False
         row_of = {t.traj_id: i for i, t in enumerate(self.rows)}

@@ -39,12 +39,8 @@ import numpy as np
 
 from aepo_jax.agent.branching import PREFILL, BranchDecisions, MarkedRows, Replays
 from aepo_jax.agent.continuous import TOOL_THREADS, ContinuousSchedule
-from aepo_jax.agent.entropy import (
-    TOP_LOGPROBS,
-    reported_logprobs,
-    segment_entropy,
-    top10_sum_entropy,
-)
+from aepo_jax.agent.decision_rounds import DecisionRounds, RoundDecisions
+from aepo_jax.agent.entropy import TOP_LOGPROBS, reported_logprobs
 from aepo_jax.agent.generator import Generator, forward_tokens
 from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's public types live there)
     BRANCH_BY,
@@ -60,11 +56,11 @@ from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's
     next_power_of_two,
 )
 from aepo_jax.agent.prompt_rounds import PromptRounds
+from aepo_jax.agent.segments import SegmentMeasures
 from aepo_jax.agent.tool_steps import ToolSteps
 from aepo_jax.agent.trajectory import (
     END_CONTEXT,
     END_LENGTH,
-    Segment,
     Trajectory,
 )
 
@@ -150,7 +146,7 @@ def _per_prompt(value: int | Sequence[int], num: int, name: str) -> list[int]:
     return values
 
 
-class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
+class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, SegmentMeasures):
     """State of one `AgentLoop.run` call; the continuous schedule's methods come from `ContinuousSchedule`."""
 
     def __init__(self, loop, prompts, ks, groups, policy, rng, key, ids, premonitor=None) -> None:
@@ -171,7 +167,12 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             getattr(self.gen, "fork_marked", None))
         # Reused finished globals that still branch (only under a policy).
         self.replays = Replays([t for g in groups for t in g if t.tool_steps] if policy is not None else [])
-        self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds
+        self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds (`rounds`)
+        # `continuous`: each prompt's rounds of branch decisions, the pending decisions whose segment after
+        # the result is measured, and the prompts whose round this tick drew.
+        self.decision_rounds = DecisionRounds(len(prompts))
+        self.measured: set[int] = set()
+        self.rounds_drawn: list[int] = []
         # In-run pre-monitoring (`AgentLoop.run`'s premonitor): prompt -> its sample, until that finishes.
         self.premonitor = premonitor
         self.premonitoring: dict[int, Trajectory] = {}
@@ -189,8 +190,11 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
 
     # ----- trajectory creation -------------------------------------------------------------
     def _active(self, prompt: int) -> int:
-        """Unfinished trajectories of `prompt`, plus reused globals with tool results still to decide."""
+        """Unfinished trajectories of `prompt`, plus reused globals with tool results still to decide (and,
+        under `continuous`, finished rows whose decision is still to be drawn)."""
         replaying = sum(1 for t in self.replays.trajs if t.prompt_index == prompt and self.replays.left(t))
+        if self.cfg.schedule == "continuous":
+            replaying += sum(1 for t in self.rows if t.finished and t.prompt_index == prompt and t.traj_id in self.pending)
         return replaying + sum(1 for t in self.groups[prompt] if not t.finished)
 
     def _depth(self, prompt: int) -> int:
@@ -199,7 +203,10 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         return max((len(t.tool_steps) for t in self.groups[prompt] if t.traj_id not in replaying), default=0)
 
     def _prompt_round(self, prompt: int) -> int:
-        """The round `prompt` is in (`PromptRounds`: without `max_segment_tokens`, the loop's under `rounds`)."""
+        """The round `prompt` is in (`PromptRounds`: without `max_segment_tokens`, the loop's under `rounds`;
+        under `continuous`, its last round of drawn decisions, `DecisionRounds`)."""
+        if self.cfg.schedule == "continuous":
+            return self.decision_rounds.drawn[prompt]
         return self.prompt_rounds.index[prompt]
 
     def _new_globals(self, prompt_indices: list[int], kind: str) -> None:
@@ -212,7 +219,15 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             traj = Trajectory(traj_id=tid, prompt_index=p, prompt_ids=list(self.prompts[p]), root_id=tid)
             self.groups[p].append(traj)
             trajs.append(traj)
+        self._reserve_rows(len(trajs))
         self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs)
+
+    def _reserve_rows(self, new_rows: int) -> None:
+        """Grow the decode state's batch (`reserve`) before new rows are made when they will not fit in its
+        free rows, so the old and the grown state are the only whole caches alive while it is copied."""
+        reserve = getattr(self.gen, "reserve", None)
+        if self.state is not None and reserve is not None and new_rows > self.n_slots - len(self.rows):
+            self.state = reserve(self.state, self.n_slots + new_rows)
 
     def _add_rows(self, state: Any, trajs: list[Trajectory], rows: list[int] | None = None) -> None:
         """New rows (row rows[j] of `state`, default j, holds trajs[j]): copied straight into free rows
@@ -236,6 +251,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             self.n_slots += len(trajs)
         self.rows.extend(trajs)
         self.slots.extend(new_slots)
+        for traj in trajs:
+            self.decision_rounds.join(traj)
 
     def _add_children(self, children: list[tuple[Any, list[Trajectory], list[int] | None]]) -> list[Trajectory]:
         """Adds `_decide_branches`' (source, children, rows) to the decode state and returns the children.
@@ -246,10 +263,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         batch grows (`reserve`), so the old and the grown state are the only whole caches alive while it
         is copied. The list is emptied as the children are placed: no child state outlives its copy into
         the decode state."""
-        new_rows = sum(len(trajs) for _, trajs, _ in children)
-        reserve = getattr(self.gen, "reserve", None)
-        if self.state is not None and reserve is not None and new_rows > self.n_slots - len(self.rows):
-            self.state = reserve(self.state, self.n_slots + new_rows)
+        self._reserve_rows(sum(len(trajs) for _, trajs, _ in children))
         for i, (source, trajs, rows) in enumerate(children):
             if isinstance(source, MarkedRows):
                 children[i] = (self.gen.fork_marked(self.state, source.parent_slots, source.marks, rows), trajs, None)
@@ -349,7 +363,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row,
         None for a row waiting on a tool result (it gets no budget)."""
         self.key, sub = jax.random.split(self.key)
-        limits = [0 if t.traj_id in self.waiting else self._limit(t) for t in self.rows]
+        limits = [0 if t.traj_id in self.waiting or t.finished else self._limit(t) for t in self.rows]
         if self.cfg.max_segment_tokens is not None:
             limits = [min(n, self.cfg.max_segment_tokens) for n in limits]
         if self.cfg.schedule == "continuous":  # one chunk
@@ -372,7 +386,7 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
         if getattr(out, "top_logprobs", None) is not None:
             top = reported_logprobs(out.top_logprobs, out.top_ids, out.tokens, out.logp)  # [B, N, 11]
         for traj, i in zip(self.rows, self.slots, strict=True):
-            if traj.traj_id in self.waiting:
+            if traj.traj_id in self.waiting or traj.finished:  # (finished: awaits its decision, `continuous`)
                 results.append(None)
                 continue
             n = int(out.num_tokens[i])
@@ -398,48 +412,9 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             return []
         return traj.response_ids[last.start:]
 
-    def _open_segment(self, traj: Trajectory, start: int, end: int, top: np.ndarray | None) -> None:
-        """A new segment; the first one of a lineage root sets `H_init`."""
-        h = self._segment_entropy(traj.entropy[start:end], top)
-        after_tool = bool(traj.tool_steps) and traj.tool_steps[-1].result_end == start
-        traj.segments.append(Segment(start, end, h, after_tool))
-        if traj.h_init is None:
-            traj.h_init = h
-        self.segment_tops.pop(traj.traj_id, None)
-        if end - start < self.cfg.entropy_tokens and top is not None:
-            self.segment_tops[traj.traj_id] = top
-
-    def _continue_segment(self, traj: Trajectory, segment: Segment, end: int, top: np.ndarray | None) -> None:
-        """A paused segment goes on; while it holds fewer than K tokens its entropy is re-measured.
-
-        A chunk can stop short of K tokens (cache room, budget), so the first
-        measurement may average fewer; the segment's entropy is then taken
-        again over its first K tokens across the chunk boundary (and `H_init`
-        with it when this is the root's first segment).
-        """
-        measured = segment.end - segment.start
-        segment.end = end
-        if measured >= self.cfg.entropy_tokens:
-            return  # its first K tokens are already measured
-        earlier = self.segment_tops.pop(traj.traj_id, None)
-        head = top if earlier is None or top is None else np.concatenate([earlier, top])
-        segment.entropy = self._segment_entropy(traj.entropy[segment.start:end], head)
-        if segment.start == 0:  # the lineage root's first segment: branches only copy complete ones
-            traj.h_init = segment.entropy
-        if end - segment.start < self.cfg.entropy_tokens and head is not None:
-            self.segment_tops[traj.traj_id] = head
-
     def _pauses(self, row: int, stop: str) -> bool:
         """True when row `row` stopped mid-segment (chunk or cache room) and continues next round."""
         return stop == "length" and self._limit(self.rows[row]) > 0 and self.generated_this_round[row] > 0
-
-    def _segment_entropy(self, token_entropy: list[float], top_logprobs: np.ndarray | None) -> float:
-        if self.cfg.entropy_measure == "exact_mean":
-            return segment_entropy(token_entropy, self.cfg.entropy_tokens)
-        if top_logprobs is None:
-            raise ValueError("entropy_measure='top10_sum' needs the generator to return top_logprobs [B, N, 10] "
-                             "(and top_ids) from generate(..., top_logprobs=10)")
-        return top10_sum_entropy(top_logprobs, self.loop.tokenizer.vocab_size, self.cfg.entropy_tokens)
 
     def _compact(self, shrink: bool = True) -> None:
         """Drop finished rows (and rows with no budget left) from the decode state, and with `shrink`
@@ -449,7 +424,8 @@ class _Run(ContinuousSchedule, BranchDecisions, ToolSteps):
             if not traj.finished and traj.traj_id not in self.waiting and self._limit(traj) <= 0:
                 out_of_response = len(traj.response_ids) >= self.cfg.max_response_tokens
                 traj.stop_reason = END_LENGTH if out_of_response else END_CONTEXT
-        keep = [i for i, t in enumerate(self.rows) if not t.finished]
+        # A finished row whose branch decision is still to be drawn (`continuous`) keeps its row: its snapshot.
+        keep = [i for i, t in enumerate(self.rows) if not t.finished or t.traj_id in self.pending]
         if len(keep) == len(self.rows):
             return
         self.rows, self.slots = [self.rows[i] for i in keep], [self.slots[i] for i in keep]

@@ -18,8 +18,8 @@ from aepo_jax.agent.trajectory import (
 
 class ToolSteps:
     """The tool-step methods of the loop's per-run state (`loop._Run`), which provides rows, slots,
-    state, gen, loop, cfg, policy, pending, paused, premonitoring, branch_budget, _pauses, _by_slot
-    and _repack_if_needed."""
+    state, gen, loop, cfg, policy, pending, measured, paused, premonitoring, decision_rounds, branch_budget,
+    _pauses, _by_slot and _repack_if_needed."""
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
@@ -85,6 +85,7 @@ class ToolSteps:
             tag = call.tag if call is not None else "invalid"
             content = call.content if call is not None else ""
             traj.tool_steps.append(ToolStep(tag, content, result_text, ok, start, start + len(result_ids)))
+            self.decision_rounds.appended(traj)
             to_append[i] = result_ids
             appended.append(i)
         if appended:
@@ -104,6 +105,7 @@ class ToolSteps:
                     snap = self.gen.mark if self.snapshots_by_marks else self.gen.fork
                     snapshot = snap(self.state, [self.slots[i] for i in deciding])
                 self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(deciding)})
+                self.measured.difference_update(self.rows[i].traj_id for i in deciding)
 
 
 def _ends_with_answer(text: str) -> bool:

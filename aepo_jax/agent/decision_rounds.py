@@ -1,0 +1,131 @@
+"""Branch decisions of the continuous schedule, drawn in the lockstep rounds they would fall in.
+
+Under `rounds` each row of a prompt takes one tool step per round, and a round's decisions are drawn
+together, in row order: the prompt's branch budget goes out round by round (spec 2.2 step 3). Under
+`continuous` a prompt's rows reach their tool results at different times. Drawing each decision as soon as
+its row had K tokens after the result would hand the budget to the rows whose tools answer first (a row
+with a slow tool could get no branch at all) and would freeze the prompt-scope counter while one row waits.
+
+So each prompt counts its own rounds here. A row that first decodes in round s draws the decision on its
+i-th tool result in round s + i; round v is drawn once every row of the prompt that can still take part in
+it has its decision measured (K tokens after the result, or a finished shorter segment) or has finished
+without reaching it, and then in row order, reused samples first, as `rounds` draws them. Until its decision
+is drawn a row takes no further tool result (one that arrives is held) and, once finished, keeps its row
+(its snapshot). Branches and top-ups join the round after the last one drawn; the prompt-scope
+consecutive-branch counter and reused samples count these rounds. A top-up made after a round is drawn
+counts toward the next round's new trajectories (under `rounds`, toward the round its rows finished in).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aepo_jax.agent.branching import NewBranches
+from aepo_jax.agent.trajectory import Trajectory
+
+
+class DecisionRounds:
+    """Each prompt's rounds of branch decisions under `continuous` (module docstring)."""
+
+    def __init__(self, num_prompts: int) -> None:
+        self.drawn = [0] * num_prompts  # the last round of each prompt whose decisions are drawn
+        self.members: list[list[Trajectory]] = [[] for _ in range(num_prompts)]  # in the order they joined
+        self.new = [0] * num_prompts  # trajectories each prompt got since its last drawn round ended
+        self._start: dict[int, int] = {}  # traj_id -> the round it first decodes in
+        self._results: dict[int, int] = {}  # traj_id -> tool results appended since then
+
+    def join(self, traj: Trajectory) -> None:
+        """`traj` starts decoding in the round after its prompt's last drawn one."""
+        self.members[traj.prompt_index].append(traj)
+        self._start[traj.traj_id] = self.drawn[traj.prompt_index] + 1
+        self._results[traj.traj_id] = 0
+
+    def appended(self, traj: Trajectory) -> None:
+        self._results[traj.traj_id] += 1
+
+    def start(self, traj: Trajectory) -> int:
+        return self._start[traj.traj_id]
+
+    def due(self, traj: Trajectory) -> int:
+        """The tool result (counted from the row's start) whose decision falls in its prompt's next round."""
+        return self.drawn[traj.prompt_index] + 1 - self._start[traj.traj_id]
+
+    def results(self, traj: Trajectory) -> int:
+        return self._results[traj.traj_id]
+
+
+class RoundDecisions:
+    """`_decide_branches` under `continuous`: a method of the loop's per-run state (`loop._Run`), which
+    provides rows, pending, measured, rounds_drawn, decision_rounds, replays, policy, cfg, prompts, events,
+    _pauses, _segment_after_result, _draw_pending, _decide, snapshots_by_marks and _new_per_prompt."""
+
+    def _decide_in_rounds(self, outputs: list[tuple[list[int], str] | None]
+                          ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
+        """Notes which pending decisions this tick measured, then draws each prompt's next round if it is
+        complete (module docstring); returns the new branches as `_decide_branches` does."""
+        for row, traj in enumerate(self.rows):
+            if traj.traj_id not in self.pending or outputs[row] is None:
+                continue
+            segment = self._segment_after_result(traj)
+            if segment is not None and (segment.end - segment.start >= self.cfg.entropy_tokens
+                                        or not self._pauses(row, outputs[row][1])):
+                self.measured.add(traj.traj_id)
+        drawn = NewBranches()
+        row_of = {t.traj_id: i for i, t in enumerate(self.rows)}
+        self.rounds_drawn = []
+        for prompt in range(len(self.prompts)):
+            if not self._round_complete(prompt):
+                continue
+            rounds = self.decision_rounds
+            rounds.drawn[prompt] += 1
+            self.rounds_drawn.append(prompt)
+            now = rounds.drawn[prompt]
+            for traj in self.replays.due(lambda _, now=now: now, lambda _: 0):
+                if traj.prompt_index == prompt:
+                    drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
+            for traj in rounds.members[prompt]:
+                if traj.traj_id not in self.pending or rounds.results(traj) != now - rounds.start(traj):
+                    continue
+                if self._segment_after_result(traj) is not None:
+                    self._draw_pending(traj, row_of[traj.traj_id], drawn)
+                del self.pending[traj.traj_id]
+                self.measured.discard(traj.traj_id)
+        return drawn.states(self.snapshots_by_marks)
+
+    def _round_complete(self, prompt: int) -> bool:
+        """True when `prompt`'s next round can be drawn: something of the prompt is still going (a live row,
+        a finished row awaiting its decision, a reused sample with decisions left), and every row that can
+        take part in the round has reached it with its decision measured, or has finished without it."""
+        rounds = self.decision_rounds
+        members = rounds.members[prompt]
+        going = any(not t.finished or t.traj_id in self.pending for t in members) or any(
+            self.replays.left(t) for t in self.replays.trajs if t.prompt_index == prompt)
+        if not going:
+            return False
+        for traj in members:
+            result = rounds.due(traj)
+            if result <= 0:
+                continue  # started in this round: its first decision comes in a later one
+            reached = rounds.results(traj)
+            if reached < result:
+                if not traj.finished:
+                    return False  # still on its way to that tool result
+                continue
+            if reached == result and traj.traj_id in self.pending and not traj.finished \
+                    and traj.traj_id not in self.measured:
+                return False  # fewer than K tokens after the result so far
+        return True
+
+    def _end_drawn_rounds(self, since: int) -> None:
+        """Ends the rounds drawn this tick for the prompt-scope counter, counting the prompt's new trajectories
+        (branches and top-ups from event `since` on, and those since its last round ended)."""
+        new = self._new_per_prompt(since)
+        rounds = self.decision_rounds
+        ended: list[int | None] = [None] * len(self.prompts)
+        for prompt, count in enumerate(new):
+            rounds.new[prompt] += count
+        for prompt in self.rounds_drawn:
+            ended[prompt], rounds.new[prompt] = rounds.new[prompt], 0
+        self.rounds_drawn = []
+        if self.policy is not None and any(n is not None for n in ended):
+            self.policy.end_round(ended)
