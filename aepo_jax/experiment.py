@@ -63,6 +63,16 @@ def start_runtime(cfg: ml_collections.ConfigDict) -> None:
     enable_compilation_cache(cfg.train.get("compilation_cache_dir") or None)
 
 
+def require_runnable_attention(cfg: ml_collections.ConfigDict, platform: str | None = None) -> None:
+    """A ValueError unless `model.attention` runs on `platform` (default: this process's
+    `jax.default_backend()`), naming the setting to use instead (`models.attention.require_backend_runs_on`).
+    Entry points that train call it before any model work; splash and cuDNN otherwise fail at the first
+    program, after the checkpoint and optimiser are built."""
+    from aepo_jax.models.attention import require_backend_runs_on
+
+    require_backend_runs_on(cfg.model.get("attention") or "dense", platform or jax.default_backend())
+
+
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
     """The agent loop's limits (spec §4), entropy window (spec §1) and schedule from `cfg.rollout`.
 
@@ -319,11 +329,34 @@ def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> 
             cfg.model.vocab_size = int(env.tokenizer.vocab_size)
 
 
+def require_mesh_fits_model(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any) -> None:
+    """A ValueError unless the `tensor` axis of `mesh` divides the query and key-value heads of the model
+    `model_from` builds (`parallel.sharding.require_heads_split`), read without any weight: the GGUF
+    policy's config, the checkpoint's config.json or the preset."""
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+    from aepo_jax.parallel.sharding import require_heads_split
+    from aepo_jax.training.build import model_config_from
+
+    if env.pretrained is not None:
+        from flax import nnx
+
+        config, source = nnx.merge(*env.pretrained).config, "the GGUF policy"
+    elif cfg.model.get("checkpoint_dir"):
+        config = checkpoint_config(cfg.model.checkpoint_dir)
+        source = f"the checkpoint in model.checkpoint_dir={cfg.model.checkpoint_dir!r}"
+    else:
+        config, source = model_config_from(cfg), f"model.preset={cfg.model.preset!r}"
+    require_heads_split(config.n_heads, config.n_kv_heads, mesh.shape, source)
+
+
 def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:
     """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder
-    (created on its shards of `mesh` when given)."""
+    (created on its shards of `mesh` when given). A `mesh` whose `tensor` axis does not divide the
+    model's heads is refused first (`require_mesh_fits_model`)."""
     from aepo_jax.training.build import init_model
 
+    if mesh is not None:
+        require_mesh_fits_model(cfg, env, mesh)
     if env.pretrained is not None:
         return env.pretrained
     if cfg.model.get("checkpoint_dir"):

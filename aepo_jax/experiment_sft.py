@@ -12,7 +12,13 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from aepo_jax.experiment import Environment, model_from, parameter_count, save_run_files
+from aepo_jax.experiment import (
+    Environment,
+    model_from,
+    parameter_count,
+    require_mesh_fits_model,
+    save_run_files,
+)
 
 
 def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -60,10 +66,12 @@ def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: 
                      params: Any = None, process_index: int = 0, records: Sequence[dict] | None = None):
     """An `SFTTrainer` over `sft_records_from` (every process reads the same records); `cfg` is the
     SFT run's config (`sft_config_from`)."""
+    from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
 
     records = sft_records_from(cfg, env) if records is None else records
     if graphdef is None:
+        require_mesh_fits_model(cfg, env, make_mesh_from(cfg))  # the trainer's mesh, before any weight is read
         graphdef, params = model_from(cfg, env)
     return SFTTrainer(cfg, workdir, batches=SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed)),
                       graphdef=graphdef, params=params, pad_id=int(env.tokenizer.pad_id), process_index=process_index)

@@ -7,7 +7,16 @@ plus a bfloat16 copy (15 GB). Mesh: fsdp=8 x tensor=4 (32 devices), `data`
 taking any extra devices. The train step, the scorer and a step's rollouts
 (2048 trajectories, a ragged 8k-slot KV cache of 0.9 TiB) fit a v5p-64 slice
 (32 chips; at most 34.9 GiB per chip, `make memory-plan`, docs/scaling.md). No GPU plan was compiled.
-Qwen2.5-7B has 28 query / 4 key-value heads, so tensor must divide 4.
+Qwen2.5-7B has 28 query / 4 key-value heads, so tensor must divide 4 (a launch refuses other sizes).
+
+One 8-GPU node cannot hold this config's rollout. Its KV cache is rows x slots x 56 KiB (28 layers x K and V
+x 4 KV heads x 128 x 2 bytes of bfloat16): 128 prompts x 16 rollouts = 2048 rows x next_pow2(1536 + 4096)
+= 8192 slots = 896 GiB (0.9 TiB), 112 GiB per GPU, more than an H100 (80 GB) or an H200 (141 GB, less the
+~27 GB of weights each GPU holds: 11.4 GB of float32 state and AdamW over fsdp 8, a 15.2 GB bfloat16
+sampler replica). On one node lower the rows or the slots: data.prompts_per_step=32 gives 512 rows, 224 GiB,
+28 GiB per GPU; rollout.max_response_len=2560 (1536 + 2560 = 4096 slots) halves any of these. On a GPU the
+decode window may hold up to twice the cache (rollout.layerwise_decode=off gives it back). On the config's
+own 32 devices (4 nodes of 8) each node samples a quarter of the prompts: 512 rows, 28 GiB per GPU.
 
 Variants (`--config configs/aepo_qwen2_5_7b.py:ARG`): no ARG is the paper's
 method as AEPO_SPEC.md states it; `release` reproduces the authors' released script

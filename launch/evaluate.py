@@ -174,20 +174,24 @@ def main(argv: list[str]) -> int:
         model_from,
         start_runtime,
     )
+    from aepo_jax.parallel.sharding import require_heads_split
     from aepo_jax.training.build import model_config_from
 
     start_runtime(cfg)
     env = environment_from(cfg, env_dir)
     try:
         fit_model_to_tokenizer(cfg, env)
-        if baseline:
-            graphdef, params = model_from(cfg, env, mesh)
-            step = None
-        else:
-            try:
-                graphdef, params, step = restore_policy_params(location, cfg, model_config_from(cfg), mesh=mesh)
-            except (FileNotFoundError, ValueError) as err:
-                raise SystemExit(f"error: {err}") from err
+        try:
+            if baseline:
+                graphdef, params = model_from(cfg, env, mesh)  # refuses a mesh that cannot split its heads
+                step = None
+            else:
+                model_config = model_config_from(cfg)
+                require_heads_split(model_config.n_heads, model_config.n_kv_heads, mesh.shape,
+                                    f"model.preset={cfg.model.preset!r}")
+                graphdef, params, step = restore_policy_params(location, cfg, model_config, mesh=mesh)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"error: {err}") from err
         examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
         if _MAX_QUESTIONS.value > 0:
             examples = examples[:_MAX_QUESTIONS.value]

@@ -4,6 +4,7 @@
 #   JAX_COORDINATOR_ADDRESS=10.0.0.1:12345 JAX_NUM_PROCESSES=4 JAX_PROCESS_ID=<0..3> \
 #     launch/gpu_multi.sh CONFIG WORKDIR [--config.key=value ...]
 #
+# One node: JAX_COORDINATOR_ADDRESS=localhost:12345 JAX_NUM_PROCESSES=1 JAX_PROCESS_ID=0.
 # Host 0's address is the coordinator. `maybe_initialize_distributed` reads the
 # three variables and calls jax.distributed.initialize(); each process then
 # drives all local GPUs (one process per host) and reads its own data shard.
@@ -17,7 +18,7 @@
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  sed -n '2,17p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 fi
 CONFIG="$1"
@@ -33,7 +34,8 @@ fi
 
 # Let XLA use the GPUs' memory for the model rather than pre-allocating 75%.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
-# The environment needs a CUDA build of jax on every host: pip install -e . "jax[cuda12]".
+# Every host needs the tested versions, the tokenizer and tool extras and a CUDA build of jax:
+#   python -m pip install -c constraints.txt -e '.[hf,server]' 'jax[cuda12]'
 PYTHON="${PYTHON:-python}"
 
 exec "${PYTHON}" -m launch.train --config "${CONFIG}" --workdir "${WORKDIR}" \

@@ -176,12 +176,14 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     from aepo_jax.experiment import (
         fit_model_to_tokenizer,
         loop_config_from,
+        require_runnable_attention,
         save_run_files,
         start_runtime,
     )
 
-    try:
-        loop_config_from(cfg)  # the agent loop's settings, checked before any tool or model starts
+    try:  # checked before any tool or model starts
+        loop_config_from(cfg)  # the agent loop's settings
+        require_runnable_attention(cfg)  # a kernel this platform has
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
     start_runtime(cfg)

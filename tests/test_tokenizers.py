@@ -189,6 +189,60 @@ def test_a_chatml_template_with_its_own_generation_prompt_renders_as_transformer
         assert ours.render_text(CHAT, add_generation_prompt=gen) == expected
 
 
+def _tokenizer_without_template(hf_dir, folder):
+    """`folder` with hf_dir's tokenizer.json and a tokenizer_config.json that names no chat template."""
+    import json
+    import shutil
+
+    folder.mkdir()
+    shutil.copy(hf_dir / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_template_transformers_saved_as_chat_template_jinja_is_read(hf_dir, tmp_path):
+    """transformers 5.x `save_pretrained` writes the template to chat_template.jinja and leaves it out
+    of tokenizer_config.json (an SFT checkpoint's tokenizer); it was read as plain ChatML."""
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    saved = tmp_path / "saved"
+    PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"), chat_template=THINKING_JINJA,
+                            eos_token="<|im_end|>", pad_token="<|endoftext|>").save_pretrained(saved)
+    assert (saved / "chat_template.jinja").read_text() == THINKING_JINJA
+    assert "chat_template" not in json.loads((saved / "tokenizer_config.json").read_text())
+    reference = AutoTokenizer.from_pretrained(saved)
+    ours = HFTokenizer.from_file(saved)
+    assert ours.chat_format.generation_prompt == "<|im_start|>assistant\n<think>\n"
+    for gen in (True, False):
+        expected = reference.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=gen)
+        assert ours.chat_format.render_text(CHAT, add_generation_prompt=gen) == expected
+    # Both there: chat_template.jinja wins over tokenizer_config.json's, in transformers and here.
+    config = json.loads((saved / "tokenizer_config.json").read_text())
+    (saved / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML_JINJA}))
+    assert AutoTokenizer.from_pretrained(saved).chat_template == THINKING_JINJA
+    assert HFTokenizer.from_file(saved).chat_format.generation_prompt == "<|im_start|>assistant\n<think>\n"
+
+
+@pytest.mark.parametrize("entry", ["text", "named"])
+def test_a_processors_chat_template_json_is_read_when_the_config_has_none(hf_dir, tmp_path, entry):
+    """A processor's legacy chat_template.json, {"chat_template": ...}: a template, or named ones."""
+    import json
+
+    folder = _tokenizer_without_template(hf_dir, tmp_path / "tok")
+    assert HFTokenizer.from_file(folder).chat_format == CHATML  # no template anywhere: ChatML
+    template = THINKING_JINJA if entry == "text" else [{"name": "tool_use", "template": "{{ messages }}"},
+                                                       {"name": "default", "template": THINKING_JINJA}]
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    assert HFTokenizer.from_file(folder).chat_format.generation_prompt == "<|im_start|>assistant\n<think>\n"
+    (folder / "chat_template.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"chat_template.json: expected a JSON object"):
+        HFTokenizer.from_file(folder)
+
+
 def test_chat_format_from_template_reads_known_shapes():
     assert chat_format_from_template(CHATML_JINJA) == CHATML
     assert chat_format_from_template("{{ messages }}") is None

@@ -31,7 +31,10 @@ from aepo_jax.models.config import ModelConfig
 from aepo_jax.models.layers import RMSNorm, apply_rotary, fan_in_normal, logical_param
 from aepo_jax.models.tree_attention import tree_attention
 
-ATTENTION_BACKENDS = ("dense", "splash", "cudnn")
+# Each backend and the platforms (`jax.default_backend()` names) it runs on: None = any. The kernels are
+# one platform's (docs/attention.md); tests still build and AOT-compile splash on a CPU for a simulated TPU.
+ATTENTION_PLATFORMS: dict[str, tuple[str, ...] | None] = {"dense": None, "splash": ("tpu",), "cudnn": ("gpu",)}
+ATTENTION_BACKENDS = tuple(ATTENTION_PLATFORMS)
 # A cached block (prefill / append over a KV cache) materialises its float32 scores [B, KVH, G, T, S]
 # for at most this many bytes of rows at a time: groups of rows run one after another, so the scores
 # stay in cache on a CPU (2.7x faster at 128 rows x 64 tokens x 512 slots) and the temporaries stay
@@ -44,6 +47,25 @@ def check_backend(implementation: str) -> str:
     if implementation not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {implementation!r}; known backends: {list(ATTENTION_BACKENDS)}")
     return implementation
+
+
+def require_backend_runs_on(implementation: str, platform: str) -> None:
+    """A ValueError unless attention backend `implementation` runs on `platform` (`jax.default_backend()`),
+    naming the settings that do.
+
+    For the launch path that will run programs, before any model work: the kernels otherwise fail only
+    when the first program runs. Not checked at model construction, where a CPU process may build and
+    AOT-compile a TPU program (tests, benchmarks/memory_plan.py).
+    """
+    platforms = ATTENTION_PLATFORMS[check_backend(implementation)]
+    if platforms is None or platform in platforms:
+        return
+    usable = [name for name, runs in ATTENTION_PLATFORMS.items() if runs is not None and platform in runs]
+    usable += [name for name, runs in ATTENTION_PLATFORMS.items() if runs is None]  # the kernels first
+    hint = {"cudnn": " (with model.compute_dtype='bfloat16')"}
+    choices = " or ".join(f"model.attention={name!r}{hint.get(name, '')}" for name in usable)
+    raise ValueError(f"model.attention={implementation!r} runs only on {' / '.join(platforms)}, but this process "
+                     f"runs on {platform!r}: set {choices} (e.g. --config.model.attention={usable[0]})")
 
 
 def masked_attention(

@@ -2,8 +2,9 @@
 hosts (DESIGN.md, Configs and launch).
 
 The same command runs on one CPU, a GPU node or a TPU pod slice: on one host
-nothing is initialised; on several, every host calls this before touching any
-device and then feeds the data shard of its `process_index`.
+nothing is initialised (unless `distributed="on"` asks for it:
+`launch/gpu_multi.sh` on one node); on several, every host calls this before
+touching any device and then feeds the data shard of its `process_index`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from err
 
 
+def _named_launch(env: Mapping[str, str]) -> MultiHostLaunch | None:
+    """The launch `JAX_COORDINATOR_ADDRESS` + `JAX_NUM_PROCESSES` (+ `JAX_PROCESS_ID`) name, one process
+    included (its id defaults to 0), or None when neither is set."""
+    address = env.get("JAX_COORDINATOR_ADDRESS") or None
+    num = _int_env(env, "JAX_NUM_PROCESSES")
+    if address is None and num is None:
+        return None
+    if address is None or num is None:
+        raise ValueError("set both JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES for a multi-host launch")
+    if num < 1:
+        raise ValueError(f"JAX_NUM_PROCESSES must be >= 1, got {num}")
+    pid = _int_env(env, "JAX_PROCESS_ID")
+    if pid is None and num > 1:
+        raise ValueError("JAX_PROCESS_ID is required with JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES > 1")
+    pid = 0 if pid is None else pid
+    if not 0 <= pid < num:
+        raise ValueError(f"JAX_PROCESS_ID={pid} outside [0, {num})")
+    return MultiHostLaunch("env", address, num, pid)
+
+
 def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | None:
     """Return how this process was launched on several hosts, or None for one host.
 
@@ -50,21 +71,9 @@ def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | 
     (`OMPI_COMM_WORLD_SIZE` > 1).
     """
     env = os.environ if env is None else env
-    address = env.get("JAX_COORDINATOR_ADDRESS") or None
-    num = _int_env(env, "JAX_NUM_PROCESSES")
-    if address is not None or num is not None:
-        if address is None or num is None:
-            raise ValueError("set both JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES for a multi-host launch")
-        if num < 1:
-            raise ValueError(f"JAX_NUM_PROCESSES must be >= 1, got {num}")
-        if num == 1:
-            return None
-        pid = _int_env(env, "JAX_PROCESS_ID")
-        if pid is None:
-            raise ValueError("JAX_PROCESS_ID is required with JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES > 1")
-        if not 0 <= pid < num:
-            raise ValueError(f"JAX_PROCESS_ID={pid} outside [0, {num})")
-        return MultiHostLaunch("env", address, num, pid)
+    named = _named_launch(env)
+    if named is not None:
+        return named if named.num_processes > 1 else None
     workers = [w for w in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
     if len(workers) > 1:
         return MultiHostLaunch("tpu_pod")
@@ -75,28 +84,42 @@ def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | 
     return None
 
 
-def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """Initialise JAX's multi-host runtime when needed; returns (process_index, process_count).
+def initialize_arguments(mode: str | bool = "auto", env: Mapping[str, str] | None = None) -> dict[str, object] | None:
+    """The keyword arguments of `jax.distributed.initialize` for this launch, or None to leave it alone.
 
     Args:
       mode: "auto" (initialise when `detect_multihost` finds several hosts),
-        "on"/True (always; JAX auto-detects the cluster if the environment
-        gives no coordinator), "off"/False (never).
+        "on"/True (always: with the coordinator, process count and id the
+        environment names, one process included, else JAX's own cluster
+        auto-detection), "off"/False (never).
       env: environment to read (default `os.environ`).
+
+    A one-process launch with "on" passes its variables through: without them
+    `initialize()` looks for a cluster (SLURM, a TPU pod...) and, on a plain GPU
+    node, fails with "Number of processes must be defined".
     """
     if isinstance(mode, bool):
         mode = "on" if mode else "off"
     if mode not in MODES:
         raise ValueError(f"distributed mode must be one of {MODES}, got {mode!r}")
-    launch = None if mode == "off" else detect_multihost(env)
+    if mode == "off":
+        return None
+    env = os.environ if env is None else env
+    launch = detect_multihost(env)
     if mode == "on" and launch is None:
-        launch = MultiHostLaunch("flag")
-    if launch is not None and not jax.distributed.is_initialized():
-        jax.distributed.initialize(
-            coordinator_address=launch.coordinator_address,
-            num_processes=launch.num_processes,
-            process_id=launch.process_id,
-        )
+        launch = _named_launch(env) or MultiHostLaunch("flag")
+    if launch is None:
+        return None
+    return {"coordinator_address": launch.coordinator_address, "num_processes": launch.num_processes,
+            "process_id": launch.process_id}
+
+
+def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Initialise JAX's multi-host runtime when `initialize_arguments(mode, env)` asks for it; returns
+    (process_index, process_count)."""
+    arguments = initialize_arguments(mode, env)
+    if arguments is not None and not jax.distributed.is_initialized():
+        jax.distributed.initialize(**arguments)
     return jax.process_index(), jax.process_count()
 
 

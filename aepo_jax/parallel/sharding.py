@@ -8,7 +8,7 @@ over devices means editing `LOGICAL_AXIS_RULES`, nothing else.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -64,6 +64,25 @@ def logical_to_spec(
         used.update(axes)
         spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*spec)
+
+
+def require_heads_split(n_heads: int, n_kv_heads: int, mesh_shape: Mapping[str, int], model: str) -> None:
+    """A ValueError unless the mesh axes of `heads` and `kv_heads` (`tensor`) divide both head counts.
+
+    `logical_to_spec` leaves an axis it cannot divide unsplit, so with e.g. 4 KV heads over tensor=8
+    every attention weight (and the sampler's KV cache) would be replicated over the tensor devices,
+    silently. A run checks its mesh against its model with this before it builds or reads the model.
+    `mesh_shape`: axis sizes (a `Mesh.shape`; an axis left out is 1); `model` names it in the error.
+    """
+    common = math.gcd(n_heads, n_kv_heads)
+    for name, count, what in (("heads", n_heads, "query heads"), ("kv_heads", n_kv_heads, "key-value heads")):
+        axes = " x ".join(_mesh_axes(name))
+        size = math.prod(int(mesh_shape.get(axis, 1)) for axis in _mesh_axes(name))
+        if count % size:
+            fits = [t for t in range(1, common + 1) if common % t == 0]
+            raise ValueError(f"{model} has {n_heads} query heads and {n_kv_heads} key-value heads: the mesh's "
+                             f"{axes} size {size} does not divide its {count} {what}, so its attention weights "
+                             f"would not be split over {axes}; set mesh.shape with {axes} one of {fits}")
 
 
 def named_sharding(names: Sequence[str | None] | None, shape: Sequence[int], mesh: jax.sharding.Mesh) -> NamedSharding:

@@ -73,9 +73,10 @@ class HFTokenizer:
     ) -> HFTokenizer:
         """Load `tokenizer.json` (a file, or a directory holding it).
 
-        Special tokens and the chat template come from `tokenizer_config.json`
-        beside it when present; the template is used if it is a simple ChatML
-        or Llama-3 one (see `chat_format_from_template`), else ChatML. The ids that end a
+        Special tokens come from `tokenizer_config.json` beside it when present, the chat
+        template from the files transformers reads (`_chat_template`); the template is used
+        if it is a simple ChatML or Llama-3 one (see `chat_format_from_template`), else
+        ChatML. The ids that end a
         generation are EOS plus `generation_config.json`'s `eos_token_id` beside it, as
         transformers' `generate` stops on them.
         """
@@ -95,9 +96,7 @@ class HFTokenizer:
         eos = _token_string(config.get("eos_token")) or next((t for t in _EOS_CANDIDATES if t in vocab), None)
         if eos is None:
             raise ValueError(f"{json_path}: no EOS token (set eos_token in tokenizer_config.json)")
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: take the default one
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        template = _chat_template(json_path.parent, config)
         return cls(
             backend,
             eos_token=eos,
@@ -201,6 +200,26 @@ def _byte_level_token_bytes(backend, vocab_size: int) -> list[bytes] | None:
     if any(piece is None for piece in pieces):
         return None  # ids with no entry: leave them to the decoder
     return pieces
+
+
+def _chat_template(folder: Path, config: dict) -> str | None:
+    """The default chat template beside tokenizer.json, where transformers finds it: `chat_template.jinja`
+    (what transformers 5.x `save_pretrained` writes; as in transformers, it wins over the config's),
+    else tokenizer_config.json's "chat_template", else a processor's legacy `chat_template.json`
+    ({"chat_template": ...}). A list of named templates gives its "default" one."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    legacy = folder / "chat_template.json"
+    if template is None and legacy.is_file():
+        try:
+            template = json.loads(legacy.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError) as err:
+            raise ValueError(f"{legacy}: expected a JSON object with a \"chat_template\" entry ({err})") from err
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template
 
 
 def _generation_eos_ids(path: Path) -> list[int]:

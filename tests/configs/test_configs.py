@@ -12,6 +12,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from aepo_jax.models import get_preset
 from aepo_jax.parallel import MESH_AXES, make_mesh, state_shardings
+from aepo_jax.parallel.sharding import require_heads_split
 from aepo_jax.training.build import (
     abstract_model,
     model_config_from,
@@ -23,17 +24,35 @@ from aepo_jax.training.train_state import TrainState, train_state_shardings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = sorted(glob.glob(os.path.join(REPO, "configs", "*_tiny.py")))
+SHIPPED = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
+                 if os.path.basename(p) not in ("__init__.py", "base.py"))
 # Exact parameter counts of the released checkpoints (the safetensors totals of
 # Qwen/Qwen3-14B and Qwen/Qwen2.5-7B-Instruct): a missing bias, norm or untied head shows.
 BIG = {"aepo_qwen3_14b.py": 14_768_307_200, "aepo_qwen2_5_7b.py": 7_615_616_512}
 FAMILIES = {"aepo", "arpo", "grpo", "dapo", "cispo", "gppo", "gigpo", "reinforce_pp", "gspo"}
 
 
-def load_config(path: str):
+def load_module(path: str):
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module
+
+
+def load_config(path: str):
+    return load_module(path).get_config()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_every_shipped_config_splits_its_models_heads_over_its_mesh(path):
+    """The check a launch makes before it reads a checkpoint (`experiment.require_mesh_fits_model`),
+    on each config and variant with its own mesh (an axis of -1 counted as 1)."""
+    module = load_module(path)
+    for arg in (None, *getattr(module, "VARIANTS", ())):
+        cfg = module.get_config(arg) if arg else module.get_config()
+        model = model_config_from(cfg)
+        shape = {axis: max(1, int(size)) for axis, size in cfg.mesh.shape.items()}
+        require_heads_split(model.n_heads, model.n_kv_heads, shape, f"{os.path.basename(path)}:{arg or ''}")
 
 
 def test_one_tiny_config_per_family():

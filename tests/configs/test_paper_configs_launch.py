@@ -157,3 +157,34 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
     else:
         _, params = model_from(cfg, env)
         assert params["embed"].value.shape[0] == rows
+
+
+def test_a_mesh_whose_tensor_axis_cannot_split_the_checkpoints_heads_is_refused_before_its_weights_are_read(
+        local_files, tmp_path):
+    """Qwen2.5-7B has 28 query and 4 key-value heads: over tensor=8 its attention weights were left
+    unsplit, silently. The checkpoint here is its config.json alone, so reading any weight would fail
+    differently; the refusal names the head counts and the tensor size. tensor=4 passes the check."""
+    from aepo_jax.experiment import model_from
+    from aepo_jax.experiment_sft import sft_config_from, sft_trainer_from
+    from aepo_jax.models import get_preset
+    from aepo_jax.models.config import config_to_hf
+    from aepo_jax.parallel import make_mesh
+
+    tokenizer_json, rows_path, _ = local_files
+    cfg = aepo_qwen2_5_7b.get_config()
+    cfg.tokenizer.path, cfg.data.path = str(tokenizer_json), str(rows_path)
+    env = environment_from(cfg, str(tmp_path / "env"))
+    env.close()
+    checkpoint = tmp_path / "qwen2_5_7b"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(config_to_hf(get_preset("qwen2_5_7b"))))
+    cfg.model.checkpoint_dir = str(checkpoint)
+    with pytest.raises(ValueError, match=r"model.checkpoint_dir=.* has 28 query heads and 4 key-value heads: the "
+                                         r"mesh's tensor size 8 does not divide its 28 query heads.* one of \[1, 2, 4\]"):
+        model_from(cfg, env, make_mesh({"data": 1, "fsdp": 1, "tensor": 8}))
+    with pytest.raises(FileNotFoundError, match="no weights in"):  # past the check: the first weight read
+        model_from(cfg, env, make_mesh({"data": 1, "fsdp": 2, "tensor": 4}))
+    # SFT reads the model before its trainer builds the config's mesh: it checks that mesh first.
+    cfg.mesh.shape = {"data": 1, "fsdp": 1, "tensor": 8}
+    with pytest.raises(ValueError, match=r"has 28 query heads and 4 key-value heads: the mesh's tensor size 8"):
+        sft_trainer_from(sft_config_from(cfg), env, str(tmp_path / "sft"), records=[])

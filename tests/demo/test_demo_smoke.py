@@ -74,3 +74,19 @@ def test_notebook_executes_at_smoke_size(tmp_path, monkeypatch):
     assert "size=smoke" in outputs
     assert "global + " in outputs and "#0 [global" in outputs  # the rollout tree was printed
     assert os.path.exists(tmp_path / "run" / "aepo" / "metrics.jsonl")
+
+
+def test_an_attention_kernel_this_platform_lacks_is_refused_before_the_demo_starts(tmp_path):
+    """splash is a TPU kernel: on this CPU the demo failed only at its first program."""
+    import subprocess
+
+    from tests.child_process import child_env
+
+    out = subprocess.run([sys.executable, "-m", "launch.demo", "--config", "configs/demo.py:smoke",
+                          "--config.model.attention=splash", "--workdir", str(tmp_path / "demo")],
+                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: model.attention='splash' runs only on tpu, but this process runs on 'cpu': "
+        "set model.attention='dense' (e.g. --config.model.attention=dense)")
+    assert not (tmp_path / "demo").exists()  # nothing built

@@ -67,8 +67,8 @@ def test_bad_checkpoint_paths_and_mismatched_models_are_clear_errors(trained_run
         restore_policy_params(locate_checkpoint(str(run_dir)), other, model_config_from(other))
 
 
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = child_env()
+def run_cli(*args: str, timeout: float = 240, devices: int = 1) -> subprocess.CompletedProcess:
+    env = child_env(devices)
     return subprocess.run([sys.executable, "-m", "launch.evaluate", "--config", "configs/aepo_tiny.py", *args],
                           check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -114,3 +114,15 @@ def test_cli_refuses_a_bucket_url_before_starting_anything(tmp_path):
     assert proc.returncode != 0
     assert "--checkpoint 'gs://bucket/run14b' is a gs:// URL" in proc.stderr and "mount" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_mesh_whose_tensor_axis_cannot_split_the_models_heads(trained_run, tmp_path):
+    """The tiny model's 2 key-value heads over tensor=4 were left unsplit, silently."""
+    run_dir, _, _ = trained_run
+    proc = run_cli("--checkpoint", str(run_dir), "--mesh", "data=2,fsdp=1,tensor=4", "--out", str(tmp_path / "o"),
+                   "--progress=false", *OVERRIDES, devices=8)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: model.preset='tiny' has 4 query heads and 2 key-value heads: the mesh's tensor size 4 does not "
+        "divide its 2 key-value heads, so its attention weights would not be split over tensor; set mesh.shape "
+        "with tensor one of [1, 2]")

@@ -68,3 +68,38 @@ def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_confi
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         setup = f.read()
     assert '"hf":' in setup and '"server":' in setup and 'python_requires=">=3.11"' in setup
+
+
+def test_gpu_script_on_one_node_hands_train_a_one_process_launch(tmp_path):
+    """One node (JAX_NUM_PROCESSES=1): the script runs `launch.train` with distributed=on (faked python
+    here: it records its arguments and JAX environment), and those initialise one named process
+    (`initialize_arguments`; a bare initialize() fails on a GPU node)."""
+    from aepo_jax.parallel.distributed import initialize_arguments
+
+    log = tmp_path / "python.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {log}\nenv | grep ^JAX_ >> {log}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    env.update(PYTHON=str(fake), JAX_COORDINATOR_ADDRESS="localhost:12345", JAX_NUM_PROCESSES="1",
+               JAX_PROCESS_ID="0")
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/gpu_multi.sh"), "configs/aepo_tiny.py", "/tmp/w",
+                          "--config.model.attention=dense"], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = log.read_text().splitlines()
+    assert lines[:6] == ["-m", "launch.train", "--config", "configs/aepo_tiny.py", "--workdir", "/tmp/w"]
+    assert "--config.distributed=on" in lines and "--config.model.attention=dense" in lines
+    seen = dict(line.split("=", 1) for line in lines if line.startswith("JAX_"))
+    assert initialize_arguments("on", seen) == {"coordinator_address": "localhost:12345", "num_processes": 1,
+                                                "process_id": 0}
+
+
+def test_gpu_script_install_hint_has_the_extras_and_the_tested_versions():
+    """The install line matches the Makefile's: the constraints CI tests and the `hf` and `server` extras
+    (tokenizer.json, the search server and tools), plus a CUDA build of jax."""
+    with open(os.path.join(REPO, "launch/gpu_multi.sh"), encoding="utf-8") as f:
+        script = f.read()
+    with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
+        makefile = f.read()
+    assert "-c constraints.txt -e '.[hf,server]'" in makefile
+    assert "pip install -c constraints.txt -e '.[hf,server]' 'jax[cuda12]'" in script

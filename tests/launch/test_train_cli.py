@@ -80,6 +80,18 @@ def test_deterministic_with_the_continuous_schedule_is_refused_before_anything_s
     assert not os.path.exists(tmp_path / "config.json")  # refused before the workdir is written
 
 
+def test_an_attention_kernel_this_platform_lacks_is_refused_before_anything_starts(tmp_path):
+    """splash is a TPU kernel: on this CPU the run failed only at its first program, after the tools,
+    the model and the optimiser were built."""
+    out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(tmp_path), "--config.model.attention=splash",
+                  "--config.total_steps=1", *SMALL)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: model.attention='splash' runs only on tpu, but this process runs on 'cpu': "
+        "set model.attention='dense' (e.g. --config.model.attention=dense)")
+    assert not os.path.exists(tmp_path / "config.json")  # refused before the workdir is written
+
+
 @pytest.mark.parametrize("module", ["launch.train", "launch.sft", "launch.evaluate"])
 def test_missing_config_file_is_one_clear_line(tmp_path, module):
     missing = str(tmp_path / "no_such_config.py")

@@ -3,6 +3,8 @@ by slot, and the backend switch's errors (flash kernels themselves: test_attenti
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from attention_cases import (
 
 from aepo_jax.models import Decoder, get_preset
 from aepo_jax.models.attention import masked_attention as eager_masked_attention
+from aepo_jax.models.attention import require_backend_runs_on
 from aepo_jax.models.attention_flash import UnsupportedPlatformError
 from aepo_jax.models.attention_mask import cached_mask, causal_mask, tree_mask
 
@@ -133,6 +136,27 @@ def test_splash_run_on_cpu_raises_naming_the_backend():
     mask = causal_mask(jnp.ones((1, 128), bool))
     with pytest.raises(Exception, match="'splash' needs a tpu device"):
         jax.block_until_ready(masked_attention(q, k, v, mask, implementation="splash"))
+
+
+@pytest.mark.parametrize(("backend", "platform", "instead"), [
+    ("splash", "gpu", "model.attention='cudnn' (with model.compute_dtype='bfloat16') or model.attention='dense'"),
+    ("splash", "cpu", "model.attention='dense'"),
+    ("cudnn", "tpu", "model.attention='splash' or model.attention='dense'"),
+    ("cudnn", "cpu", "model.attention='dense'"),
+])
+def test_a_backend_the_platform_has_no_kernel_for_is_refused_naming_the_setting_to_use(backend, platform, instead):
+    """The launch's early check: splash and cuDNN otherwise fail at the first program that runs."""
+    with pytest.raises(ValueError, match=rf"model.attention='{backend}' runs only on .* this process runs on "
+                                         rf"'{platform}': set {re.escape(instead)} "):
+        require_backend_runs_on(backend, platform)
+
+
+def test_each_backend_passes_on_its_platforms():
+    for backend, platform in [("dense", "cpu"), ("dense", "gpu"), ("dense", "tpu"), ("splash", "tpu"),
+                              ("cudnn", "gpu")]:
+        require_backend_runs_on(backend, platform)
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        require_backend_runs_on("flash", "tpu")
 
 
 def test_splash_lowers_for_tpu_from_a_cpu_process():

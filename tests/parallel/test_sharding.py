@@ -15,6 +15,7 @@ from aepo_jax.parallel import (
     shard_state,
     state_shardings,
 )
+from aepo_jax.parallel.sharding import require_heads_split
 
 
 def test_make_mesh_fills_the_free_axis_and_uses_auto_axes():
@@ -58,6 +59,19 @@ def test_logical_to_spec_maps_names_and_drops_indivisible_or_reused_axes():
     assert logical_to_spec(("heads", "kv_heads"), shape=(4, 4), mesh=mesh) == P("tensor", None)  # tensor used once
     with pytest.raises(ValueError, match="logical axis 'bogus' has no sharding rule"):
         logical_to_spec(("bogus",))
+
+
+@pytest.mark.parametrize(("tensor", "message"), [
+    (8, "the mesh's tensor size 8 does not divide its 28 query heads"),
+    (7, "the mesh's tensor size 7 does not divide its 4 key-value heads"),
+])
+def test_a_tensor_axis_that_cannot_split_the_heads_is_refused_naming_both_counts(tensor, message):
+    """`logical_to_spec` would leave such weights unsplit, silently (Qwen2.5-7B: 28 / 4 heads)."""
+    with pytest.raises(ValueError, match=rf"qwen2_5_7b has 28 query heads and 4 key-value heads: {message}.*"
+                                         r"set mesh.shape with tensor one of \[1, 2, 4\]"):
+        require_heads_split(28, 4, {"data": 1, "fsdp": 1, "tensor": tensor}, "qwen2_5_7b")
+    for fits in ({"fsdp": 8, "tensor": 4}, {"data": 4}, {}):  # an axis left out is 1
+        require_heads_split(28, 4, fits, "qwen2_5_7b")
 
 
 def test_state_shardings_follow_parameter_metadata():

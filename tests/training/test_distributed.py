@@ -2,7 +2,11 @@
 
 import pytest
 
-from aepo_jax.parallel.distributed import detect_multihost, maybe_initialize_distributed
+from aepo_jax.parallel.distributed import (
+    detect_multihost,
+    initialize_arguments,
+    maybe_initialize_distributed,
+)
 from tests.training.local_cluster import result_lines, start_processes
 
 
@@ -42,6 +46,45 @@ def test_inconsistent_environment_is_a_clear_error(env, message):
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="distributed mode"):
         maybe_initialize_distributed("sometimes", env={})
+
+
+ONE_NODE = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}
+
+
+def test_distributed_on_with_one_named_process_passes_the_environment_through():
+    """`launch/gpu_multi.sh` on one node: "on" with one process named. A bare `initialize()` there
+    looked for a cluster and failed on a GPU node ("Number of processes must be defined")."""
+    assert initialize_arguments("on", ONE_NODE) == {"coordinator_address": "10.0.0.1:1234", "num_processes": 1,
+                                                    "process_id": 0}
+    without_id = {k: v for k, v in ONE_NODE.items() if k != "JAX_PROCESS_ID"}
+    assert initialize_arguments(True, without_id)["process_id"] == 0
+    assert initialize_arguments("auto", ONE_NODE) is None  # one process needs no runtime unless asked
+    assert initialize_arguments("off", ONE_NODE) is None
+    with pytest.raises(ValueError, match=r"JAX_PROCESS_ID=1 outside \[0, 1\)"):
+        initialize_arguments("on", {**ONE_NODE, "JAX_PROCESS_ID": "1"})
+
+
+def test_distributed_arguments_of_multi_host_and_auto_detected_launches():
+    four = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2"}
+    expected = {"coordinator_address": "h:1", "num_processes": 4, "process_id": 2}
+    assert initialize_arguments("auto", four) == initialize_arguments("on", four) == expected
+    auto_detected = {"coordinator_address": None, "num_processes": None, "process_id": None}
+    assert initialize_arguments("auto", {"SLURM_NTASKS": "4"}) == auto_detected
+    assert initialize_arguments("on", {}) == auto_detected  # "on" without a named coordinator: JAX looks
+    assert initialize_arguments("auto", {}) is None
+
+
+_ONE_PROCESS_ON = (
+    "from aepo_jax.parallel.distributed import maybe_initialize_distributed\n"
+    "import jax\n"
+    "index, count = maybe_initialize_distributed('on')\n"
+    "print('RESULT', index, count, jax.distributed.is_initialized(), flush=True)\n"
+)
+
+
+def test_one_process_with_distributed_on_initialises():
+    """The real runtime with JAX_NUM_PROCESSES=1, as `gpu_multi.sh` on one node starts it."""
+    assert result_lines(start_processes(["-c", _ONE_PROCESS_ON], 1, 1), timeout_s=120) == ["RESULT 0 1 True"]
 
 
 _WORKER = (
