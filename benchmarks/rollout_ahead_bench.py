@@ -61,6 +61,7 @@ def _config(args: argparse.Namespace, ahead: bool):
     c.train.mini_batch_prompts = args.mini_batch_prompts
     c.train.micro_batch_size = args.micro_batch_size
     c.train.rollout_ahead = ahead
+    c.train.recompute_logp_old = False  # rollout_ahead needs it; both runs alike do the same work
     c.train.total_steps = 10**6  # segments stop by `train(num_steps=...)`
     c.checkpoint.every = 10**6  # one save per segment: its last step
     c.checkpoint.keep = 1

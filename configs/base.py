@@ -158,7 +158,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # Roll out step s + 1 on a background thread while step s trains, with the parameters step s started
     # from: every rollout after the first is one update round stale (aepo_jax/training/rollout_ahead.py).
     # Holds up to two extra copies of the parameters (float32, on the run's mesh) and, while its rollout
-    # runs beside the train step, the rollout's weight replicas when it samples on them.
+    # runs beside the train step, the rollout's weight replicas when it samples on them. Needs
+    # train.recompute_logp_old=False: the ratio's denominator must be the policy that sampled.
     c.train.rollout_ahead = False
     # "tree": each shared prefix token (a group's prompt, AEPO/ARPO shared turns) is computed once in the
     # update (docs/packing.md); "flat": every trajectory padded to T. Loss and gradients are the same.

@@ -178,6 +178,4 @@ def with_algorithm(c: ml_collections.ConfigDict, algorithm: str) -> ml_collectio
     c.objective = objective_from_preset(algorithm)
     c.objective.update(kept)
     c.rollout.strategy = get_preset(algorithm).rollout
-    # DAPO's overlong buffer Lc (paper: 4096 of a 20480-token budget) must fit the demo's budget: a quarter of it.
-    c.objective.overlong_buffer_len = min(int(c.objective.overlong_buffer_len), int(c.rollout.max_response_len) // 4)
     return c

@@ -6,9 +6,18 @@ tree branches belong to their prompt's group) and `mask [B, T]`. Groups are
 found with a `[B, B]` same-group matrix, so ids need no remapping and
 everything is jit-compatible. Token advantages are `[B, T]`, zero where
 `mask == 0`.
+
+Statistics "over the batch" (REINFORCE++ whitening, AEPO's batch entropy
+z-score) are over the whole update batch. When it is split over processes,
+each holding its own groups, `batch_total` sums a vector of this part's sums
+over every part (`parallel.multihost.process_sum`), so every process uses the
+statistics of the whole batch; None (the default) means this part is the
+whole batch.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +25,9 @@ import jax.numpy as jnp
 GROUP_STD_EPS = 1e-6  # spec §3.2: A = (R - mean) / (std + 1e-6)
 WHITEN_EPS = 1e-8
 ENTROPY_ADV_SCOPES = ("batch", "group")
+
+
+BatchTotal = Callable[[jax.Array], jax.Array]  # this part's sums [n] -> the whole batch's [n]
 
 
 def _float(x: jax.Array) -> jax.Array:
@@ -75,15 +87,32 @@ def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: jax.Array
     return broadcast_to_tokens(group_relative_advantages(rewards, group_ids, False), mask)
 
 
-def masked_whiten(values: jax.Array, mask: jax.Array) -> jax.Array:
+def _total(sums: jax.Array, batch_total: BatchTotal | None) -> jax.Array:
+    return sums if batch_total is None else jnp.asarray(batch_total(sums), sums.dtype)
+
+
+def masked_mean_var(values: jax.Array, mask: jax.Array,
+                    batch_total: BatchTotal | None = None) -> tuple[jax.Array, jax.Array]:
+    """Mean and unbiased variance of `values` over the valid tokens of the whole batch (scalars).
+
+    No valid token gives mean 0, one gives variance 0. `batch_total`: see the module doc; the mean
+    is the whole batch's before the squared deviations from it are summed (two exchanges, the
+    single-batch formula exactly)."""
+    values, mask = _float(values), _float(mask)
+    count, total = _total(jnp.stack([jnp.sum(mask), jnp.sum(values * mask)]), batch_total)
+    count = jnp.maximum(count, 1.0)
+    mean = total / count
+    sq_dev_sum = _total(jnp.sum(jnp.square(values - mean) * mask)[None], batch_total)[0]
+    return mean, sq_dev_sum / jnp.maximum(count - 1.0, 1.0)
+
+
+def masked_whiten(values: jax.Array, mask: jax.Array, batch_total: BatchTotal | None = None) -> jax.Array:
     """Whiten over valid tokens of the whole batch: `(x - mean) / sqrt(var + 1e-8)`, unbiased var.
 
-    Returns `[B, T]`, zero where masked.
+    Returns `[B, T]`, zero where masked. `batch_total`: see the module doc.
     """
     values, mask = _float(values), _float(mask)
-    count = jnp.maximum(jnp.sum(mask), 1.0)
-    mean = jnp.sum(values * mask) / count
-    var = jnp.sum(jnp.square(values - mean) * mask) / jnp.maximum(count - 1.0, 1.0)
+    mean, var = masked_mean_var(values, mask, batch_total)
     return (values - mean) * jax.lax.rsqrt(var + WHITEN_EPS) * mask
 
 
@@ -100,6 +129,7 @@ def reinforce_pp_advantages(
     mask: jax.Array,
     kl: jax.Array | None = None,
     kl_coef: float = 0.0,
+    batch_total: BatchTotal | None = None,
 ) -> jax.Array:
     """Reinforce++: return-to-go (discount 1) of token rewards, whitened over the batch.
 
@@ -111,19 +141,20 @@ def reinforce_pp_advantages(
       mask: `[B, T]` policy-token mask.
       kl: `[B, T]` per-token KL of the sampling policy to the reference, or None.
       kl_coef: weight of the KL penalty inside the reward.
+      batch_total: the whole batch's sums when this is one process's part (module doc).
     """
     mask = _float(mask)
     token_rewards = _float(rewards)[:, None] * last_valid_token_onehot(mask)  # [B, T]
     if kl is not None:
         token_rewards = token_rewards - kl_coef * jax.lax.stop_gradient(_float(kl)) * mask
     returns = jnp.flip(jnp.cumsum(jnp.flip(token_rewards, -1), axis=-1), -1)  # [B, T]
-    return masked_whiten(returns, mask)
+    return masked_whiten(returns, mask, batch_total)
 
 
-def reinforce_pp_baseline_advantages(rewards: jax.Array, group_ids: jax.Array,
-                                     mask: jax.Array) -> jax.Array:
+def reinforce_pp_baseline_advantages(rewards: jax.Array, group_ids: jax.Array, mask: jax.Array,
+                                     batch_total: BatchTotal | None = None) -> jax.Array:
     """Reinforce++-baseline: `R - mean_g R` broadcast to tokens, then batch whitening."""
-    return masked_whiten(dr_grpo_advantages(rewards, group_ids, mask), mask)
+    return masked_whiten(dr_grpo_advantages(rewards, group_ids, mask), mask, batch_total)
 
 
 def entropy_aware_advantages(
@@ -133,12 +164,14 @@ def entropy_aware_advantages(
     coef: float = 0.2,
     scope: str = "batch",
     group_ids: jax.Array | None = None,
+    batch_total: BatchTotal | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """AEPO entropy-aware reshape: `A_t * (1 + a * z_t)` (spec §3.2).
 
     `z_t = (H_t - mean H) / std H` over valid tokens of the batch
-    (`scope="batch"`) or of the token's prompt group (`scope="group"`); std is
-    unbiased, and a std of 0 (or a single token) counts as 1. `H` is detached.
+    (`scope="batch"`; the whole update batch's with `batch_total`, module doc)
+    or of the token's prompt group (`scope="group"`, always on one process); std
+    is unbiased, and a std of 0 (or a single token) counts as 1. `H` is detached.
 
     Returns:
       `([B, T] advantages, metrics)` with the batch entropy mean and std used.
@@ -148,9 +181,8 @@ def entropy_aware_advantages(
     advantages, mask = _float(advantages), _float(mask)
     entropy = jax.lax.stop_gradient(_float(entropy))
     if scope == "batch":
-        count = jnp.sum(mask)
-        mean = jnp.sum(entropy * mask) / jnp.maximum(count, 1.0)
-        sq_dev_sum = jnp.sum(jnp.square(entropy - mean) * mask)
+        mean, var = masked_mean_var(entropy, mask, batch_total)
+        std = jnp.sqrt(var)
     else:
         if group_ids is None:
             raise ValueError("entropy_adv_scope='group' needs group_ids")
@@ -159,7 +191,7 @@ def entropy_aware_advantages(
         mean = same @ jnp.sum(entropy * mask, -1) / jnp.maximum(count, 1.0)  # [B]
         # rows of one group share one mean, so per-row squared deviations add up
         sq_dev_sum = same @ jnp.sum(jnp.square(entropy - mean[:, None]) * mask, -1)  # [B]
-    std = jnp.sqrt(sq_dev_sum / jnp.maximum(count - 1.0, 1.0))
+        std = jnp.sqrt(sq_dev_sum / jnp.maximum(count - 1.0, 1.0))
     std = jnp.where(std > 0, std, 1.0)
     if scope == "group":
         mean, std = mean[:, None], std[:, None]  # [B, 1]

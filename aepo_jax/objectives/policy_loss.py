@@ -10,6 +10,7 @@ exact (see `aggregation`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 from aepo_jax.objectives.aggregation import aggregate, check_loss_agg, masked_mean
 from aepo_jax.objectives.kl import KL_ESTIMATORS, entropy_bonus, kl_penalty
-from aepo_jax.objectives.surrogates import get_surrogate
+from aepo_jax.objectives.surrogates import LOG_RATIO_MAX, get_surrogate
 
 
 class LossParts(NamedTuple):
@@ -58,6 +59,10 @@ class LossConfig:
         check_loss_agg(self.loss_agg)
         if self.clip_low is None or self.clip_high is None or self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
+        # The ratio is bounded at exp(LOG_RATIO_MAX) (surrogates.bounded_ratio); every clip bound stays below it.
+        for name, bound in (("1 + clip_high", 1.0 + self.clip_high), ("dual_clip_c", self.dual_clip_c)):
+            if bound is not None and bound >= math.exp(LOG_RATIO_MAX):
+                raise ValueError(f"{name} = {bound} must be below exp({LOG_RATIO_MAX:g}), where ratios are bounded")
         if self.surrogate == "cispo" and self.dual_clip_c is not None:
             raise ValueError(f"CISPO takes no dual clip, got dual_clip_c={self.dual_clip_c}")
         if self.kl_estimator not in KL_ESTIMATORS:

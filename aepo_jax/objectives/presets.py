@@ -70,7 +70,8 @@ class AlgorithmPreset:
       entropy_advantage_scope: "batch" or "group".
       dynamic_sampling: DAPO's filter of all-equal-reward groups.
       overlong_shaping: DAPO's overlong reward shaping.
-      overlong_buffer_len: DAPO's `Lc`.
+      overlong_buffer_len: DAPO's `Lc`, below `Lmax` (`rollout.max_response_len`); None: the
+        paper's share of the budget, 4096 / 20480 = 0.2 `Lmax` (`advantage_dispatch.overlong_buffer_len`).
       overlong_penalty_factor: scale of the overlong penalty.
       hard_attribution: ARPO hard attribution over shared prefixes.
       kl_coef: KL-to-reference weight (in the loss, or in the reward when
@@ -94,7 +95,7 @@ class AlgorithmPreset:
     entropy_advantage_scope: str = "batch"
     dynamic_sampling: bool = False
     overlong_shaping: bool = False
-    overlong_buffer_len: int = 4096
+    overlong_buffer_len: int | None = None
     overlong_penalty_factor: float = 1.0
     hard_attribution: bool = False
     kl_coef: float = 0.0
@@ -121,6 +122,9 @@ class AlgorithmPreset:
         check_loss_agg(self.loss_agg)
         if self.surrogate == "cispo" and self.dual_clip_c is not None:
             raise ValueError(f"preset {self.name!r}: CISPO takes no dual clip")
+        if self.overlong_buffer_len is not None and self.overlong_buffer_len <= 0:
+            raise ValueError(f"preset {self.name!r}: overlong_buffer_len must be > 0 or None, "
+                             f"got {self.overlong_buffer_len}")
         if self.hard_attribution and self.advantage not in ("grpo", "dr_grpo"):
             raise ValueError(f"preset {self.name!r}: hard attribution needs a per-trajectory "
                              f"advantage (grpo or dr_grpo), got {self.advantage!r}")
@@ -154,7 +158,8 @@ PRESETS: dict[str, AlgorithmPreset] = {
     "reinforce_pp": _P("reinforce_pp", "ppo", "reinforce_pp", kl_in_reward=True, kl_coef=0.01,
                        kl_estimator="k1"),
     "reinforce_pp_baseline": _P("reinforce_pp_baseline", "ppo", "reinforce_pp_baseline"),
-    # DAPO: clip-higher, dynamic sampling, overlong shaping (Lc = 4096 as in the paper).
+    # DAPO: clip-higher, dynamic sampling, overlong shaping. Lc is the paper's share of the budget
+    # (4096 of 20480 -> 0.2 Lmax): a fixed 4096 would cover all of a 4096-token budget.
     "dapo": _P("dapo", "ppo", "grpo", clip_high=0.28, dynamic_sampling=True,
                overlong_shaping=True),
     # CISPO: el = 1 (no lower clip), eh = 0.28, no dual clip (SURROGATE_CLIPS).

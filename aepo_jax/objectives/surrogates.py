@@ -15,6 +15,20 @@ plus the dual clip (all but CISPO): `F = 0` where `r > c` and `A < 0`.
 `r / sg(r)` is written as `exp(log_r - sg(log_r))`: value exactly 1,
 derivative exactly `d log_r`, and no inf/inf when `r` overflows.
 
+The ratio itself is `bounded_ratio(log_r) = exp(min(log_r, LOG_RATIO_MAX))`
+(`LOG_RATIO_MAX = 20`, verl's bound). Where `log_r <= 20` the `min` is the
+identity with derivative exactly 1, so value and gradient are unchanged; that
+covers every clip region of the table, whose bounds (`1 +- e`, `c`; checked in
+`LossConfig`) lie below `e^20 ~ 4.9e8`. Above it the ratio is held at `e^20`
+with zero derivative: a branch that a clip or dual clip selects there keeps
+its table weight (0, or `1+eh` through `r / sg(r)`, which is built from the
+unbounded `log_r`), and an unselected `r A` branch contributes `0 * A`
+instead of `0 * inf = NaN` (a float32 `r` overflows once `log_r > 88`). The
+one weight that changes is that of an unclipped branch with `r > e^20` (PPO,
+GPPO and AEPO with `A < 0` and no dual clip: 0 instead of `r`; GSPO's
+`s_i`: `e^20` instead of `s_i`). The lower side needs no bound: `r`
+underflows to 0, never to NaN, and CISPO's clip region reaches down to 0.
+
 All inputs are `[B, T]` arrays already cast to a float type of at least 32
 bits; `mask` is the float 0/1 policy-token mask. Tokens with `mask == 0` get
 log-ratio 0 through `jnp.where`, so garbage there cannot leak NaN gradients.
@@ -28,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 sg = jax.lax.stop_gradient
+LOG_RATIO_MAX = 20.0  # exp(20) ~ 4.9e8: far above every clip bound, far below float32 overflow (exp(88))
 
 
 class SurrogateOutput(NamedTuple):
@@ -55,6 +70,14 @@ class SurrogateOutput(NamedTuple):
 def masked_log_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
     """`logp - logp_old` on policy tokens, exactly 0 elsewhere. `[B, T]`."""
     return jnp.where(mask > 0, logp - logp_old, 0.0)
+
+
+def bounded_ratio(log_ratio: jax.Array) -> jax.Array:
+    """`exp(min(log_ratio, LOG_RATIO_MAX))`: the importance ratio, finite for any finite log-ratio.
+
+    Value and gradient equal `exp(log_ratio)` wherever `log_ratio <= LOG_RATIO_MAX` (module doc).
+    """
+    return jnp.exp(jnp.minimum(log_ratio, LOG_RATIO_MAX))
 
 
 def _apply_dual_clip(
@@ -101,7 +124,7 @@ def ppo_surrogate(
 ) -> SurrogateOutput:
     """PPO / GRPO / DAPO / ARPO: `min(r A, clip(r, 1-el, 1+eh) A)` (spec §3.1 row 1)."""
     _check_dual_clip(dual_clip_c)
-    ratio = jnp.exp(masked_log_ratio(logp, logp_old, mask))  # [B, T]
+    ratio = bounded_ratio(masked_log_ratio(logp, logp_old, mask))  # [B, T]
     clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     s = jnp.minimum(ratio * advantages, clipped * advantages)
     s = _apply_dual_clip(s, advantages, dual_clip_c)
@@ -125,7 +148,7 @@ def gppo_surrogate(
     """
     _check_dual_clip(dual_clip_c)
     log_ratio = masked_log_ratio(logp, logp_old, mask)  # [B, T]
-    ratio = jnp.exp(log_ratio)
+    ratio = bounded_ratio(log_ratio)
     unit = jnp.exp(log_ratio - sg(log_ratio))  # r / sg(r): value 1, gradient d log r
     clipped = jnp.clip(ratio, (1.0 - clip_low) * unit, (1.0 + clip_high) * unit)
     s = jnp.minimum(ratio * advantages, clipped * advantages)
@@ -151,7 +174,7 @@ def aepo_surrogate(
     """
     _check_dual_clip(dual_clip_c)
     log_ratio = masked_log_ratio(logp, logp_old, mask)  # [B, T]
-    ratio = jnp.exp(log_ratio)
+    ratio = bounded_ratio(log_ratio)
     unit = jnp.exp(log_ratio - sg(log_ratio))  # r / sg(r)
     clipped = jnp.clip(ratio, 1.0 - clip_low, (1.0 + clip_high) * unit)
     s = jnp.minimum(ratio * advantages, clipped * advantages)
@@ -177,7 +200,7 @@ def cispo_surrogate(
     """
     if dual_clip_c is not None:
         raise ValueError("CISPO takes no dual clip (spec §3.1): pass dual_clip_c=None")
-    ratio = jnp.exp(masked_log_ratio(logp, logp_old, mask))  # [B, T]
+    ratio = bounded_ratio(masked_log_ratio(logp, logp_old, mask))  # [B, T]
     weight = sg(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
     logp_valid = jnp.where(mask > 0, logp, 0.0)
     s = weight * advantages * logp_valid
@@ -212,7 +235,7 @@ def gspo_surrogate(
     `F = s_i` inside the clip range and `F = 0` where the clip is active.
     """
     _check_dual_clip(dual_clip_c)
-    seq_ratio = jnp.exp(sequence_log_ratio(logp, logp_old, mask))[:, None]  # [B, 1]
+    seq_ratio = bounded_ratio(sequence_log_ratio(logp, logp_old, mask))[:, None]  # [B, 1]
     logp_valid = jnp.where(mask > 0, logp, 0.0)
     token_ratio = sg(seq_ratio) * jnp.exp(logp_valid - sg(logp_valid))  # [B, T], value s_i
     clipped = jnp.clip(token_ratio, 1.0 - clip_low, 1.0 + clip_high)

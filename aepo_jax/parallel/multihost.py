@@ -3,9 +3,11 @@
 Config sizes are global; every process handles its share (`local_share`),
 builds its part of each batch with the shapes all processes agree on
 (`global_max`), and reads back only its own rows of
-a global result (`host_local`). Host-side metrics are combined over processes
-with `multihost_utils` (`gather_metrics`), and host-side results of any kind
-are exchanged whole (`gather_objects`). With one process every function is
+a global result (`host_local`; `first_local_index` says where they start).
+Host-side metrics are combined over processes with `multihost_utils`
+(`gather_metrics`), statistics of the whole batch are summed over the
+processes' parts (`process_sum`), and host-side results of any kind are
+exchanged whole (`gather_objects`). With one process every function is
 the identity or a plain numpy conversion, so the single-host path is unchanged.
 
 Every exchange first waits for every process at the coordination service
@@ -56,6 +58,35 @@ def host_local(x: jax.Array) -> np.ndarray:
     if not isinstance(sharding, jax.sharding.NamedSharding):
         raise TypeError(f"host_local needs a NamedSharding, got {type(sharding).__name__}")
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, sharding.mesh, sharding.spec))
+
+
+def first_local_index(x: jax.Array, axis: int, local_size: int) -> int:
+    """Global index, along `axis`, of the first entry of `x` this process holds (0 with one process).
+
+    `x` was made from this process's `local_size` entries along `axis` (`place_train_batch`); they
+    must be one contiguous run of the global axis, which `parallel.make_mesh` meshes give."""
+    spans = [(shard.index[axis].start or 0, x.shape[axis] if shard.index[axis].stop is None
+              else shard.index[axis].stop) for shard in x.addressable_shards]
+    start, stop = min(s for s, _ in spans), max(e for _, e in spans)
+    if stop - start != local_size:
+        raise ValueError(f"process {jax.process_index()}'s {local_size} entries along axis {axis} of a global "
+                         f"{x.shape} array lie in [{start}, {stop}), not one contiguous run: build the mesh "
+                         "with aepo_jax.parallel.make_mesh")
+    return int(start)
+
+
+def process_sum(values: Any) -> np.ndarray:
+    """Element-wise float64 sum of a small vector over all processes, the same on every process (a
+    collective: every process calls it at the same point). One process: `values` as float64.
+
+    The statistics of a batch split over processes (token counts, sums) added up exactly: the
+    float64 bytes are exchanged as such, since a device array would be float32 without x64."""
+    local = np.ascontiguousarray(values, np.float64)
+    if jax.process_count() == 1:
+        return local
+    wait_for_every_process("multihost.process_sum")
+    parts = np.asarray(multihost_utils.process_allgather(local.reshape(-1).view(np.uint8)))  # [P, 8 * n]
+    return np.ascontiguousarray(parts).view(np.float64).sum(axis=0).reshape(local.shape)
 
 
 def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ()) -> dict[str, float]:

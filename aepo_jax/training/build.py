@@ -14,6 +14,7 @@ from flax import nnx
 
 from aepo_jax.models import Decoder, ModelConfig, get_preset
 from aepo_jax.objectives import AlgorithmPreset
+from aepo_jax.objectives.advantage_dispatch import overlong_buffer_len
 from aepo_jax.training.optimizer import optimizer_from_config
 from aepo_jax.training.train_state import (
     TrainState,
@@ -81,16 +82,22 @@ def preset_from(cfg: ml_collections.ConfigDict) -> AlgorithmPreset:
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"config.objective has keys {unknown} that AlgorithmPreset does not know; known: {sorted(known)}")
-    return AlgorithmPreset(name=cfg.algorithm, rollout=cfg.rollout.strategy, **fields)
+    preset = AlgorithmPreset(name=cfg.algorithm, rollout=cfg.rollout.strategy, **fields)
+    if preset.overlong_shaping:  # a bad Lc for this budget fails here, not after the first rollout
+        overlong_buffer_len(preset.overlong_buffer_len, int(cfg.rollout.max_response_len))
+    return preset
 
 
 def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) -> StepConfig:
+    """The train step's static settings; Dr. GRPO's constant `max_len` is `rollout.max_response_len`
+    (`StepConfig.loss_max_len`)."""
     return StepConfig(
         loss=preset.loss_config(),
         temperature=float(cfg.rollout.temperature),
         micro_batch_size=int(cfg.train.micro_batch_size),
         compute_dtype=cfg.model.compute_dtype,
         logits_chunk_size=cfg.model.get("logits_chunk_size"),
+        loss_max_len=int(cfg.rollout.max_response_len),
     )
 
 

@@ -14,7 +14,13 @@ data position, so an interrupted run continues exactly.
 s scores and updates, with the parameters step s started from
 (`training/rollout_ahead.py`): each rollout after the first is one update
 round stale. Checkpoints then also hold those parameters, so a resumed run
-continues exactly too.
+continues exactly too. It needs `train.recompute_logp_old=False`: the ratio's
+denominator is then the sampler's log-probs, those of the parameters that
+sampled (recomputed, they would be the current parameters', one update newer).
+
+With several processes each holds its own groups; batch statistics of the
+advantages (REINFORCE++ whitening, AEPO's batch entropy z-score) are summed
+over the processes, so they are the whole step's, as with one process.
 
 The rollout is a seam: `rollout_fn(prompts, k, params, key, rng) -> (groups,
 stats)` where `groups[i]` holds the `k` finished trajectories of prompt `i`
@@ -46,6 +52,7 @@ from aepo_jax.parallel.multihost import (
     global_max,
     host_local,
     local_share,
+    process_sum,
 )
 from aepo_jax.training.build import (
     RunParts,
@@ -91,6 +98,22 @@ RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
 SUMMED_METRICS = frozenset({"trajectories", "dropped_groups", "kept_groups", "pack/flat_tokens", "pack/flat_slots",
                             "pack/computed_tokens", "pack/computed_slots", "pack/unique_tokens",
                             "pack/copied_tokens", "pack/rows", "pack/bucket_slots", "pack/micro_batches"})
+
+
+def check_rl_config(config: ml_collections.ConfigDict) -> None:
+    """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
+    rollout, train = config.rollout, config.train
+    longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)
+    if longest > int(train.max_seq_len):
+        raise ValueError(f"rollout.max_prompt_len + rollout.max_response_len = {int(rollout.max_prompt_len)} + "
+                         f"{int(rollout.max_response_len)} = {longest} exceeds train.max_seq_len="
+                         f"{int(train.max_seq_len)}: a trajectory that long would be refused only after its whole "
+                         "rollout; raise train.max_seq_len or lower the rollout limits")
+    if bool(train.get("rollout_ahead", False)) and bool(train.recompute_logp_old):
+        raise ValueError("train.rollout_ahead=True with train.recompute_logp_old=True: each rollout after the first "
+                         "samples with the parameters one update older than the ones that would recompute its "
+                         "logp_old, so the policy ratio would have no correction for that staleness; set "
+                         "train.recompute_logp_old=False (the sampler's log-probs are then the ratio's denominator)")
 
 
 def _stats_dict(stats: Any) -> dict[str, float]:
@@ -141,6 +164,7 @@ class RLTrainer(CheckpointedTrainer):
         process_index: int = 0,
         mesh: jax.sharding.Mesh | None = None,
     ):
+        check_rl_config(config)
         self.rollout_ahead = bool(config.train.get("rollout_ahead", False))
         if self.rollout_ahead and jax.process_count() > 1 and not getattr(rollout_fn, "samples_on_own_devices", False):
             raise ValueError(f"train.rollout_ahead with {jax.process_count()} processes needs a rollout function "
@@ -164,7 +188,8 @@ class RLTrainer(CheckpointedTrainer):
             self.run.graphdef, self.run.tx, self.step_config, self.pack, self.run.schedule,
             self.run.state_sharding,
         )
-        self._logprobs = make_logprob_fn_for_pack(self.run.graphdef, self.step_config, self.pack)
+        # Scores come back with the batch's rows over the mesh, so each process reads its own back.
+        self._logprobs = make_logprob_fn_for_pack(self.run.graphdef, self.step_config, self.pack, self.run.mesh)
         # Multi-host: config sizes are global, this process rolls out and packs its share.
         self.process_count = jax.process_count()
         self.local_prompts = local_share(int(config.data.prompts_per_step), self.process_count,
@@ -302,6 +327,7 @@ class RLTrainer(CheckpointedTrainer):
             response_lengths=seqs.response_lengths, max_response_len=int(self.config.rollout.max_response_len),
             kl=kl, tokens=padded["input_ids"], step_starts=seqs.step_starts,
             shared_prefix_len=seqs.shared_prefix_len,
+            batch_total=process_sum if self.process_count > 1 else None,  # this process's groups are a part
         )
         seqs.set_per_token("advantages", np.asarray(advantages, np.float32))
         return {f"adv/{k}": float(v) for k, v in metrics.items()}

@@ -39,6 +39,15 @@ class StepConfig:
     KL and entropy terms) are a `LossConfig` whose defaults live only in
     `aepo_jax.objectives.presets` (`AlgorithmPreset.loss_config()` in a run;
     the bare AEPO surrogate's when not given). The rest is how the step runs.
+
+    `loss_max_len` is the constant `max_len` of `seq_mean_token_sum_norm` (Dr. GRPO, spec §3):
+    a run sets it to `rollout.max_response_len` (`build.step_config_from`), the most policy
+    tokens one trajectory can have, which is what Dr. GRPO's released code divides by
+    (its generation budget) and what verl's divisor, the response width padded to
+    `max_response_length`, amounts to. It must not be the batch's column count `T`:
+    that is the step's longest prompt plus response rounded to `train.length_bucket`,
+    so the loss scale would change from step to step. None (tests of the step's
+    mechanics only) falls back to that `T`.
     """
 
     loss: LossConfig = dataclasses.field(default_factory=lambda: objective_loss_config("aepo"))
@@ -46,6 +55,11 @@ class StepConfig:
     micro_batch_size: int | None = None  # None: the whole batch in one pass
     compute_dtype: str | None = None  # "bfloat16" casts params inside the step
     logits_chunk_size: int | None = None
+    loss_max_len: int | None = None  # Dr. GRPO's constant; see the class docstring
+
+    def __post_init__(self) -> None:
+        if self.loss_max_len is not None and self.loss_max_len <= 0:
+            raise ValueError(f"loss_max_len must be positive, got {self.loss_max_len}")
 
 
 def forward_logits(graphdef: nnx.GraphDef, params: Any, batch: Batch, compute_dtype: str | None = None) -> jax.Array:
@@ -197,7 +211,7 @@ def rl_loss_fn(graphdef: nnx.GraphDef, cfg: StepConfig, logprobs: Callable | Non
         logp, entropy = logprobs(graphdef, params, mb, cfg.temperature, cfg.compute_dtype, cfg.logits_chunk_size)
         loss, metrics = policy_loss(
             loss_config, logp=logp, logp_old=mb["logp_old"], advantages=mb["advantages"], mask=mb["mask"],
-            max_len=mb["mask"].shape[1], global_denominator=denominator, logp_ref=mb.get("logp_ref"),
+            max_len=cfg.loss_max_len, global_denominator=denominator, logp_ref=mb.get("logp_ref"),
             entropy=entropy,
         )
         metrics.pop("pg_loss", None)  # a per-micro-batch value; `loss` below is the exact total

@@ -126,15 +126,16 @@ def test_rollout_ahead_runs_the_real_agent_rollout_on_the_background_thread(agen
     cfg = _shrink(_load_config("aepo"), vocab_size=int(agent_env.tokenizer.vocab_size))
     cfg.total_steps = 2
     cfg.train.rollout_ahead = True
+    cfg.train.recompute_logp_old = False  # the sampler's log-probs are the ratio's denominator
     # A visible step between the parameters the two rollouts sample with, even when a random policy's equal
     # rewards leave no advantage: decoupled weight decay shrinks every weight by lr * weight_decay = 5%.
     cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.warmup_steps = 1e-2, 5.0, 0
     records, _ = _train(cfg, agent_env, tmp_path)
     assert [r["rollout_stale_params"] for r in records] == [0.0, 1.0]
     assert all(math.isfinite(r["loss"]) for r in records)
-    # Scored again with the parameters step 2 starts from, its tokens (sampled with step 1's) score differently;
-    # step 1's rollout sampled with the parameters it is scored with.
-    assert records[0]["logp_old_abs_diff"] < 1e-4 < records[1]["logp_old_abs_diff"], records
+    # The ratio's denominator is the sampler's: step 1's rollout sampled with the parameters it trains, so the
+    # update starts on-policy; step 2's sampled with step 1's, one update older, and the ratio sees that.
+    assert abs(records[0]["approx_kl_old"]) < 1e-6 and records[1]["approx_kl_old"] > 1e-3, records
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
     assert os.path.isdir(tmp_path / "checkpoints" / "2" / "rollout_params")
 

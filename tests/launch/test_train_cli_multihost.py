@@ -18,6 +18,7 @@ RUN = ["-m", "launch.train", "--config", "configs/aepo_tiny.py", "--config.deter
        # Every step updates the parameters even with equal rewards (no advantage) in a group.
        "--config.objective.entropy_coef=0.01", "--config.checkpoint.async_save=False",
        '--config.mesh.shape={"data": -1, "fsdp": 2, "tensor": 2}', "--config.train.rollout_ahead=True",
+       "--config.train.recompute_logp_old=False",
        "--config.data.prompts_per_step=2", "--config.rollout.k=2", "--config.rollout.initial_rollouts=1",
        "--config.rollout.max_response_len=16", "--config.rollout.max_tool_calls=1",
        "--config.train.mini_batch_prompts=2", "--config.train.micro_batch_size=2",

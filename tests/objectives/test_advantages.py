@@ -117,11 +117,16 @@ def test_entropy_aware_group_scope_uses_each_group_statistics():
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
 
 
-def test_entropy_aware_detaches_entropy_and_rejects_unknown_scope():
-    grad = jax.grad(lambda h: jnp.sum(entropy_aware_advantages(jnp.ones((2, 3)), h,
-                                                               jnp.ones((2, 3)))[0]))(
+@pytest.mark.parametrize("scope", ["batch", "group"])
+def test_entropy_aware_detaches_entropy_and_rejects_unknown_scope(scope):
+    # Non-constant advantages: with A == 1 the z-scores sum to zero, so even an attached entropy would
+    # give a zero gradient. Here the attached gradient is A_t * a * dz_t/dH, far from zero.
+    adv = jnp.array([[1.0, 2.0, -1.0], [0.5, -3.0, 2.0]])
+    groups = jnp.array([0, 0])
+    grad = jax.grad(lambda h: jnp.sum(entropy_aware_advantages(adv, h, jnp.ones((2, 3)), scope=scope,
+                                                               group_ids=groups)[0]))(
         jnp.arange(6.0).reshape(2, 3))
-    assert np.all(np.asarray(grad) == 0.0)
+    np.testing.assert_array_equal(np.asarray(grad), 0.0)
     with pytest.raises(ValueError, match="unknown entropy_adv_scope 'token'"):
         entropy_aware_advantages(np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), scope="token")
     with pytest.raises(ValueError, match="needs group_ids"):

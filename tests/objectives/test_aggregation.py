@@ -99,6 +99,46 @@ def test_seq_mean_token_mean_weights_each_token_by_its_row_length():
     np.testing.assert_allclose(np.asarray(grad)[inside], expected[inside], rtol=1e-5)
 
 
+def test_dr_grpo_train_step_loss_does_not_depend_on_the_steps_padded_length():
+    """The trainer's Dr. GRPO divides by the config's constant (rollout.max_response_len), not by the
+    padded T of the step, so the same trajectories padded to 8 or 256 columns (two steps whose longest
+    sequences fall in different length buckets) give the same loss and gradient, equal to float64 numpy."""
+    from aepo_jax.training.batch import pad_sequences
+    from aepo_jax.training.build import preset_from, step_config_from
+    from aepo_jax.training.train_step import rl_loss_fn
+    from configs.base import get_base_config, shrink_to_tiny
+
+    cfg = shrink_to_tiny(get_base_config("dr_grpo"))
+    lmax = int(cfg.rollout.max_response_len)
+    step_cfg = step_config_from(cfg, preset_from(cfg))
+    assert step_cfg.loss.loss_agg == "seq_mean_token_sum_norm" and step_cfg.loss_max_len == lmax
+
+    rng = np.random.default_rng(12)
+    sequences = []
+    for prompt, response in ((2, 5), (3, 4), (1, 7), (4, 2)):
+        n = prompt + response
+        sequences.append({"tokens": np.arange(n), "mask": np.r_[np.zeros(prompt), np.ones(response)],
+                          "logp_old": rng.uniform(-3, -0.5, n), "advantages": np.full(n, rng.normal())})
+
+    def shifted_logprobs(graphdef, theta, mb, *args):  # logp = logp_old + theta: every ratio is e^theta
+        return mb["logp_old"] + theta, jnp.zeros_like(mb["logp_old"])
+
+    loss_fn = rl_loss_fn(None, step_cfg, shifted_logprobs)
+    theta = 0.05  # r = e^0.05, inside the clip range: F = r
+    got = {}
+    for length in (8, 256):
+        batch = {k: jnp.asarray(v) for k, v in pad_sequences(sequences, max_len=length, length_multiple=length).items()}
+        assert batch["mask"].shape[1] == length
+        denominator = loss_denominator(batch["mask"], step_cfg.loss.loss_agg)
+        loss, grad = jax.value_and_grad(lambda t, b=batch, d=denominator: loss_fn(t, b, d)[0])(theta)
+        got[length] = (float(loss), float(grad))
+    token_sums = [np.sum(s["advantages"] * s["mask"]) for s in sequences]  # float64
+    want = -np.exp(theta) * np.sum(token_sums) / (lmax * len(sequences))  # loss; d loss / d theta is the same
+    for length, (loss, grad) in got.items():
+        assert loss == pytest.approx(want, rel=1e-5), length
+        assert grad == pytest.approx(want, rel=1e-5), length
+
+
 def test_unknown_mode_and_bad_max_len_raise():
     with pytest.raises(ValueError, match="unknown loss_agg 'sum'"):
         aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "sum")

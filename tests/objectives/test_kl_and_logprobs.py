@@ -54,6 +54,52 @@ def test_kl_and_entropy_terms_enter_the_loss_with_their_coefficients():
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_term_gradient_matches_closed_form(estimator):
+    """token_mean: d loss / d logp = kl_coef * dk/dlogp * mask / N; the zero advantages give the surrogate none."""
+    rng = np.random.default_rng(4)
+    logp = rng.uniform(-3, -0.5, size=(2, 5))
+    logp_ref = logp + rng.normal(scale=0.5, size=logp.shape)  # |d| < 2: k3 stays inside its clamp
+    mask = np.ones_like(logp)
+    mask[1, 3:] = 0.0
+    kl_coef = 0.3
+
+    def loss_fn(lp):
+        return policy_loss(loss_config("ppo", kl_coef=kl_coef, kl_estimator=estimator), logp=lp,
+                           logp_old=logp, advantages=np.zeros_like(logp), mask=mask, logp_ref=logp_ref)[0]
+
+    grad = np.asarray(jax.jit(jax.grad(loss_fn))(jnp.asarray(logp, jnp.float32)))
+    d = logp - logp_ref  # float64
+    dk = {"k1": np.ones_like(d), "k2": d, "k3": 1.0 - np.exp(-d)}[estimator]
+    np.testing.assert_allclose(grad, kl_coef * dk * mask / mask.sum(), rtol=1e-5, atol=1e-8)
+
+
+def test_entropy_bonus_gradient_through_logits_matches_closed_form():
+    """-entropy_coef * H under token_mean, differentiated through the logits at temperature T:
+    dH/dz = -p (log p + H) with z = logits / T, so d loss / d logits = coef * p (log p + H) * mask / (N T)."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(scale=2.0, size=(2, 4, 7))
+    targets = rng.integers(0, 7, size=(2, 4))
+    mask = np.ones((2, 4))
+    mask[0, 0] = 0.0
+    coef, temperature = 0.05, 0.7
+
+    def loss_fn(x):
+        logp, entropy = token_logprobs_and_entropy(x, jnp.asarray(targets), temperature=temperature)
+        return policy_loss(loss_config("ppo", entropy_coef=coef), logp=logp, logp_old=jax.lax.stop_gradient(logp),
+                           advantages=jnp.zeros_like(logp), mask=mask, entropy=entropy)[0]
+
+    grad = np.asarray(jax.jit(jax.grad(loss_fn))(jnp.asarray(logits, jnp.float32)))
+    z = logits / temperature  # float64
+    log_p = z - z.max(-1, keepdims=True)
+    log_p = log_p - np.log(np.exp(log_p).sum(-1, keepdims=True))
+    p = np.exp(log_p)
+    entropy = -(p * log_p).sum(-1, keepdims=True)
+    expected = coef * p * (log_p + entropy) * mask[..., None] / (mask.sum() * temperature)
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-7)
+    assert np.abs(expected).max() > 1e-3  # the bonus has a gradient to check
+
+
 def numpy_logprobs_entropy(logits, targets, temperature):
     z = logits.astype(np.float64) / temperature
     z = z - z.max(-1, keepdims=True)

@@ -14,6 +14,7 @@ from aepo_jax.objectives import (
     grpo_advantages,
     make_preset,
 )
+from aepo_jax.objectives.advantage_dispatch import overlong_buffer_len
 
 SPEC_NAMES = ["grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "cispo", "gppo",
               "gigpo", "arpo", "aepo", "gspo"]
@@ -85,6 +86,60 @@ def test_dapo_shapes_rewards_before_group_normalisation():
     assert float(metrics["overlong_penalty_mean"]) == pytest.approx(-0.375)
     with pytest.raises(ValueError, match="needs response_lengths"):
         compute_advantages(preset, REWARDS, GROUPS, MASK)
+
+
+def spec_overlong_penalty(lengths, lmax, lc):
+    """Spec §3.2 in float64: 0 up to Lmax - Lc, ((Lmax - Lc) - |y|) / Lc in the buffer, -1 beyond Lmax."""
+    lengths = np.asarray(lengths, np.float64)
+    inside = ((lmax - lc) - lengths) / lc
+    return np.where(lengths <= lmax - lc, 0.0, np.where(lengths > lmax, -1.0, inside))
+
+
+@pytest.mark.parametrize("lmax, lc", [(4096, 819), (6192, 1238), (20480, 4096)])  # 7B, 14B, DAPO paper
+def test_dapo_default_buffer_is_the_papers_share_of_the_budget(lmax, lc):
+    # Lc = 0.2 Lmax (4096 of 20480), so responses up to 0.8 Lmax are not penalised at any budget.
+    lengths = np.array([1, lmax // 2, lmax - lc, lmax - lc + 1, lmax - lc // 2, lmax, lmax + 7])
+    rewards, groups, mask = np.zeros(7, np.float32), np.zeros(7, np.int32), np.ones((7, 2), np.float32)
+    _, metrics = compute_advantages(get_preset("dapo"), rewards, groups, mask, response_lengths=lengths,
+                                    max_response_len=lmax)
+    assert overlong_buffer_len(None, lmax) == lc
+    want = spec_overlong_penalty(lengths, lmax, lc)
+    np.testing.assert_array_equal(want[:3], 0.0)
+    assert float(metrics["overlong_penalty_mean"]) == pytest.approx(want.mean(), rel=1e-6)
+    one = dataclasses.replace(get_preset("dapo"), dynamic_sampling=False)
+    for length, penalty in zip(lengths, want):  # one row each: reward_mean is that row's shaped reward
+        _, m = compute_advantages(one, np.zeros(1, np.float32), np.zeros(1, np.int32), np.ones((1, 1)),
+                                  response_lengths=np.array([length]), max_response_len=lmax)
+        assert float(m["reward_mean"]) == pytest.approx(penalty, abs=1e-6), length
+
+
+def test_dapo_buffer_at_or_above_the_budget_raises_instead_of_clamping():
+    preset = dataclasses.replace(get_preset("dapo"), overlong_buffer_len=4096)
+    args = (np.zeros(2, np.float32), np.zeros(2, np.int32), np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"0 < Lc < max_response_len \(Lmax\) = 4096, got 4096"):
+        compute_advantages(preset, *args, response_lengths=np.array([10, 20]), max_response_len=4096)
+    compute_advantages(preset, *args, response_lengths=np.array([10, 20]), max_response_len=4097)
+    with pytest.raises(ValueError, match="overlong_buffer_len must be > 0 or None"):
+        dataclasses.replace(get_preset("dapo"), overlong_buffer_len=0)
+
+
+def test_dapo_tiny_config_keeps_its_buffer_and_a_bad_one_fails_at_build():
+    from aepo_jax.training.build import preset_from
+    from configs.dapo_tiny import get_config
+
+    cfg = get_config()
+    preset = preset_from(cfg)
+    lmax = int(cfg.rollout.max_response_len)
+    assert (preset.overlong_buffer_len, lmax) == (8, 64)
+    lengths = np.array([10, 56, 60, 64, 70])  # <= Lmax - Lc, = Lmax - Lc, in the buffer, = Lmax, beyond
+    one = dataclasses.replace(preset, dynamic_sampling=False)
+    for length, penalty in zip(lengths, spec_overlong_penalty(lengths, lmax, 8)):
+        _, m = compute_advantages(one, np.zeros(1, np.float32), np.zeros(1, np.int32), np.ones((1, 1)),
+                                  response_lengths=np.array([length]), max_response_len=lmax)
+        assert float(m["reward_mean"]) == pytest.approx(penalty, abs=1e-6), length
+    cfg.objective.overlong_buffer_len = 64
+    with pytest.raises(ValueError, match="0 < Lc < max_response_len"):
+        preset_from(cfg)
 
 
 def test_aepo_pipeline_reshapes_grpo_by_entropy():

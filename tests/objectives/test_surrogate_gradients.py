@@ -258,6 +258,54 @@ def test_float64_finite_differences_match_jax_grad(algorithm):
             np.testing.assert_allclose(grad, own_fd, rtol=1e-6, atol=1e-9)
 
 
+# Log-ratios (logp - logp_old) far outside every clip region, next to finite ones, in float32: a ratio
+# of e^99 overflows to inf, and 0 * inf = NaN in the unselected branch of min / max would poison the step.
+EXTREME_LOGP_OLD = np.array([-100.0, -1.0, -16.0, -1.2])
+EXTREME_LOGP = np.array([-1.0, -100.0, -1.0, -1.0])  # log r = 99, -99, 15 (finite r = 3.3e6), 0.2 (inside)
+
+
+@pytest.mark.parametrize("algorithm", TOKEN_SURROGATES)
+@pytest.mark.parametrize("dual_clip_c", [C, None])
+def test_overflowing_ratio_gets_the_clipped_region_gradient(algorithm, dual_clip_c):
+    if algorithm == "cispo" and dual_clip_c is not None:
+        pytest.skip("CISPO takes no dual clip")
+    logp_old = np.tile(EXTREME_LOGP_OLD, (2, 1))
+    logp = np.tile(EXTREME_LOGP, (2, 1))
+    adv = np.array([[1.5] * 4, [-0.7] * 4])
+    mask = np.ones_like(logp)
+    grad = loss_grad(algorithm, logp, logp_old, adv, mask, clip_low=EL, clip_high=EH, dual_clip_c=dual_clip_c)
+    assert np.all(np.isfinite(grad)), f"{algorithm}: non-finite gradient {grad}"
+    r = np.exp(logp - logp_old)  # float64: e^99 is finite here
+    f = expected_weight(algorithm, r, adv, EL, EH, dual_clip_c)
+    # The one documented change of the ratio bound (surrogates module doc): an unclipped r A branch
+    # with r > e^20 (A < 0, no dual clip) gets weight 0, not r. The token at log r = 15 keeps F = r.
+    if algorithm != "cispo":
+        f[(r > np.exp(20.0)) & (adv < 0)] = 0.0
+    np.testing.assert_allclose(grad, -f * adv / mask.sum(), rtol=2e-5, atol=1e-7,
+                               err_msg=f"{algorithm} dual_clip_c={dual_clip_c}")
+
+
+@pytest.mark.parametrize("dual_clip_c", [C, None])
+def test_gspo_overflowing_sequence_ratio_gives_finite_gradients(dual_clip_c):
+    logp_old = np.full((2, 3), -100.0)
+    logp = np.full((2, 3), -1.0)  # row mean log-ratio 99: s_i = e^99, inf in float32
+    adv = np.array([[1.0] * 3, [-1.0] * 3])
+    mask = np.ones_like(logp)
+    grad = loss_grad("gspo", logp, logp_old, adv, mask, dual_clip_c=dual_clip_c, loss_agg="token_mean")
+    assert np.all(np.isfinite(grad)), grad
+    np.testing.assert_array_equal(grad[0], 0.0)  # s_i > 1 + eh, A > 0: clipped
+    # A < 0: dual clip -> 0; without it the weight is the bounded s_i = e^20 (surrogates module doc).
+    weight = 0.0 if dual_clip_c is not None else np.exp(20.0)
+    np.testing.assert_allclose(grad[1], weight * -adv[1] / mask.sum(), rtol=2e-5)
+
+
+def test_clip_bounds_must_stay_below_the_ratio_bound():
+    with pytest.raises(ValueError, match="dual_clip_c = 1000000000.0 must be below exp\\(20\\)"):
+        loss_config("ppo", dual_clip_c=1e9)
+    with pytest.raises(ValueError, match="1 \\+ clip_high"):
+        loss_config("aepo", clip_high=1e9)
+
+
 def test_policy_loss_jits_and_reports_metrics():
     logp, logp_old, adv, _labels = region_grid(seed=8)
     mask = np.ones_like(logp)

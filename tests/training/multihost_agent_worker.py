@@ -107,6 +107,7 @@ def main(workdir: str, ahead: bool) -> None:
     cfg.train.max_seq_len = 512
     cfg.total_steps = 3 if ahead else 2
     cfg.train.rollout_ahead = ahead
+    cfg.train.recompute_logp_old = not ahead  # rollout_ahead: the sampler's log-probs are the denominator
     cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 2}  # 2 x 2 x 2 over the 8 devices of both processes
     # A visible step even when a random policy's equal rewards leave no advantage (decoupled weight decay).
     cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.warmup_steps = 1e-2, 5.0, 0

@@ -39,6 +39,7 @@ def main(workdir: str) -> None:
     cfg.train.mini_batch_prompts = 2  # global: one mini-batch of one group per process
     cfg.train.max_seq_len = 16
     cfg.train.length_bucket = 16
+    cfg.rollout.max_prompt_len = 12  # digit_examples' prompts are 6 tokens
     cfg.rollout.max_response_len = 4
     cfg.train.total_steps = 2
     cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 1}  # 4 x 2 over the 8 devices of both processes

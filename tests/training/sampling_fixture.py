@@ -76,13 +76,17 @@ def low_token_reward(example: dict, trajectory: Trajectory) -> float:
 
 
 def small_rl_config(factory, total_steps: int = 3):
-    """A tiny config of `factory` (a configs/*_tiny.py `get_config`) sized for these rollouts: 8 new
-    tokens, sequences of 16, a checkpoint every 2 steps and at the last one, no progress bar."""
+    """A tiny config of `factory` (a configs/*_tiny.py `get_config`) sized for these rollouts: prompts of
+    at most 8 tokens, 8 new tokens, sequences of 16, a checkpoint every 2 steps and at the last one, no
+    progress bar."""
     c = factory()
     c.train.total_steps = total_steps
     c.train.max_seq_len = 16
     c.train.length_bucket = 16
+    c.rollout.max_prompt_len = 8  # digit_examples' prompts are 6 tokens
     c.rollout.max_response_len = 8
+    if c.objective.get("overlong_shaping"):
+        c.objective.overlong_buffer_len = 4  # DAPO's Lc must stay below the budget
     c.checkpoint.every = 2
     c.checkpoint.async_save = True
     c.log.progress_bar = False

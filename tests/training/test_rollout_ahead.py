@@ -25,6 +25,9 @@ STEPS = 3
 def _config(ahead: bool, total_steps: int = STEPS):
     c = small_rl_config(aepo_config, total_steps)
     c.train.rollout_ahead = ahead
+    # rollout_ahead needs the sampler's log-probs as the ratio's denominator; the synchronous reference too,
+    # so that both train on the same numbers.
+    c.train.recompute_logp_old = False
     return c
 
 

@@ -74,20 +74,24 @@ def pad_tree_batch(
     rows: int,
     flat_rows: int,
     pad_id: int = 0,
+    slots: int | None = None,
 ) -> tuple[dict[str, np.ndarray], PackingStats]:
     """Copy a tree batch into the leading corner of an `empty_tree_batch` of `[M, R]` /
-    `[M, B]` = `(micro_batches, rows)` / `(micro_batches, flat_rows)` (each at least the batch's)."""
-    m, have_rows, slots = np.shape(batch["packed_ids"])
+    `[M, B]` = `(micro_batches, rows)` / `(micro_batches, flat_rows)` (each at least the batch's)
+    and rows of `slots` (default: the batch's `L`). Added slots past a row's end attend only to
+    themselves and are never scored, so the real slots' attention and scores are unchanged."""
+    m, have_rows, have_slots = np.shape(batch["packed_ids"])
     have_flat, length = np.shape(batch["mask"])[1:]
-    if micro_batches < m or rows < have_rows or flat_rows < have_flat:
-        raise ValueError(f"cannot pad a tree batch of [M, R, B] = {[m, have_rows, have_flat]} down to "
-                         f"{[micro_batches, rows, flat_rows]}")
+    slots = have_slots if slots is None else int(slots)
+    if micro_batches < m or rows < have_rows or flat_rows < have_flat or slots < have_slots:
+        raise ValueError(f"cannot pad a tree batch of [M, R, B, L] = {[m, have_rows, have_flat, have_slots]} "
+                         f"down to {[micro_batches, rows, flat_rows, slots]}")
     flat_dtypes = {k: np.asarray(v).dtype for k, v in batch.items() if k not in _STRUCTURAL_KEYS}
     out = empty_tree_batch(micro_batches, rows, slots, flat_rows, length, flat_dtypes, pad_id)
     for key, value in batch.items():
         value = np.asarray(value)
         out[key][tuple(slice(0, n) for n in value.shape)] = value
-    added = micro_batches * rows * slots - m * have_rows * slots
+    added = micro_batches * rows * slots - m * have_rows * have_slots
     stats = dataclasses.replace(stats, packed_slots=stats.packed_slots + added, rows=micro_batches * rows,
-                                bucket_slots=stats.bucket_slots + added)
+                                row_len=slots, bucket_slots=stats.bucket_slots + added)
     return out, stats

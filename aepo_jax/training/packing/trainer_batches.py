@@ -17,7 +17,8 @@ and `rl_loss_fn`, with the flat or the packed log-prob scorer), and
   data-parallel axes.
 
 `place_train_batch` makes global device arrays from each process's part with
-`jax.make_array_from_process_local_data` (one process: the whole batch).
+`jax.make_array_from_process_local_data` (one process: the whole batch); a
+tree batch's `score_row` then indexes the global packed rows.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from aepo_jax.parallel.multihost import global_max
+from aepo_jax.parallel.multihost import first_local_index, global_max
 from aepo_jax.parallel.sharding import logical_to_spec
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.packing.buckets import pad_to_buckets, pad_tree_batch
@@ -43,7 +44,12 @@ from aepo_jax.training.packing.packed_batch import (
     unpack_flat,
 )
 from aepo_jax.training.packing.packed_scorer import packed_logprobs
-from aepo_jax.training.train_step import StepConfig, make_logprob_fn, make_rl_train_step
+from aepo_jax.training.train_step import (
+    StepConfig,
+    make_logprob_fn,
+    make_rl_train_step,
+    under_mesh,
+)
 
 PACK_MODES = ("tree", "flat")
 DEFAULT_PACK = "tree"
@@ -141,17 +147,19 @@ def pack_mini_batch(
 
 def agree_batch_shapes(batch: dict[str, np.ndarray], stats: PackingStats | None, pack: str,
                        pad_id: int = 0) -> tuple[dict[str, np.ndarray], PackingStats | None]:
-    """Pad this process's tree batch to the largest `[M, R]` / `[M, B]` of any process, so the
-    parts form one global array (`pad_tree_batch`: loss and gradients unchanged). Flat batches
-    already agree (fixed rows, the step's global `T`); one process: unchanged."""
+    """Pad this process's tree batch to the largest `[M, R]` / `[M, B]` and row length `L` of any
+    process, so the parts form one global array (`pad_tree_batch`: loss and gradients unchanged;
+    `L` differs between processes when `train.row_len` exceeds `T`). Flat batches already agree
+    (fixed rows, the step's global `T`); one process: unchanged."""
     if pack == "flat" or jax.process_count() == 1:
         return batch, stats
-    m, rows, _ = np.shape(batch["packed_ids"])
+    m, rows, slots = np.shape(batch["packed_ids"])
     flat_rows = np.shape(batch["mask"])[1]
-    target = global_max((m, rows, flat_rows))
-    if target == (m, rows, flat_rows):
+    target = global_max((m, rows, flat_rows, slots))
+    if target == (m, rows, flat_rows, slots):
         return batch, stats
-    return pad_tree_batch(batch, stats, *target, pad_id=pad_id)
+    *shape, target_slots = target
+    return pad_tree_batch(batch, stats, *shape, pad_id=pad_id, slots=target_slots)
 
 
 def make_train_step_for_pack(
@@ -169,16 +177,39 @@ def make_train_step_for_pack(
                               logprobs=packed_logprobs if pack == "tree" else None)
 
 
-def make_logprob_fn_for_pack(graphdef: nnx.GraphDef, cfg: StepConfig, pack: str = DEFAULT_PACK,
-                             batch_sharding: Any | None = None) -> Callable:
-    """Jitted `(params, batch) -> (logp, entropy)` in the batch's own layout, micro-batch by micro-batch."""
+def rows_sharding(pack: str, mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Rows over the batch (data, fsdp) axes, the rest replicated: axis 0 of flat `[rows, ...]`
+    arrays, axis 1 of tree `[M, rows, ...]` ones (a prefix for a whole batch of them)."""
     check_pack_mode(pack)
-    return make_logprob_fn(graphdef, cfg, batch_sharding, logprobs=packed_logprobs if pack == "tree" else None)
+    names = (None, "batch") if pack == "tree" else ("batch",)
+    return NamedSharding(mesh, logical_to_spec(names, mesh=mesh))
+
+
+def make_logprob_fn_for_pack(graphdef: nnx.GraphDef, cfg: StepConfig, pack: str = DEFAULT_PACK,
+                             mesh: jax.sharding.Mesh | None = None) -> Callable:
+    """Jitted `(params, batch) -> (logp, entropy)` in the batch's own layout, micro-batch by micro-batch.
+
+    With `mesh` (batches from `place_train_batch(..., mesh)`), the scores come back with their rows
+    over the batch axes like the batch's, so each process reads its own rows back (`host_local`);
+    without it the compiler picks their sharding, and may replicate them on every process."""
+    check_pack_mode(pack)
+    scorer = make_logprob_fn(graphdef, cfg, logprobs=packed_logprobs if pack == "tree" else None)
+    if mesh is None:
+        return scorer
+    rows = rows_sharding(pack, mesh)
+    return under_mesh(jax.jit(scorer, out_shardings=(rows, rows)), rows)
 
 
 def per_sequence_values(values: Any, batch: Mapping[str, np.ndarray], pack: str, num_sequences: int) -> np.ndarray:
-    """Per-token values in the batch's layout -> `[num_sequences, T]` in input order."""
+    """Per-token values in the batch's layout -> `[num_sequences, T]` in input order.
+
+    `values` must hold exactly the batch's rows (this process's, with several processes): a
+    ValueError otherwise, rather than scores of another process's rows."""
     check_pack_mode(pack)
+    rows = np.shape(batch["input_ids"])[:2 if pack == "tree" else 1]
+    if np.shape(values)[:len(rows)] != rows:
+        raise ValueError(f"{pack} scores of shape {np.shape(values)} for a batch of {rows} rows: a scorer's "
+                         "output must have the batch's rows (make_logprob_fn_for_pack(..., mesh=))")
     if pack == "flat":
         return np.asarray(values)[:num_sequences]
     return unpack_flat(values, batch, num_sequences)
@@ -186,28 +217,33 @@ def per_sequence_values(values: Any, batch: Mapping[str, np.ndarray], pack: str,
 
 def train_batch_shardings(batch: Mapping[str, np.ndarray], pack: str,
                           mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
-    """Rows over the batch (data, fsdp) axes: axis 0 of flat arrays, axis 1 of tree `[M, rows, ...]` ones."""
-    check_pack_mode(pack)
+    """`rows_sharding` for each array: axis 0 of flat arrays, axis 1 of tree `[M, rows, ...]` ones."""
+    sharding = rows_sharding(pack, mesh)
     lead = 1 if pack == "tree" else 0
-    out = {}
     for key, value in batch.items():
         if np.ndim(value) < lead + 1:
             raise ValueError(f"{pack} batch array {key!r} has shape {np.shape(value)}; "
                              f"expected {'[M, rows, ...]' if lead else '[rows, ...]'}")
-        names = (None,) * lead + ("batch",) + (None,) * (np.ndim(value) - lead - 1)
-        out[key] = NamedSharding(mesh, logical_to_spec(names, mesh=mesh))
-    return out
+    return {key: sharding for key in batch}
 
 
 def place_train_batch(batch: Mapping[str, np.ndarray], pack: str, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
     """This process's part of a batch -> global device arrays (`train_batch_shardings`).
 
     With several processes each passes its own rows (same shapes on every
-    process); the global batch is their concatenation along the rows axis.
+    process); the global batch is their concatenation along the rows axis. A
+    tree batch's `score_row` indexes this process's packed rows, so it is
+    moved by the global index of the first of them: the packed scorer gathers
+    from the global rows.
     """
     shardings = train_batch_shardings(batch, pack, mesh)
-    return {key: jax.make_array_from_process_local_data(shardings[key], np.asarray(value))
-            for key, value in batch.items()}
+    placed = {key: jax.make_array_from_process_local_data(shardings[key], np.asarray(value))
+              for key, value in batch.items() if key != "score_row"}
+    if "score_row" in batch:
+        first_row = first_local_index(placed["packed_ids"], axis=1, local_size=np.shape(batch["packed_ids"])[1])
+        placed["score_row"] = jax.make_array_from_process_local_data(
+            shardings["score_row"], np.asarray(batch["score_row"]) + np.int32(first_row))
+    return {key: placed[key] for key in batch}
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""`RLTrainer` refuses, before it builds anything or rolls anything out, settings that would fail only
+after a whole rollout or train on wrong numbers (`rl_trainer.check_rl_config`)."""
+
+import glob
+import importlib
+import os
+
+import pytest
+
+from aepo_jax.training.rl_trainer import RLTrainer, check_rl_config
+from configs.aepo_tiny import get_config as aepo_config
+from tests.training.local_cluster import REPO
+
+
+def _trainer(config, workdir):
+    """A trainer of `config` whose parts are never reached: the checks come first."""
+    def unused(*args):
+        raise AssertionError("the trainer should have refused its config first")
+
+    return RLTrainer(config, str(workdir), rollout_fn=unused, pipeline=iter(()), encode_prompt=unused,
+                     reward_fn=unused)
+
+
+def test_rollout_ahead_with_recomputed_logp_old_is_refused_at_construction(tmp_path):
+    config = aepo_config()
+    config.train.rollout_ahead = True
+    assert config.train.recompute_logp_old  # the default
+    with pytest.raises(ValueError, match=r"train.rollout_ahead=True with train.recompute_logp_old=True.*"
+                                         r"set train.recompute_logp_old=False"):
+        _trainer(config, tmp_path)
+    config.train.recompute_logp_old = False
+    check_rl_config(config)  # the sampler's log-probs as the denominator: accepted
+
+
+def test_rollouts_longer_than_the_training_rows_are_refused_at_construction(tmp_path):
+    config = aepo_config()
+    config.rollout.max_prompt_len, config.rollout.max_response_len = 448, 64
+    config.train.max_seq_len = 511
+    with pytest.raises(ValueError, match=r"rollout.max_prompt_len \+ rollout.max_response_len = 448 \+ 64 = 512 "
+                                         r"exceeds train.max_seq_len=511"):
+        _trainer(config, tmp_path)
+    config.train.max_seq_len = 512
+    check_rl_config(config)  # exactly full rows fit
+
+
+def test_every_config_file_passes_the_trainer_checks():
+    names = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(REPO, "configs", "*.py")))
+    names = [name for name in names if name not in ("__init__", "base")]
+    assert "aepo_qwen3_14b" in names
+    for name in names:
+        check_rl_config(importlib.import_module(f"configs.{name}").get_config())
