@@ -116,9 +116,9 @@ class BranchDecisions:
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
                 continue
-            if self._segment_after_result(traj) is None:
+            segment = self._segment_after_result(traj)
+            if segment is None:
                 continue  # nothing was generated after the tool result: no entropy to judge
-            segment = traj.segments[-1]
             if segment.end - segment.start < self.cfg.entropy_tokens and self._pauses(row, outputs[row][1]):
                 waiting[traj.traj_id] = self.pending[traj.traj_id]  # fewer than K tokens so far: decide next round
                 continue
@@ -126,17 +126,17 @@ class BranchDecisions:
         self.pending = waiting
         return drawn.states(self.snapshots_by_marks)
 
-    def _segment_after_result(self, traj: Trajectory) -> Any:
-        """The segment that starts right after `traj`'s latest tool result, or None while there is none."""
-        segment = traj.segments[-1] if traj.segments else None
-        if segment is None or segment.start != traj.tool_steps[-1].result_end:
-            return None
-        return segment
+    def _segment_after_result(self, traj: Trajectory, step: int = -1) -> Any:
+        """The segment that starts right after `traj`'s tool result `step` (default its latest), or None while
+        there is none."""
+        point = traj.tool_steps[step].result_end
+        return next((s for s in reversed(traj.segments) if s.start == point), None)
 
     def _draw_pending(self, traj: Trajectory, row: int, drawn: NewBranches) -> None:
-        """Draw the decision `traj` (row `row` of the loop) awaits on its latest tool result into `drawn`."""
-        snapshot, slot = self.pending[traj.traj_id]
-        new = self._decide(traj, traj.tool_steps[-1].result_end)
+        """Draw the decision `traj` (row `row` of the loop) awaits (`pending`: on its tool result `step`)
+        into `drawn`."""
+        snapshot, slot, step = self.pending[traj.traj_id]
+        new = self._decide(traj, traj.tool_steps[step].result_end)
         if not new:
             return
         if self.cfg.branch_by == "prefill":

@@ -12,8 +12,7 @@ and no cache row is copied out or back. Each tick starts by appending every resu
 that has arrived (after any wait), in place, in one `append`. Branch decisions,
 compaction and top-ups run at every tick exactly as at the end of a lockstep
 round (`aepo_jax.agent.loop`), except that branch decisions are drawn in the
-lockstep rounds they would fall in (`aepo_jax.agent.decision_rounds`: a row's next
-tool result waits for the decision on its last one); only when every row is waiting
+lockstep rounds they would fall in (`aepo_jax.agent.decision_rounds`); only when every row is waiting
 does the loop block, on the first result. What counts per round (a reused sample's
 decisions, the prompt-scope consecutive-branch counter) counts those rounds, not ticks.
 docs/rollout_engine.md says what this does and does not do yet.
@@ -50,7 +49,7 @@ class ContinuousSchedule:
             self.round += 1
             # Results are appended once a tick, just before it decodes: those that arrived while the last
             # tick decoded, and, when too few rows could decode, those waited for (module docstring), all
-            # in one append. A row whose branch decision is still to be drawn has its next result held.
+            # in one append.
             while self._unfinished_calls() and self._too_few_generating():
                 self._wait_for_results()
             folded = self._fold_in_arrived()
@@ -84,10 +83,6 @@ class ContinuousSchedule:
     def _unfinished_calls(self) -> bool:
         return any(not future.done() for future in self.waiting.values())
 
-    def _held(self, traj_id: int) -> bool:
-        """True when the row's tool result waits for the branch decision on its previous one."""
-        return traj_id in self.pending
-
     def _new_per_prompt(self, since: int) -> list[int]:
         """Trajectories each prompt got (branches and top-ups, as a lockstep round counts) from event `since` on."""
         new = [0] * len(self.prompts)
@@ -109,8 +104,7 @@ class ContinuousSchedule:
     def _too_few_generating(self) -> bool:
         """No row can decode, or few can while the tool runner is busy: wait for results first. A row whose
         result has arrived counts as decoding: the tick appends it first."""
-        generating = sum(1 for t in self.rows if self._decodes(t) or (
-            not t.finished and self.waiting[t.traj_id].done() and not self._held(t.traj_id)))
+        generating = sum(1 for t in self.rows if self._decodes(t) or (not t.finished and self.waiting[t.traj_id].done()))
         if generating == 0:
             return True
         unfinished = sum(1 for future in self.waiting.values() if not future.done())
@@ -122,7 +116,7 @@ class ContinuousSchedule:
 
     def _fold_in_arrived(self) -> bool:
         """Append the tool results that have arrived to their rows, in place (one append); False when none had."""
-        arrived = [tid for tid, future in self.waiting.items() if future.done() and not self._held(tid)]
+        arrived = [tid for tid, future in self.waiting.items() if future.done()]
         if not arrived:
             return False
         row_of = {t.traj_id: i for i, t in enumerate(self.rows)}

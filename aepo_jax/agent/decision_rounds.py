@@ -9,9 +9,9 @@ with a slow tool could get no branch at all) and would freeze the prompt-scope c
 So each prompt counts its own rounds here. A row that first decodes in round s draws the decision on its
 i-th tool result in round s + i; round v is drawn once every row of the prompt that can still take part in
 it has its decision measured (K tokens after the result, or a finished shorter segment) or has finished
-without reaching it, and then in row order, reused samples first, as `rounds` draws them. Until its decision
-is drawn a row takes no further tool result (one that arrives is held) and, once finished, keeps its row
-(its snapshot). Branches and top-ups join the round after the last one drawn; the prompt-scope
+without reaching it, and then in row order, reused samples first, as `rounds` draws them. A row goes on
+meanwhile: the decisions on its later tool results queue behind (each with its own snapshot, taken right
+after its result), and a finished row keeps its row (its snapshot) until its last decision is drawn. Branches and top-ups join the round after the last one drawn; the prompt-scope
 consecutive-branch counter and reused samples count these rounds. A top-up made after a round is drawn
 counts toward the next round's new trajectories (under `rounds`, toward the round its rows finished in).
 """
@@ -33,12 +33,18 @@ class DecisionRounds:
         self.new = [0] * num_prompts  # trajectories each prompt got since its last drawn round ended
         self._start: dict[int, int] = {}  # traj_id -> the round it first decodes in
         self._results: dict[int, int] = {}  # traj_id -> tool results appended since then
+        self._steps_before: dict[int, int] = {}  # traj_id -> tool steps it had when it joined (a branch's)
 
     def join(self, traj: Trajectory) -> None:
         """`traj` starts decoding in the round after its prompt's last drawn one."""
         self.members[traj.prompt_index].append(traj)
         self._start[traj.traj_id] = self.drawn[traj.prompt_index] + 1
         self._results[traj.traj_id] = 0
+        self._steps_before[traj.traj_id] = len(traj.tool_steps)
+
+    def due_step(self, traj: Trajectory) -> int:
+        """The tool step (index into `traj.tool_steps`) whose decision falls in its prompt's next round."""
+        return self._steps_before[traj.traj_id] + self.due(traj) - 1
 
     def appended(self, traj: Trajectory) -> None:
         self._results[traj.traj_id] += 1
@@ -56,7 +62,7 @@ class DecisionRounds:
 
 class RoundDecisions:
     """`_decide_branches` under `continuous`: a method of the loop's per-run state (`loop._Run`), which
-    provides rows, pending, measured, rounds_drawn, decision_rounds, replays, policy, cfg, prompts, events,
+    provides rows, pending, later, measured, rounds_drawn, decision_rounds, replays, policy, cfg, prompts, events,
     _pauses, _segment_after_result, _draw_pending, _decide, snapshots_by_marks and _new_per_prompt."""
 
     def _decide_in_rounds(self, outputs: list[tuple[list[int], str] | None]
@@ -66,7 +72,7 @@ class RoundDecisions:
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending or outputs[row] is None:
                 continue
-            segment = self._segment_after_result(traj)
+            segment = self._segment_after_result(traj)  # after its latest result
             if segment is not None and (segment.end - segment.start >= self.cfg.entropy_tokens
                                         or not self._pauses(row, outputs[row][1])):
                 self.measured.add(traj.traj_id)
@@ -84,13 +90,22 @@ class RoundDecisions:
                 if traj.prompt_index == prompt:
                     drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
             for traj in rounds.members[prompt]:
-                if traj.traj_id not in self.pending or rounds.results(traj) != now - rounds.start(traj):
+                tid = traj.traj_id
+                if tid not in self.pending or self.pending[tid][2] != rounds._steps_before[tid] + now - rounds.start(traj) - 1:
                     continue
-                if self._segment_after_result(traj) is not None:
-                    self._draw_pending(traj, row_of[traj.traj_id], drawn)
-                del self.pending[traj.traj_id]
-                self.measured.discard(traj.traj_id)
+                if self._segment_after_result(traj, self.pending[tid][2]) is not None:
+                    self._draw_pending(traj, row_of[tid], drawn)
+                self._next_pending(tid)
         return drawn.states(self.snapshots_by_marks)
+
+    def _next_pending(self, traj_id: int) -> None:
+        """The drawn decision leaves `pending`; the first one queued behind it (`later`) takes its place."""
+        del self.pending[traj_id]
+        queued = self.later.get(traj_id)
+        if queued:
+            self.pending[traj_id] = queued.pop(0)
+            if not queued:
+                del self.later[traj_id]
 
     def _round_complete(self, prompt: int) -> bool:
         """True when `prompt`'s next round can be drawn: something of the prompt is still going (a live row,
@@ -113,7 +128,7 @@ class RoundDecisions:
                 continue
             if reached == result and traj.traj_id in self.pending and not traj.finished \
                     and traj.traj_id not in self.measured:
-                return False  # fewer than K tokens after the result so far
+                return False  # its latest result: fewer than K tokens after it so far
         return True
 
     def _end_drawn_rounds(self, since: int) -> None:

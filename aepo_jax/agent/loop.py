@@ -159,17 +159,20 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
         self.slots: list[int] = []
         self.n_slots = 0  # rows of self.state; under `continuous` some are free (finished, not yet reused)
         self.state: Any = None
-        # traj_id -> (snapshot right after its latest tool result, row in it): awaiting a branch decision.
+        # traj_id -> (snapshot right after a tool result, row in it, that tool step): awaiting a branch decision.
         # The snapshot is the generator's `mark` of the rows when it has one (the rows keep growing in
-        # self.state; branches are forked from them as marked), else a `fork` (a copy of the rows).
-        self.pending: dict[int, tuple[Any, int]] = {}
+        # self.state; branches are forked from them as marked), else a `fork` (a copy of the rows). Under
+        # `continuous` a row's later tool results queue their decisions behind it in `later` until it is
+        # drawn (`decision_rounds`).
+        self.pending: dict[int, tuple[Any, int, int]] = {}
+        self.later: dict[int, list[tuple[Any, int, int]]] = {}
         self.snapshots_by_marks = callable(getattr(self.gen, "mark", None)) and callable(
             getattr(self.gen, "fork_marked", None))
         # Reused finished globals that still branch (only under a policy).
         self.replays = Replays([t for g in groups for t in g if t.tool_steps] if policy is not None else [])
         self.prompt_rounds = PromptRounds(len(prompts))  # each prompt's own rounds (`rounds`)
-        # `continuous`: each prompt's rounds of branch decisions, the pending decisions whose segment after
-        # the result is measured, and the prompts whose round this tick drew.
+        # `continuous`: each prompt's rounds of branch decisions, the rows whose segment after their latest
+        # tool result is measured, and the prompts whose round this tick drew.
         self.decision_rounds = DecisionRounds(len(prompts))
         self.measured: set[int] = set()
         self.rounds_drawn: list[int] = []

@@ -18,7 +18,7 @@ from aepo_jax.agent.trajectory import (
 
 class ToolSteps:
     """The tool-step methods of the loop's per-run state (`loop._Run`), which provides rows, slots,
-    state, gen, loop, cfg, policy, pending, measured, paused, premonitoring, decision_rounds, branch_budget,
+    state, gen, loop, cfg, policy, pending, later, measured, paused, premonitoring, decision_rounds, branch_budget,
     _pauses, _by_slot and _repack_if_needed."""
 
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
@@ -86,6 +86,7 @@ class ToolSteps:
             content = call.content if call is not None else ""
             traj.tool_steps.append(ToolStep(tag, content, result_text, ok, start, start + len(result_ids)))
             self.decision_rounds.appended(traj)
+            self.measured.discard(traj.traj_id)  # (`continuous`: its segment after this result is not yet)
             to_append[i] = result_ids
             appended.append(i)
         if appended:
@@ -104,8 +105,13 @@ class ToolSteps:
                 if self.cfg.branch_by == "fork":  # marks when the generator has them: no copy of the rows
                     snap = self.gen.mark if self.snapshots_by_marks else self.gen.fork
                     snapshot = snap(self.state, [self.slots[i] for i in deciding])
-                self.pending.update({self.rows[i].traj_id: (snapshot, slot) for slot, i in enumerate(deciding)})
-                self.measured.difference_update(self.rows[i].traj_id for i in deciding)
+                for slot, i in enumerate(deciding):
+                    traj = self.rows[i]
+                    decision = (snapshot, slot, len(traj.tool_steps) - 1)
+                    if traj.traj_id in self.pending:  # `continuous`: behind a decision not drawn yet
+                        self.later.setdefault(traj.traj_id, []).append(decision)
+                    else:
+                        self.pending[traj.traj_id] = decision
 
 
 def _ends_with_answer(text: str) -> bool:
