@@ -39,7 +39,31 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
     if cfg.model.get("attention"):
         overrides["attention"] = cfg.model.attention
     overrides["remat"] = cfg.model.get("remat", "none")
-    return get_preset(cfg.model.preset, **overrides)
+    model_config = get_preset(cfg.model.preset, **overrides)
+    if cfg.model.get("checkpoint_dir"):
+        require_checkpoint_matches(model_config, cfg.model.checkpoint_dir, f"model.preset={cfg.model.preset!r}")
+    return model_config
+
+
+# What a checkpoint's config.json must agree with the configured model on: the weights' shapes and the maths.
+CHECKPOINT_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
+                     "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta", "rope_scaling", "rms_eps")
+
+
+def require_checkpoint_matches(model_config: ModelConfig, checkpoint_dir: str, name: str) -> None:
+    """A ValueError naming each field where `checkpoint_dir`'s config.json and the configured model differ.
+
+    Training loads the checkpoint's own architecture, while shardings, the sampler, evaluation and the
+    memory plan are built from the configured one: a mismatch would train one model under another's name
+    (or fail only at a restore)."""
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+
+    found = checkpoint_config(checkpoint_dir)
+    differ = [f"{field}: {getattr(model_config, field)!r} vs {getattr(found, field)!r}"
+              for field in CHECKPOINT_FIELDS if getattr(model_config, field) != getattr(found, field)]
+    if differ:
+        raise ValueError(f"{name} does not describe the checkpoint in {checkpoint_dir} (configured vs config.json): "
+                         + "; ".join(differ) + ". Choose the preset (or model.* sizes) of that checkpoint")
 
 
 def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None = None,

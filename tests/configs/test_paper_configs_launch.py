@@ -151,6 +151,7 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
     rows = ids + 32 if room else ids - 1
     save_hf_checkpoint(Decoder(get_preset("tiny", vocab_size=rows), rngs=nnx.Rngs(0)), tmp_path / "hf")
     cfg.model.preset, cfg.model.checkpoint_dir, cfg.model.attention = "tiny", str(tmp_path / "hf"), "dense"
+    cfg.model.vocab_size = rows  # the configured model is the checkpoint's (`require_checkpoint_matches`)
     if not room:
         with pytest.raises(ValueError, match=rf"tokenizer has {ids} ids .* has {rows} vocabulary rows"):
             model_from(cfg, env)
@@ -188,3 +189,22 @@ def test_a_mesh_whose_tensor_axis_cannot_split_the_checkpoints_heads_is_refused_
     cfg.mesh.shape = {"data": 1, "fsdp": 1, "tensor": 8}
     with pytest.raises(ValueError, match=r"has 28 query heads and 4 key-value heads: the mesh's tensor size 8"):
         sft_trainer_from(sft_config_from(cfg), env, str(tmp_path / "sft"), records=[])
+
+
+def test_a_checkpoint_of_another_model_than_the_configured_one_is_refused_by_field(tmp_path):
+    """Training would load the checkpoint's own architecture while shardings, the sampler and evaluation
+    follow the configured preset: each differing field is named."""
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
+    from aepo_jax.training.build import model_config_from
+
+    save_hf_checkpoint(Decoder(get_preset("tiny", n_layers=3, mlp_dim=96), rngs=nnx.Rngs(0)), tmp_path / "hf")
+    cfg = aepo_qwen3_14b.get_config()
+    cfg.model.checkpoint_dir = str(tmp_path / "hf")
+    with pytest.raises(ValueError, match=r"model.preset='qwen3_14b' does not describe .*vocab_size: 151936 vs 512.*"
+                                         r"n_layers: 40 vs 3"):
+        model_config_from(cfg)
+    cfg.model.preset, cfg.model.n_layers, cfg.model.mlp_dim = "tiny", 3, 96
+    assert model_config_from(cfg).n_layers == 3  # the same model: accepted
