@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import jax
@@ -40,7 +41,8 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
         overrides["attention"] = cfg.model.attention
     overrides["remat"] = cfg.model.get("remat", "none")
     model_config = get_preset(cfg.model.preset, **overrides)
-    if cfg.model.get("checkpoint_dir"):
+    # (A path that is not there yet, such as the paper configs' placeholders, fails when the weights load.)
+    if cfg.model.get("checkpoint_dir") and os.path.isdir(cfg.model.checkpoint_dir):
         require_checkpoint_matches(model_config, cfg.model.checkpoint_dir, f"model.preset={cfg.model.preset!r}")
     return model_config
 
