@@ -14,6 +14,7 @@ REWARD_MEAN = "reward_mean"  # mean outcome reward of the step's trajectories
 ACCURACY = "accuracy"  # share of trajectories with reward >= 1
 ENTROPY_MEAN = "entropy_mean"  # mean policy-token entropy of the rollouts (spec §1)
 TOOL_CALLS_MEAN = "tool_calls_mean"  # tool calls per trajectory
+TOOL_FAIL_RATE = "tool_fail_rate"  # share of the step's tool calls that failed (also per tag: "tool_fail_rate/search")
 BRANCH_TOP3 = "branch_top3_fraction"  # share of branches on each group's top-3 trajectories (spec §2.4)
 KL_REF_ROLLOUT = "kl_ref_rollout"  # KL of the rollout policy to the reference (with a reference model)
 GRAD_NORM = "grad_norm"
@@ -22,8 +23,8 @@ TOKENS_PER_S = "tokens_per_s"
 STEP_TIME_S = "step_time_s"
 
 # Printed on the console line when present in a record, in this order.
-CONSOLE_KEYS = (LOSS, REWARD_MEAN, ACCURACY, ENTROPY_MEAN, TOOL_CALLS_MEAN, KL_REF_ROLLOUT, GRAD_NORM,
-                LEARNING_RATE, TOKENS_PER_S, STEP_TIME_S)
+CONSOLE_KEYS = (LOSS, REWARD_MEAN, ACCURACY, ENTROPY_MEAN, TOOL_CALLS_MEAN, TOOL_FAIL_RATE, KL_REF_ROLLOUT,
+                GRAD_NORM, LEARNING_RATE, TOKENS_PER_S, STEP_TIME_S)
 
 # (panel title, keys drawn in it) of `launch.plot_metrics`.
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (

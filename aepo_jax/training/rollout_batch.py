@@ -19,6 +19,7 @@ import numpy as np
 
 from aepo_jax.agent.trajectory import tree_shared_prefixes
 from aepo_jax.training.batch import pad_sequences, round_up
+from aepo_jax.training.metric_keys import TOOL_FAIL_RATE
 
 
 @dataclass
@@ -130,10 +131,17 @@ def _shared_prefix_matrix(groups: Sequence[Sequence[Any]]) -> np.ndarray:
 
 
 def rollout_metrics(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Reward, accuracy (reward >= 1), response length and tool-call means over all trajectories."""
+    """Reward, accuracy (reward >= 1), response length and tool-call means over all trajectories, and the
+    share of tool calls that failed (all, and per tag; `invalid` counts calls the model malformed), so a
+    search server that died mid-run shows on the console line instead of silently failing every call."""
     flat = [t for g in groups for t in g]
     r = np.asarray([x for g in rewards for x in g], np.float64)
+    steps = [step for t in flat for step in t.tool_steps]
+    failed = {f"{TOOL_FAIL_RATE}/{tag}": float(np.mean([not s.ok for s in steps if s.tag == tag]))
+              for tag in sorted({s.tag for s in steps})}
     return {
+        TOOL_FAIL_RATE: float(np.mean([not s.ok for s in steps])) if steps else 0.0,
+        **failed,
         "reward_mean": float(r.mean()),
         "reward_std": float(r.std()),
         "accuracy": float(np.mean(r >= 1.0)),
