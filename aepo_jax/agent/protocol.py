@@ -40,8 +40,16 @@ def parse_last_tool_call(text: str) -> ToolCall | None:
     """The last complete `<tag>content</tag>` tool call in `text`, or None (spec §4).
 
     The call is the last closing tool tag together with the nearest opening tag
-    of the same name before it; its content is stripped of surrounding
-    whitespace. Text after that closing tag is ignored.
+    of the same name before it (the last complete tool tag); its content is
+    stripped of surrounding whitespace. Text after that closing tag is ignored.
+
+    Nearest, not first: a model that names the tag before it calls the tool
+    (`<think>I will use <python></think><python>code</python>`, or an abandoned
+    `<python>` it started again) gets the code it closed run. The price: code that
+    holds its own opening tag as text (`<python>print("<python>")</python>`) runs
+    from after that text. The two cannot be told apart from the string, and the
+    tests' round-trip property (any prefix + a formatted call gives the call back)
+    is this rule.
     """
     if not isinstance(text, str):
         return None

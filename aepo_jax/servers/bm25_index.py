@@ -15,10 +15,24 @@ import bm25s
 import numpy as np
 
 
+def _repaired(text: str) -> str:
+    """`text` with lone surrogate code points (half of an escaped emoji, `"\\ud83d"`) replaced by "?".
+
+    JSON can spell them and `json.loads` returns them, but they cannot be encoded as
+    UTF-8, so the agent's tokenizer raises on a search result that carries one.
+    """
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def load_corpus(path: str) -> list[dict[str, str]]:
-    """Documents of a JSONL file; each line needs string `id` and `contents`. Raises ValueError naming the line."""
+    """Documents of a JSONL file; each line needs string `id` and `contents`. Raises ValueError naming the line.
+
+    Text that is not valid Unicode is repaired, not refused: bytes that are not UTF-8
+    become U+FFFD and lone surrogates "?" (`_repaired`), so one broken line in a dump of
+    millions does not stop the server, and no search result carries them.
+    """
     documents, seen = [], set()
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -28,11 +42,11 @@ def load_corpus(path: str) -> list[dict[str, str]]:
                 raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
             if not isinstance(record, dict) or not isinstance(record.get("contents"), str) or "id" not in record:
                 raise ValueError(f'{path}:{number}: a document needs "id" and string "contents"')
-            doc_id = str(record["id"])
+            doc_id = _repaired(str(record["id"]))
             if doc_id in seen:
                 raise ValueError(f"{path}:{number}: duplicate document id {doc_id!r}")
             seen.add(doc_id)
-            documents.append({"id": doc_id, "contents": record["contents"]})
+            documents.append({"id": doc_id, "contents": _repaired(record["contents"])})
     if not documents:
         raise ValueError(f"{path}: the corpus has no documents")
     return documents

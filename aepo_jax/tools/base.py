@@ -26,6 +26,16 @@ class Tool(Protocol):
     def run(self, content: str) -> ToolResult: ...
 
 
+def encodable_text(text: str) -> str:
+    """`text` with every lone surrogate code point replaced by "?", so it encodes as UTF-8.
+
+    Lone surrogates reach tool output through `surrogateescape`-decoded bytes (a
+    traceback quoting them) or half an escaped emoji in a corpus line; a tokenizer
+    cannot encode them, and the rollout would crash on the result.
+    """
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def truncate(text: str, max_chars: int) -> str:
     """`text` cut to `max_chars` characters, marked when cut."""
     if len(text) <= max_chars:

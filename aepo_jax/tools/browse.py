@@ -1,16 +1,31 @@
 """Browser tool: fetch a web page or a corpus document and return the window that best matches a query.
 
-`<browse>TARGET optional query words</browse>`: TARGET is an http(s) URL
-(fetched with `requests`) or a corpus document id (fetched from the search
+`<browse>TARGET optional query words</browse>`: TARGET (up to the first
+whitespace) is an http(s) URL or a corpus document id (fetched from the search
 server's `GET /doc/{id}`). HTML becomes text with BeautifulSoup.
+
+A URL is fetched (with `allow_urls`) within bounds, since the model picks it:
+- the body is streamed and only its first `max_page_bytes` are read;
+- the whole fetch, redirects included, ends by `deadline_seconds` (a server
+  that drips one byte at a time never trips a per-read timeout);
+- every host, the first and each redirect's (followed by hand, at most
+  `max_redirects`), is resolved and refused when an address is link-local
+  (169.254.0.0/16, where cloud metadata services answer; fe80::/10) or, unless
+  `allow_loopback`, loopback or unspecified (127.0.0.0/8, ::1, 0.0.0.0).
+Known limit: the check resolves the name and the HTTP client resolves it again,
+so a DNS answer that changes in between (rebinding) is not caught.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 import time
 import urllib.parse
 
+import requests
+import urllib3
 from bs4 import BeautifulSoup
 
 from aepo_jax.tools.base import ToolResult, truncate
@@ -48,6 +63,28 @@ def best_window(text: str, query: str, window_chars: int) -> str:
     return text[start : start + window_chars]
 
 
+def refusal(url: str, allow_loopback: bool) -> str:
+    """Why `url` may not be fetched, or '' when it may: not http(s), no host, unresolvable, or an address
+    that is link-local (always refused) or loopback/unspecified (refused unless `allow_loopback`)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL with a host"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)}
+    except (OSError, ValueError, UnicodeError) as error:  # socket.gaierror is an OSError; a bad port a ValueError
+        return f"cannot resolve the host of {url!r}: {error}"
+    for text in sorted(addresses):
+        address = ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 scope ("fe80::1%eth0") is not part of it
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped
+        if address.is_link_local:
+            return f"{parts.hostname} resolves to the link-local address {address}; refused"
+        if (address.is_loopback or address.is_unspecified) and not allow_loopback:
+            return f"{parts.hostname} resolves to the local address {address}; refused"
+    return ""
+
+
 class BrowseTool:
     """Fetch a URL or corpus document and return a window of its text around the query.
 
@@ -55,28 +92,88 @@ class BrowseTool:
       search_url: base URL of the search server for document ids; None allows only URLs.
       window_chars: size of the returned window. max_result_chars: hard cap of the result.
       allow_urls: whether http(s) URLs may be fetched at all.
+      allow_loopback: whether a URL may reach this machine (127.0.0.0/8, ::1, 0.0.0.0); for
+        tests against a local server. Link-local addresses are refused regardless.
+      max_page_bytes: bytes of a page's body read (the rest is never fetched).
+      deadline_seconds: the most a URL fetch may take in all, redirects included.
+      max_redirects: redirects followed, each target checked like the first URL.
+      timeout: (connect, read) seconds per request. retries / backoff_seconds: for the document
+        server (`request_with_retries`); a URL is fetched once, within its deadline.
     """
 
     def __init__(self, search_url: str | None = None, window_chars: int = 2000, max_result_chars: int = 3000,
-                 allow_urls: bool = True, timeout: tuple[float, float] = (2.0, 30.0), retries: int = 2,
-                 backoff_seconds: float = 0.2):
+                 allow_urls: bool = True, allow_loopback: bool = False, max_page_bytes: int = 2 << 20,
+                 deadline_seconds: float = 30.0, max_redirects: int = 5, timeout: tuple[float, float] = (2.0, 30.0),
+                 retries: int = 2, backoff_seconds: float = 0.2):
         self.search_url = search_url.rstrip("/") if search_url else None
         self.window_chars, self.max_result_chars, self.allow_urls = window_chars, max_result_chars, allow_urls
+        self.allow_loopback, self.max_page_bytes = allow_loopback, max_page_bytes
+        self.deadline_seconds, self.max_redirects = deadline_seconds, max_redirects
         self.timeout, self.retries, self.backoff_seconds = timeout, retries, backoff_seconds
         self.session = pooled_session()
+
+    def _read_timeout(self, url: str, deadline: float) -> float:
+        """The read timeout that ends by `deadline`; raises HttpError once it has passed."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise HttpError(f"{url} took longer than {self.deadline_seconds:g} s")
+        return min(self.timeout[1], remaining)
+
+    def _read_body(self, url: str, response: requests.Response, deadline: float) -> bytes:
+        """Up to `max_page_bytes` of the body, read as it arrives, each read ending by `deadline`."""
+        chunks, size = [], 0
+        while size < self.max_page_bytes:
+            read_timeout = self._read_timeout(url, deadline)
+            sock = getattr(getattr(response.raw, "connection", None), "sock", None)
+            if sock is not None:
+                sock.settimeout(read_timeout)
+            try:
+                chunk = response.raw.read1(65536, decode_content=True)  # what has arrived, one read at most
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                self._read_timeout(url, deadline)  # past the deadline: say so
+                raise HttpError(f"{url}: reading the page failed ({error.__class__.__name__})") from error
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)[: self.max_page_bytes]
+
+    def fetch_url(self, url: str) -> str:
+        """A web page as plain text, within the bounds in the module docstring. Raises HttpError or ValueError."""
+        deadline = time.monotonic() + self.deadline_seconds
+        for _ in range(self.max_redirects + 1):
+            reason = refusal(url, self.allow_loopback)
+            if reason:
+                raise ValueError(reason)
+            try:
+                response = self.session.get(url, stream=True, allow_redirects=False,
+                                            timeout=(self.timeout[0], self._read_timeout(url, deadline)))
+            except requests.Timeout as error:
+                raise HttpError(f"{url} timed out ({error.__class__.__name__})") from error
+            except requests.ConnectionError as error:
+                raise HttpError(f"{url}: connection failed ({error.__class__.__name__})") from error
+            except requests.RequestException as error:
+                raise HttpError(f"{url}: {error}") from error
+            with response:
+                if response.is_redirect:
+                    url = urllib.parse.urljoin(url, response.headers["Location"])
+                    continue
+                if response.status_code != 200:
+                    raise HttpError(f"{url} answered HTTP {response.status_code}")
+                body = self._read_body(url, response, deadline)
+                try:
+                    text = body.decode(response.encoding or "utf-8", errors="replace")
+                except LookupError:  # a charset Python does not know
+                    text = body.decode("utf-8", errors="replace")
+                return html_to_text(text) if "html" in response.headers.get("Content-Type", "html") else text
+        raise HttpError(f"{url}: more than {self.max_redirects} redirects")
 
     def fetch_text(self, target: str) -> str:
         """The page or document as plain text. Raises HttpError or ValueError saying what failed."""
         if target.startswith(("http://", "https://")):
             if not self.allow_urls:
                 raise ValueError("fetching URLs is disabled; browse a corpus document id instead")
-            response = request_with_retries(self.session, "GET", target, timeout=self.timeout,
-                                            retries=self.retries, backoff_seconds=self.backoff_seconds)
-            if response.status_code != 200:
-                raise HttpError(f"{target} answered HTTP {response.status_code}")
-            if "html" in response.headers.get("Content-Type", "html"):
-                return html_to_text(response.text)
-            return response.text
+            return self.fetch_url(target)
         if self.search_url is None:
             raise ValueError(f"{target!r} is not a URL and no search server is configured for document ids")
         response = request_with_retries(self.session, "GET", f"{self.search_url}/doc/{urllib.parse.quote(target, safe='')}",
@@ -90,9 +187,9 @@ class BrowseTool:
         return html_to_text(contents) if "<html" in contents.lower() else contents
 
     def run(self, content: str) -> ToolResult:
-        """Browse `TARGET [query]`; failures become result text, never exceptions."""
+        """Browse `TARGET [query]` (split at the first whitespace, a newline too); failures become result text."""
         start = time.monotonic()
-        target, _, query = content.strip().partition(" ")
+        target, query = (content.split(None, 1) + ["", ""])[:2]
         if not target:
             return ToolResult("Browse failed: no URL or document id given.", False, time.monotonic() - start,
                               "bad_call")

@@ -75,7 +75,7 @@ class SandboxLimits:
     workdir_bytes: int = 64 << 20  # the working directory's tmpfs, all files together (file-system isolation only)
     workdir_files: int = 10_000  # inodes in that tmpfs
     max_processes: int = 32  # per worker: pids cgroup limit (and RLIMIT_NPROC)
-    max_output_bytes: int = 8192  # per stream
+    max_output_bytes: int = 8192  # per stream; also the most characters kept of one traceback line
     traceback_lines: int = 8
 
 
@@ -165,6 +165,8 @@ class PythonSandbox:
         self._config = {"cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
                         "file_bytes": limits.file_bytes, "max_processes": limits.max_processes,
                         "workdir_bytes": limits.workdir_bytes, "workdir_files": limits.workdir_files,
+                        # the child sends at most this much traceback (a 100 kB message is cut where it runs)
+                        "traceback_lines": limits.traceback_lines, "traceback_line_chars": limits.max_output_bytes,
                         "preload": list(preload)}
         self.namespace_command = probe_isolation()
         self.network_isolated = bool(self.namespace_command)

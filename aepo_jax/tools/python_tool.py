@@ -8,20 +8,46 @@ from aepo_jax.tools.base import ToolResult, truncate
 from aepo_jax.tools.python_exec import PythonSandbox, SandboxResult
 
 
+def _last_lines(text: str, max_chars: int) -> str:
+    """The last whole lines of `text` that fit in `max_chars` (the exception is on the last line);
+    if even the last line does not fit, its beginning (the exception's name)."""
+    if len(text) <= max_chars:
+        return text
+    lines = text.splitlines()
+    kept, size = [], 0
+    for line in reversed(lines):
+        if size + len(line) + 1 > max_chars:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    if not kept:
+        return truncate(lines[-1], max_chars) if lines else ""
+    return "[earlier lines cut]\n" + "\n".join(reversed(kept))
+
+
 def format_sandbox_result(result: SandboxResult, max_result_chars: int) -> str:
-    """Stdout, then stderr and the traceback tail, then a line saying what went wrong if anything did."""
-    parts = []
-    if result.stdout:
-        parts.append(result.stdout.rstrip("\n") + ("\n[stdout truncated]" if result.stdout_truncated else ""))
-    if result.stderr and result.status == "ok":
-        parts.append("stderr:\n" + result.stderr.rstrip("\n"))
+    """Stdout (and stderr when the call succeeded), then the traceback tail and a line saying what went wrong.
+
+    What went wrong is never what gets cut: the traceback tail (at most half of
+    `max_result_chars`) and the `[execution ...]` line are placed first, and stdout
+    is cut to the room left, marked when cut.
+    """
+    failure = []
     if result.status != "ok":
-        parts.append(result.traceback or f"status: {result.status}")
-        if result.status in ("timeout", "killed", "failed"):
-            parts.append(f"[execution {result.status}]")
-    if not parts:
-        parts.append("[no output]")
-    return truncate("\n".join(parts), max_result_chars)
+        status_line = f"[execution {result.status}]" if result.status in ("timeout", "killed", "failed") else ""
+        trace = result.traceback or f"status: {result.status}"
+        failure.append(_last_lines(trace, max(0, max_result_chars // 2 - len(status_line) - 1)))
+        if status_line:
+            failure.append(status_line)
+    output = []
+    if result.stdout:
+        output.append(result.stdout.rstrip("\n") + ("\n[stdout truncated]" if result.stdout_truncated else ""))
+    if result.stderr and result.status == "ok":
+        output.append("stderr:\n" + result.stderr.rstrip("\n"))
+    failure_text = "\n".join(failure)
+    room = max(0, max_result_chars - len(failure_text) - (1 if failure_text else 0))
+    parts = ([truncate("\n".join(output), room)] if output else []) + ([failure_text] if failure_text else [])
+    return "\n".join(parts) or "[no output]"
 
 
 class PythonTool:

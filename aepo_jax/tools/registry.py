@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from aepo_jax.agent.protocol import ToolCall
-from aepo_jax.tools.base import Tool, ToolResult
+from aepo_jax.tools.base import Tool, ToolResult, encodable_text
 
 DEFAULT_MAX_WORKERS = 16  # tool calls in flight at once (`rollout.tool_concurrency`)
 
@@ -29,7 +30,16 @@ class ToolRegistry:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
 
     def run(self, call: ToolCall | None) -> ToolResult:
-        """Run one call; a malformed call, unknown tag or crashing tool becomes result text."""
+        """Run one call; a malformed call, unknown tag or crashing tool becomes result text.
+
+        The text is made encodable here, for every tool at once: a lone surrogate in it
+        (see `encodable_text`) would make the tokenizer raise when the loop appends it.
+        """
+        result = self._dispatch(call)
+        return dataclasses.replace(result, text=encodable_text(result.text))
+
+    def _dispatch(self, call: ToolCall | None) -> ToolResult:
+        """The tool's own result, or one saying why there is none."""
         start = time.monotonic()
         if not isinstance(call, ToolCall):
             return ToolResult("Tool call failed: no complete tool call was found.", False, 0.0, "bad_call")

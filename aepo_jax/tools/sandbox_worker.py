@@ -14,8 +14,10 @@ at a time, until EOF:
    directory (the call's `workdir` is then ignored);
 2. fork a child; the child moves to its own process group, enters the
    working directory, applies the resource limits, drops its capabilities
-   (with a root), runs the code with the worker's stdout/stderr, and writes
-   its status to a private pipe;
+   (with a root), runs the code with the worker's stdout/stderr (stdout made
+   line-buffered, so what it printed before a kill is in the pipe), and
+   writes its status to a private pipe, which the worker reads while it waits
+   (a status bigger than the pipe's buffer must not block the child);
 3. after the child exits, kill every other process left in the namespace
    (`kill(-1)` from the namespace init reaches exactly those) and reap them;
 4. write one status line (JSON) to the result fd named in the config, then
@@ -34,6 +36,7 @@ import resource
 import signal
 import struct
 import sys
+import threading
 import traceback
 
 
@@ -63,6 +66,18 @@ def _finish(status_fd: int, status: dict) -> None:
     except OSError:
         pass
     os._exit(0)
+
+
+def _bounded(text: str, config: dict) -> str:
+    """The last `traceback_lines` lines of `text`, each cut to `traceback_line_chars` characters.
+
+    A line's beginning is kept (`ValueError: xxx...`: the exception's name), so a
+    100 kB message stays readable and the status stays small.
+    """
+    width = config["traceback_line_chars"]
+    lines = text.rstrip("\n").splitlines()[-config["traceback_lines"] :]
+    return "\n".join(line if len(line) <= width else f"{line[:width]}... [{len(line) - width} more characters]"
+                     for line in lines)
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -98,6 +113,11 @@ def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None
             mounts.drop_privileges()
     except BaseException as error:  # noqa: BLE001 - never run code half-isolated, never return into the worker
         _finish(status_fd, {"status": "failed", "exit_code": None, "traceback": f"sandbox setup failed: {error!r}"})
+    # Block-buffered stdout (a pipe) would lose what was printed before a wall-clock kill or a crash.
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError, OSError):
+        pass
     status = {"status": "ok", "exit_code": 0, "traceback": ""}
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -105,9 +125,10 @@ def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None
     except SystemExit as error:
         if error.code not in (None, 0):
             exit_code = error.code if isinstance(error.code, int) else 1
-            status = {"status": "error", "exit_code": exit_code, "traceback": f"SystemExit: {error.code}"}
+            status = {"status": "error", "exit_code": exit_code,
+                      "traceback": _bounded(f"SystemExit: {error.code}", config)}
     except BaseException as error:  # noqa: BLE001 - any failure of the code is reported, not raised
-        status = {"status": "error", "exit_code": 1, "traceback": _user_traceback(error)}
+        status = {"status": "error", "exit_code": 1, "traceback": _bounded(_user_traceback(error), config)}
     _finish(status_fd, status)
 
 
@@ -147,9 +168,14 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
         os.close(status_read)
         _run_child(call, config, status_write, mounts)
     os.close(status_write)
+    # Read the status while the child runs: a write bigger than the pipe's buffer blocks until read.
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(status_read, 65536), b"")))
+    reader.start()
     _, wait_status = os.waitpid(pid, 0)
-    _kill_the_rest()
-    raw = b"".join(iter(lambda: os.read(status_read, 65536), b""))
+    _kill_the_rest()  # and every other holder of the pipe's write end: the reader sees EOF
+    reader.join()
+    raw = b"".join(chunks)
     os.close(status_read)
     try:
         return json.loads(raw)

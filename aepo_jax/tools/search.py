@@ -2,7 +2,10 @@
 
 Queries are cached on disk, keyed by (server URL, query, topk), so evaluation
 is reproducible and a repeated query costs a file read. Only successful
-responses are cached.
+responses are cached. The cache is best effort: an entry is written to its own
+temporary file and renamed into place (many rollouts of one prompt ask the same
+query at once), and a cache file that cannot be read or written is a miss, never
+a failed search.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 
 from aepo_jax.tools.base import ToolResult, truncate
@@ -53,12 +57,38 @@ class SearchTool:
         key = json.dumps([self.url, query, self.topk], ensure_ascii=False)
         return os.path.join(self.cache_dir, hashlib.sha256(key.encode()).hexdigest() + ".json")
 
+    def _cached(self, path: str) -> list[dict[str, str]] | None:
+        """The cached documents at `path`, or None when absent or unreadable (a miss)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                documents = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return documents if isinstance(documents, list) else None
+
+    def _store(self, path: str, documents: list[dict[str, str]]) -> None:
+        """Write `documents` to `path` through a temporary file of this call's own, renamed into place;
+        a failed write leaves the cache as it was."""
+        try:
+            handle, temporary = tempfile.mkstemp(dir=self.cache_dir, prefix=".", suffix=".tmp")
+        except OSError:
+            return
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(documents, f, ensure_ascii=False)
+            os.replace(temporary, path)
+        except (OSError, ValueError):
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+
     def retrieve(self, query: str) -> list[dict[str, str]]:
         """Documents for one query, from the cache or the server. Raises HttpError on failure."""
         path = self._cache_path(query) if self.cache_dir else None
-        if path and os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
+        cached = self._cached(path) if path else None
+        if cached is not None:
+            return cached
         response = request_with_retries(
             self.session, "POST", self.url + "/retrieve",
             json={"queries": [query], "topk": self.topk, "return_scores": False},
@@ -71,10 +101,7 @@ class SearchTool:
         except (ValueError, KeyError, IndexError, TypeError) as error:
             raise HttpError(f"search server sent an unexpected response: {response.text[:200]}") from error
         if path:
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as f:
-                json.dump(documents, f, ensure_ascii=False)
-            os.replace(temporary, path)
+            self._store(path, documents)
         return documents
 
     def run(self, content: str) -> ToolResult:

@@ -182,3 +182,21 @@ def test_latency_option_delays_every_search_and_searches_wait_in_parallel(corpus
         assert all(a.ok and e - s >= latency for s, e, a in calls)
         # One after the other, four waits would take 4 latencies; together about one.
         assert max(e for _, e, _ in calls) - min(s for s, _, _ in calls) < 2 * latency
+
+
+def test_corpus_text_that_is_not_valid_unicode_is_repaired_and_searchable(tmp_path):
+    """Half an escaped emoji (a lone surrogate, which `json.loads` returns) or bytes that are not UTF-8
+    would reach the agent's tokenizer in a search result and crash the rollout."""
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"id": "emoji", "contents": "Emoji\nbroken \ud83d emoji text"}).encode(),
+             b'{"id": "latin", "contents": "Latin\\nbroken caf\xe9 bytes"}',
+             json.dumps({"id": "half\udc80", "contents": "Id\nan id with half a character"}).encode()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    documents = {doc["id"]: doc["contents"] for doc in load_corpus(str(path))}
+    assert documents == {"emoji": "Emoji\nbroken ? emoji text", "latin": "Latin\nbroken caf\ufffd bytes",
+                         "half?": "Id\nan id with half a character"}
+    with start_search_server(str(path)) as handle:
+        hits = retrieve(handle, {"queries": ["broken emoji"], "topk": 1}).json()["result"][0]
+    assert hits == [{"id": "emoji", "contents": "Emoji\nbroken ? emoji text"}]
+    for contents in documents.values():
+        contents.encode("utf-8")

@@ -208,3 +208,49 @@ def test_latency_option_delays_each_call_without_holding_a_worker():
         assert all(r.status == "ok" and e - s >= latency for s, e, r in calls)
         # Waits that held the two workers would take 2 latencies for four calls; together about one.
         assert max(e for _, e, _ in calls) - min(s for s, _, _ in calls) < 2 * latency
+
+
+@pytest.mark.parametrize("code, last_line_start", [
+    ("raise ValueError('x' * 100_000)", "ValueError: xxx"),
+    ("import sys\nsys.exit('bad' * 30_000)", "SystemExit: badbad"),
+])
+def test_a_traceback_bigger_than_the_status_pipe_is_reported_not_timed_out(sandbox, code, last_line_start):
+    """The child's status once went through a pipe the worker read only after the child exited: a status
+    over the pipe's buffer (64 KiB) blocked the child until the wall limit, reported as a timeout."""
+    result = sandbox.run(code)
+    assert result.status == "error", result
+    assert result.traceback.splitlines()[-1].startswith(last_line_start)
+    assert "more characters]" in result.traceback  # the line is cut where it starts, with how much was cut
+    assert len(result.traceback) < 2 * LIMITS.max_output_bytes
+
+
+def test_a_status_over_the_pipe_buffer_even_when_cut_is_read_while_the_child_runs(sandbox):
+    """Eight traceback lines of 4000 non-ASCII characters are about 190 kB of JSON (each one escaped):
+    cutting lines alone does not keep the status under the pipe's buffer; reading it as it comes does."""
+    result = sandbox.run("raise ValueError('\\n'.join(['\\u00e9' * 4000] * 10))")
+    assert result.status == "error", result
+    assert result.traceback.splitlines() == ["\u00e9" * 4000] * LIMITS.traceback_lines
+
+
+@pytest.mark.parametrize("code, status", [
+    ("print('partial result 42')\nimport time\ntime.sleep(60)", "timeout"),
+    ("print('partial result 42')\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "killed"),
+])
+def test_output_printed_before_a_kill_is_returned(sandbox, code, status):
+    """The child's stdout is line-buffered: a wall-clock kill or a crash does not lose what it printed."""
+    result = sandbox.run(code)
+    assert (result.status, result.stdout) == (status, "partial result 42\n")
+
+
+def test_python_tool_keeps_the_error_and_status_when_stdout_is_long(sandbox):
+    """The traceback tail and the status line take their room first; stdout is cut to the rest, marked."""
+    rows = "for i in range(300):\n    print('row', i, 'value', i * i)\n"
+    tool = PythonTool(sandbox, max_result_chars=2000)
+    crashed = tool.run(rows + "1 / 0")
+    assert crashed.status == "error" and crashed.text.startswith("row 0 value 0\n")
+    assert crashed.text.endswith("ZeroDivisionError: division by zero")
+    assert "... [truncated," in crashed.text and len(crashed.text) < 2100
+    slow = tool.run(rows + "import time\ntime.sleep(60)")
+    assert slow.status == "timeout" and slow.text.startswith("row 0 value 0\n")
+    assert slow.text.endswith("wall-clock limit of 2 s exceeded\n[execution timeout]")
+    assert "... [truncated," in slow.text

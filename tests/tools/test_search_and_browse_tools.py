@@ -1,6 +1,10 @@
 """Search and browse clients against the real search server, a local HTML page and scripted failures."""
 
 import json
+import os
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from tools_stub_http import StubServer, closed_port_url, json_reply, slow
@@ -89,7 +93,7 @@ def test_browse_a_corpus_document_returns_the_window_around_the_query(server):
 def test_browse_a_url_turns_html_into_text():
     page = b"<html><head><style>p{}</style></head><body><nav>menu</nav><h1>Report</h1><p>The answer is 17.</p></body></html>"
     with StubServer(lambda *a: (200, "text/html; charset=utf-8", page)) as stub:
-        result = BrowseTool().run(f"{stub.url}/page.html answer")
+        result = BrowseTool(allow_loopback=True).run(f"{stub.url}/page.html answer")
     assert result.ok and result.text == "Report\nThe answer is 17."
 
 
@@ -100,6 +104,47 @@ def test_browse_failures_become_text(server):
     assert not no_server.ok and "no search server" in no_server.text
     refused = BrowseTool(allow_urls=False).run("http://127.0.0.1:1/x")
     assert not refused.ok and "disabled" in refused.text
-    down = BrowseTool(retries=0).run(closed_port_url() + "/page")
+    down = BrowseTool(allow_loopback=True).run(closed_port_url() + "/page")
     assert not down.ok and "connection failed" in down.text
     assert BrowseTool().run("  ").status == "bad_call"
+
+
+def test_browse_target_ends_at_any_whitespace(server):
+    """`<browse>doc-id\nquery</browse>`: a newline separates the target from the query words too."""
+    result = BrowseTool(search_url=server.url, window_chars=200).run("westphalia\ntreaty signed 1648")
+    assert result.ok and "signed in 1648" in result.text
+    tabbed = BrowseTool(search_url=server.url, window_chars=200).run("\twestphalia\t1648")
+    assert tabbed.ok and "signed in 1648" in tabbed.text
+
+
+def test_many_rollouts_asking_one_query_at_once_all_get_results(server, tmp_path):
+    """A GRPO group's rollouts send their first query together: each writer has its own temporary file
+    (one name per process let concurrent writers rename or truncate each other's file)."""
+    for trial in range(6):
+        tool = SearchTool(server.url, topk=2, cache_dir=str(tmp_path / f"cache{trial}"))
+        barrier = threading.Barrier(16, timeout=30)
+
+        def search(_, tool=tool, barrier=barrier):
+            barrier.wait()
+            return tool.run("treaty signed 1648")
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(search, range(16)))
+        assert [r.status for r in results] == ["ok"] * 16, [r.text for r in results if not r.ok]
+        assert len({r.text for r in results}) == 1
+        assert [n for n in os.listdir(tmp_path / f"cache{trial}") if n.endswith(".tmp")] == []
+
+
+def test_a_broken_cache_is_a_miss_not_a_failed_search(server, tmp_path):
+    cache = tmp_path / "cache"
+    tool = SearchTool(server.url, cache_dir=str(cache))
+    fresh = tool.run("eiffel tower tall")
+    assert fresh.ok
+    for name in os.listdir(cache):  # a half-written or foreign file where an entry should be
+        (cache / name).write_text('[{"contents": "trunc')
+    again = tool.run("eiffel tower tall")
+    assert again.ok and again.text == fresh.text
+    assert json.loads((cache / os.listdir(cache)[0]).read_text())  # rewritten whole
+    shutil.rmtree(cache)  # the cache cannot be written at all: the search still answers
+    gone = tool.run("treaty signed 1648")
+    assert gone.ok and gone.text.startswith("Doc 1 (Title: Peace of Westphalia)")

@@ -89,3 +89,42 @@ def test_the_config_sets_the_registry_concurrency():
     finally:
         for close in reversed(closers):
             close()
+
+
+class EchoTool:
+    """Returns its content as the result text."""
+
+    def run(self, content: str) -> ToolResult:
+        return ToolResult(content, True, 0.0, "ok")
+
+
+def test_no_tool_result_carries_a_lone_surrogate(tmp_path):
+    """A traceback quoting surrogateescape-decoded bytes (through the sandbox's JSON status), or any tool's
+    text with half an emoji, would make the tokenizer raise when the loop appends the result."""
+    from aepo_jax.agent.protocol import format_tool_result
+    from aepo_jax.tokenizers import HFTokenizer
+    from tests.hf_tokenizer_files import write_hf_tokenizer
+
+    tokenizer = HFTokenizer.from_file(write_hf_tokenizer(tmp_path, ["hello world result python error"] * 20))
+    with PythonSandbox(SandboxLimits(wall_seconds=5.0), pool_size=1) as sandbox:
+        registry = ToolRegistry({"python": PythonTool(sandbox), "search": EchoTool()})
+        code = "s = b'caf\\xe9'.decode('utf-8', 'surrogateescape')\nraise ValueError(s)"
+        python, echo = registry.run_many([ToolCall("python", code), ToolCall("search", "broken \ud83d emoji")])
+        registry.close()
+    assert python.status == "error" and "ValueError: caf?" in python.text
+    assert echo.text == "broken ? emoji"
+    for result in (python, echo):
+        result.text.encode("utf-8")  # raised UnicodeEncodeError before
+        assert tokenizer.encode(format_tool_result(result.text))
+
+
+def test_a_tag_mentioned_before_the_call_does_not_swallow_it():
+    """The call starts at the nearest opening tag before its closing tag (spec §4: the last complete tool
+    tag): a model that names the tag in its thinking first still gets its code run."""
+    text = "<think>I will run <python> to multiply.</think><python>print(6 * 7)</python>"
+    assert parse_last_tool_call(text) == ToolCall("python", "print(6 * 7)")
+    with PythonSandbox(SandboxLimits(wall_seconds=5.0), pool_size=1) as sandbox:
+        registry = ToolRegistry({"python": PythonTool(sandbox)})
+        result = registry.run(parse_last_tool_call(text))
+        registry.close()
+    assert (result.status, result.text) == ("ok", "42")
