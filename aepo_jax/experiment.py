@@ -23,7 +23,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,7 +47,7 @@ from aepo_jax.experiment_tokenizer import (
     tokenizer_from,
 )
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
-from aepo_jax.rewards import compute_reward
+from aepo_jax.rewards import compute_reward, rewards_for
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
@@ -146,8 +146,8 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
     from aepo_jax.tools import SandboxLimits
 
     seconds = float(cfg.rollout.tool_timeout_s)
-    if not cfg.get("deterministic", False):
-        return SandboxLimits(wall_seconds=seconds)
+    if not cfg.get("deterministic", False):  # CPU time up to the same limit (the sandbox's default is 10 s)
+        return SandboxLimits(wall_seconds=seconds, cpu_seconds=max(1, math.ceil(seconds)))
     return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
 
 
@@ -180,14 +180,41 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
                                      max_result_chars=int(cfg.rollout.max_result_chars))
         # A search result's document, read whole by its id from the same server (`GET /doc/{id}`), and with
         # `rollout.browse_urls` any http(s) page (that needs internet).
-        tools["browse"] = BrowseTool(search_url, max_result_chars=int(cfg.rollout.max_result_chars),
+        result_chars = int(cfg.rollout.max_result_chars)  # the window shown is the whole result, not its start
+        tools["browse"] = BrowseTool(search_url, window_chars=result_chars, max_result_chars=result_chars,
                                      allow_urls=bool(cfg.rollout.get("browse_urls", False)))
     sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
-    tools["python"] = PythonTool(sandbox)
+    tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))
     registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)))
     closers.append(registry.close)
     return registry, closers
+
+
+def judge_from(cfg: ml_collections.ConfigDict) -> Any:
+    """The `llm_judge` reward's judge (spec §5), or None when `reward.judge_url` is empty.
+
+    An `aepo_jax.tools.LLMJudgeClient` on `reward.judge_url` asking `reward.judge_model`, with
+    `reward.judge_max_tokens`; its API key is read from the environment variable that
+    `reward.judge_api_key_env` names (the config, saved with every run, holds only that name).
+    """
+    from aepo_jax.tools import LLMJudgeClient
+    from aepo_jax.tools.llm_judge import DEFAULT_MAX_TOKENS
+
+    r = cfg.reward
+    url = r.get("judge_url", "") or ""
+    if not url:
+        return None
+    model = r.get("judge_model", "") or ""
+    if not model:
+        raise ValueError(f"reward.judge_url={url!r} needs reward.judge_model (the model name the server serves)")
+    key_name = r.get("judge_api_key_env", "") or ""
+    api_key = os.environ.get(key_name) if key_name else None
+    if key_name and not api_key:
+        raise ValueError(f"reward.judge_api_key_env={key_name!r}: the environment variable {key_name} that "
+                         "should hold the judge's API key is not set")
+    return LLMJudgeClient(url, model, api_key=api_key,
+                          max_tokens=int(r.get("judge_max_tokens", DEFAULT_MAX_TOKENS)))
 
 
 # -- the environment -----------------------------------------------------------
@@ -202,6 +229,7 @@ class Environment:
       corpus_path: the search corpus JSONL, if any.
       prompt: the system prompt and chat layout every stage renders.
       reward_name: `aepo_jax.rewards` name deciding the reward.
+      judge: the `llm_judge` reward's client (`judge_from`), or None.
       tools: the tool registry (`run_many`).
       task: the generated `FactsEnv` (None for `data.path` runs).
       pretrained: (graphdef, params) of a GGUF policy, else None.
@@ -220,6 +248,7 @@ class Environment:
     task_dir: str | None = None
     pretrained: tuple[Any, Any] | None = None
     search_url: str = ""
+    judge: Any = None
 
     @property
     def heldout_examples(self) -> list[dict]:
@@ -235,12 +264,21 @@ class Environment:
 
     def reward_fn(self, example: dict, trajectory: Any) -> float:
         text = response_text(self.tokenizer, trajectory.response_ids)
-        return compute_reward(self.reward_name, text, example["answers"], data_source=example.get("data_source", ""))
+        return compute_reward(self.reward_name, text, example["answers"], data_source=example.get("data_source", ""),
+                              judge=self.judge, question=example.get("question", ""))
 
     def close(self) -> None:
         for close in reversed(self.closers):
             close()
         self.closers.clear()
+
+
+def require_judge(reward_names: Iterable[str], env: Environment, what: str) -> None:
+    """Refuse, before any rollout, to score with the `llm_judge` reward when `env` has no judge."""
+    if "llm_judge" in set(reward_names) and env.judge is None:
+        raise ValueError(f"{what} scores with the llm_judge reward (data sources such as gaia, hle, webwalker) but "
+                         "no judge is configured: set reward.judge_url and reward.judge_model "
+                         "(launch.evaluate: --judge_url, --judge_model)")
 
 
 def _demo_task(cfg: ml_collections.ConfigDict, directory: str):
@@ -262,6 +300,7 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     )
 
     os.makedirs(workdir, exist_ok=True)
+    judge = judge_from(cfg)  # a misconfigured judge is refused before any tool starts
     task, task_dir, corpus_path, pretrained = None, None, None, None
     heldout: list[dict] = []
     prompt = PromptConfig()
@@ -314,12 +353,14 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     else:
         tokenizer = tokenizer_from(cfg, workdir, texts)
     tools, closers = tools_from(cfg, corpus_path)
+    if judge is not None:
+        closers.append(judge.close)
     if prompt.system_prompt == DEFAULT_SYSTEM_PROMPT:  # offer the tools this run has, and no other
         prompt = replace(prompt, system_prompt=system_prompt_for_tools(tools.tools))
     search = tools.tools.get("search")
     return Environment(tokenizer, list(examples), heldout, corpus_path, prompt, int(cfg.rollout.max_prompt_len),
                        cfg.reward.name, tools, closers, task, task_dir, pretrained,
-                       search_url=search.url if search is not None else "")
+                       search_url=search.url if search is not None else "", judge=judge)
 
 
 def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> None:
@@ -472,6 +513,7 @@ def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: s
     from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 
+    require_judge(rewards_for(cfg.reward.name, [ex.get("data_source", "") for ex in env.examples]), env, "training")
     mesh = make_mesh_from(cfg)
     if graphdef is None:
         graphdef, params = model_from(cfg, env, mesh)
@@ -519,7 +561,7 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     common = {"temperature": float(e.temperature), "seed": seed, "reward": cfg.reward.name,
               "questions_per_batch": max(1, int(e.batch_questions))}
     parts = {"graphdef": graphdef, "params": params, "tokenizer": env.tokenizer, "tools": env.tools,
-             "encode_prompt": env.encode_prompt}
+             "encode_prompt": env.encode_prompt, "judge": env.judge}
     result = evaluate(list(examples), config=eval_config_from(cfg, n=int(e.samples), **common), progress=progress,
                       **parts)
     tree, tree_questions = None, min(int(e.tree_questions), len(examples))

@@ -132,6 +132,14 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.sampler_weights = "auto"
 
     c.reward = ml_collections.ConfigDict({"name": "qa_f1"})  # aepo_jax.rewards name, or "auto" (by data_source)
+    # The LLM judge of the llm_judge reward (gaia, hle, webwalker, xbench, browsecomp sources under "auto"):
+    # an OpenAI-compatible /v1/chat/completions server ("" = none), the model it serves, and the NAME of the
+    # environment variable holding its API key ("" = no key); the key itself never goes in a config.
+    c.reward.judge_url = ""
+    c.reward.judge_model = ""
+    c.reward.judge_api_key_env = ""
+    # the judge's reply ceiling: room for a reasoning judge's <think> block before its yes/no
+    c.reward.judge_max_tokens = 1024
 
     # Objective: every field of aepo_jax.objectives.AlgorithmPreset, filled from
     # the preset named `algorithm` so a family file only states what it changes.

@@ -4,6 +4,7 @@
         [--n 4] [--greedy] [--split heldout|train] [--data_path FILE] [--out DIR] \
         [--strategy independent|arpo|aepo] [--mesh data=-1,fsdp=1,tensor=1] [--distributed auto|on|off] \
         [--sampler_weights auto|replicas|run_mesh] \
+        [--judge_url URL --judge_model NAME [--judge_api_key_env VAR]] \
         [--config.key=value ...]
 
 `--checkpoint` is a training run directory (or its `checkpoints/` folder, or
@@ -25,6 +26,12 @@ towns) or its training data (`--split train`), or any local JSONL file
 top-p 0.95) or greedy with `--n 1 --greedy`. Prints the per-dataset table and
 writes OUT/reports.json, OUT/reports.csv, OUT/samples.jsonl,
 OUT/eval_config.json and, for a tree strategy, OUT/tree_stats.json.
+
+Questions whose reward is the LLM judge (the gaia, hle, webwalker, ... data
+sources under `--reward auto`) need a judge: an OpenAI-compatible chat server
+(`--judge_url`, `--judge_model`, and `--judge_api_key_env`, the name of the
+environment variable holding its API key), which set `reward.judge_*` of the
+config; an evaluation that needs one and has none is refused before it starts.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ _BATCH = flags.DEFINE_integer("questions_per_batch", 0, "questions per rollout c
 _STRATEGY = flags.DEFINE_enum("strategy", "independent", ["independent", "arpo", "aepo"],
                               "rollout strategy (tree strategies also report tree statistics)")
 _REWARD = flags.DEFINE_string("reward", "auto", "reward family deciding correctness ('auto' = by data source)")
+_JUDGE_URL = flags.DEFINE_string("judge_url", None, "OpenAI-compatible server of the LLM judge "
+                                  "(default: the config's reward.judge_url)")
+_JUDGE_MODEL = flags.DEFINE_string("judge_model", None, "model the judge server serves (default: reward.judge_model)")
+_JUDGE_API_KEY_ENV = flags.DEFINE_string("judge_api_key_env", None, "NAME of the environment variable holding the "
+                                         "judge's API key (default: reward.judge_api_key_env)")
 _SEED = flags.DEFINE_integer("seed", None, "PRNG seed of the evaluation (default: config seed)")
 _OUT = flags.DEFINE_string("out", None, "output directory (default: RUN_DIR/eval, or ./eval_initial for 'none')")
 _PROGRESS = flags.DEFINE_bool("progress", True, "progress bar over questions")
@@ -141,6 +153,11 @@ def main(argv: list[str]) -> int:
     if _SAMPLER_WEIGHTS.value is not None:
         with cfg.unlocked():
             cfg.rollout.sampler_weights = _SAMPLER_WEIGHTS.value
+    judge_flags = {"judge_url": _JUDGE_URL, "judge_model": _JUDGE_MODEL, "judge_api_key_env": _JUDGE_API_KEY_ENV}
+    for key, flag in judge_flags.items():
+        if flag.value is not None:
+            with cfg.unlocked():
+                cfg.reward[key] = flag.value
     try:  # before any weight is read or tool started
         mesh = make_mesh(shape)
     except ValueError as err:
@@ -164,7 +181,7 @@ def main(argv: list[str]) -> int:
             print(f"warning: {run_dir} has no tokenizer.model; training one from the config's task text",
                   file=sys.stderr, flush=True)
 
-    from aepo_jax.evaluation import format_report_table
+    from aepo_jax.evaluation import correctness_reward, format_report_table
     from aepo_jax.evaluation.driver import evaluate
     from aepo_jax.evaluation.restore import restore_policy_params
     from aepo_jax.experiment import (
@@ -172,13 +189,17 @@ def main(argv: list[str]) -> int:
         eval_config_from,
         fit_model_to_tokenizer,
         model_from,
+        require_judge,
         start_runtime,
     )
     from aepo_jax.parallel.sharding import require_heads_split
     from aepo_jax.training.build import model_config_from
 
     start_runtime(cfg)
-    env = environment_from(cfg, env_dir)
+    try:
+        env = environment_from(cfg, env_dir)
+    except ValueError as err:  # e.g. a judge URL without a model, or its API key variable unset
+        raise SystemExit(f"error: {err}") from err
     try:
         fit_model_to_tokenizer(cfg, env)
         try:
@@ -195,6 +216,10 @@ def main(argv: list[str]) -> int:
         examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
         if _MAX_QUESTIONS.value > 0:
             examples = examples[:_MAX_QUESTIONS.value]
+        try:
+            require_judge({correctness_reward(ex, _REWARD.value) for ex in examples}, env, "this evaluation")
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from err
         seed = int(cfg.seed) if _SEED.value is None else _SEED.value
         config = eval_config_from(cfg, n=_N.value, greedy=_GREEDY.value, temperature=_TEMPERATURE.value,
                                   top_p=_TOP_P.value, seed=seed,
@@ -207,7 +232,7 @@ def main(argv: list[str]) -> int:
                   f"on mesh {dict(mesh.shape)} over {process_count} process(es)", flush=True)
         result = evaluate(examples, graphdef=graphdef, params=params, tokenizer=env.tokenizer, tools=env.tools,
                           encode_prompt=env.encode_prompt, config=config, progress=_PROGRESS.value,
-                          placement=placement)
+                          placement=placement, judge=env.judge)
     finally:
         env.close()
     if process_index != 0:

@@ -11,12 +11,13 @@ from aepo_jax.evaluation.metrics import (
     write_report_csv,
     write_report_json,
 )
-from aepo_jax.evaluation.scoring import score_question
+from aepo_jax.evaluation.scoring import correctness_reward, score_question
 
 __all__ = [
     "DatasetReport",
     "QuestionResult",
     "build_reports",
+    "correctness_reward",
     "format_report_table",
     "pass_at_k",
     "pass_at_k_table",

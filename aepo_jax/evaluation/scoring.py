@@ -25,6 +25,13 @@ from aepo_jax.rewards import (
 _CORRECTNESS_REWARD = {"qa_f1": "exact_match"}
 
 
+def correctness_reward(example: Example, reward: str | None = None) -> str:
+    """The reward deciding whether a sample of `example` is correct: `reward`'s family (None or
+    `"auto"`: by the example's data source), with exact match standing in for QA F1."""
+    family = reward_for_source(example["data_source"]) if reward in (None, "auto") else reward
+    return _CORRECTNESS_REWARD.get(family, family)
+
+
 def score_question(
     example: Example,
     responses: Sequence[str],
@@ -42,18 +49,16 @@ def score_question(
       responses: the `n` response texts (agent trajectories, tool results included).
       response_lengths: generated tokens per response.
       tool_calls: tool calls per response (counted from the text when omitted).
-      reward: reward family deciding correctness (default: by data source).
+      reward: reward family deciding correctness (None or "auto": by data source).
       require_format: apply the spec §5 format gate (False for plain-text models).
-      **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
+      **reward_kw: options for the rewards (e.g. `pool=`, `judge=`); each reward gets the ones it takes.
     """
     if len(responses) != len(response_lengths):
         raise ValueError(
             f"{len(responses)} responses but {len(response_lengths)} lengths"
         )
-    family = reward or reward_for_source(example["data_source"])
-    correctness = _CORRECTNESS_REWARD.get(family, family)
-    if correctness == "llm_judge":
-        reward_kw.setdefault("question", example["question"])
+    correctness = correctness_reward(example, reward)
+    reward_kw.setdefault("question", example["question"])  # shown to a judge; other rewards take no question
     answers = example["answers"]
     correct, f1 = [], []
     for text in responses:

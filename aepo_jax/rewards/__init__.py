@@ -23,6 +23,7 @@ from aepo_jax.rewards.registry import (
     compute_rewards,
     get_reward,
     reward_for_source,
+    rewards_for,
 )
 
 __all__ = [
@@ -45,5 +46,6 @@ __all__ = [
     "normalize_math_answer",
     "qa_f1_reward",
     "reward_for_source",
+    "rewards_for",
     "token_f1",
 ]

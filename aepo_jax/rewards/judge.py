@@ -32,7 +32,8 @@ def llm_judge_reward(
     """
     if judge is None:
         raise ValueError(
-            "reward 'llm_judge' needs judge=<aepo_jax.tools.LLMJudgeClient>"
+            "reward 'llm_judge' needs judge=<aepo_jax.tools.LLMJudgeClient> "
+            "(a run builds it from reward.judge_url and reward.judge_model)"
         )
     answer = graded_answer(response_text, require_format)
     if answer is None:

@@ -1,7 +1,8 @@
 """Math answer equivalence: normalisation first, then sympy in a killable worker (spec §5).
 
 Cheap checks run in-process (normalised string equality, exact rational
-comparison, element-wise comparison of tuples and lists). Only what they
+comparison, element-wise comparison of tuples and intervals in order, and of
+sets and bare lists of solutions as multisets). Only what they
 cannot decide goes to sympy, which runs in a separate worker process
 (`sympy_worker.py`) with a hard wall-clock limit: a request that runs past
 `timeout_s` gets its worker killed and counts as "not equal", so an
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -172,17 +174,61 @@ def math_equal(
         if a_items is None or b_items is None:
             return False
         (a_open, a_list, a_close), (b_open, b_list, b_close) = a_items, b_items
-        if (a_open, a_close) != (b_open, b_close) or len(a_list) != len(b_list):
+        if len(a_list) != len(b_list):
             return False
-        return all(
-            math_equal(x, y, pool=pool, timeout_s=timeout_s)
-            for x, y in zip(a_list, b_list)
-        )
+
+        def item_equal(x: str, y: str) -> bool:
+            return math_equal(x, y, pool=pool, timeout_s=timeout_s)
+
+        if _is_unordered(a_open, a) and _is_unordered(b_open, b):
+            return _pairs_up(a_list, b_list, item_equal)
+        if (a_open, a_close) != (b_open, b_close):
+            return False
+        return all(item_equal(x, y) for x, y in zip(a_list, b_list))
     a_source, b_source = latex_to_sympy_source(a), latex_to_sympy_source(b)
     if a_source is None or b_source is None:
         return False
     pool = default_sympy_pool() if pool is None else pool
     return pool.equal(a_source, b_source, timeout_s)
+
+
+def _is_unordered(opening: str, normalized: str) -> bool:
+    """A set `\\{a,b\\}` or a bare list `a,b` (a list of solutions) has no order; a tuple `(a,b)`,
+    a closed `[a,b]` or a half-open interval `(a,b]` (a bare list to `split_top_level`) has one."""
+    if opening == "\\{":
+        return True
+    return opening == "" and not (normalized[0] in "([" and normalized[-1] in ")]")
+
+
+def _pairs_up(a_items: list[str], b_items: list[str], equal: Callable[[str, str], bool]) -> bool:
+    """Whether the two lists are equal as multisets: each item paired with its own equivalent item.
+
+    A perfect matching by augmenting paths (Kuhn), so a greedy first pairing cannot hide one that
+    exists. Each item tries the item at its own position first, so lists in the same order cost
+    `n` comparisons; each pair is compared at most once (sympy may be behind `equal`).
+    """
+    n = len(a_items)
+    if n != len(b_items):
+        return False
+    verdicts: dict[tuple[int, int], bool] = {}
+    owner: list[int | None] = [None] * n  # owner[j]: the item of `a_items` paired with b_items[j]
+
+    def pairs(i: int, j: int) -> bool:
+        if (i, j) not in verdicts:
+            verdicts[(i, j)] = equal(a_items[i], b_items[j])
+        return verdicts[(i, j)]
+
+    def augment(i: int, visited: set[int]) -> bool:
+        for j in [i, *(k for k in range(n) if k != i)]:
+            if j in visited or not pairs(i, j):
+                continue
+            visited.add(j)
+            if owner[j] is None or augment(owner[j], visited):
+                owner[j] = i
+                return True
+        return False
+
+    return all(augment(i, set()) for i in range(n))
 
 
 def math_equal_any(

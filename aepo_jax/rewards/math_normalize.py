@@ -3,8 +3,13 @@
 Two answers that differ only in presentation should compare equal as strings
 after `normalize_math_answer`: `\\dfrac`/`\\tfrac` become `\\frac`, `\\frac12`
 gets its braces, units and `\\text{...}` unit words are dropped, as are `%`,
-degree signs, dollar signs, thousands separators in numbers, trailing `.0`
-and a leading `x =`. What is left goes to sympy (in a worker process, see
+degree signs, dollar signs, thousands separators in numbers (`1,000`,
+`1{,}000`), trailing `.0`, a leading `x =` and a `\\boxed{}` around the whole
+answer; a unicode minus is `-`, `\\geq`/`\\leq`/`\\neq` are `\\ge`/`\\le`/`\\ne`,
+and a mixed number `2\\frac{1}{2}` is `\\frac{5}{2}`. Normalising takes time
+linear in the answer's length, whatever the model wrote (no backtracking
+pattern: the trainer scores rewards in its own process).
+What is left goes to sympy (in a worker process, see
 `math_equiv.py`) after `latex_to_sympy_source` turns it into a plain
 expression string built from a whitelisted alphabet.
 """
@@ -27,25 +32,52 @@ _UNIT_WORDS = frozenset((
     "gallons", "gallon", "people", "students", "apples", "marbles", "books", "points", "times", "percent",
 ))
 # fmt: on
-_UNIT_SUFFIX = re.compile(r"^(?P<num>.*?\d)\s*(?:(?:[a-zA-Z]+)(?:\^\{?\d\}?)?\s*)+$")
+# One unit-like word with an optional power ("cm", " ft^2", "m^{3}"); a unit tail is a run of these.
+_UNIT_TOKEN = re.compile(r"\s*[a-zA-Z]+(?:\^\{?\d\}?)?")
+_TRAILING_SPACE = re.compile(r"\s*\Z")
+_DIGIT = re.compile(r"\d")
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textrm|mbox|mathrm|operatorname)\s*\{([^{}]*)\}"
 )
 _THOUSANDS_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _LEADING_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*(?P<rhs>[^=]+)$")
+_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$")
+_RELATION = re.compile(r"\\(ge|le|ne)q?(?:slant)?(?![a-zA-Z])")
 _SIMPLE_FRACTION = re.compile(r"^(-?)\\frac\{(-?\d+(?:\.\d+)?)\}\{(-?\d+(?:\.\d+)?)\}$")
 _SLASH_FRACTION = re.compile(r"^(-?\d+(?:\.\d+)?)/(-?\d+(?:\.\d+)?)$")
 _DECIMAL = re.compile(r"^-?\d+(?:\.\d+)?$")
 
 
+def _unit_tail_start(text: str) -> int | None:
+    """The first index `i` after a digit from which `text[i:]` is a run of unit-like tokens, else None.
+
+    A left-to-right scan in linear time. (A single regex, `(.*?\\d)\\s*(?:[a-zA-Z]+(...)?\\s*)+$`,
+    backtracks exponentially over the ways to split a long letter run into words when the
+    tail then fails, e.g. `1 The answer is the capital of France, Paris`.) The token scan is
+    deterministic (a token takes a whole letter run and the longest power), and a scan that
+    fails at `end` also fails from any later start before `end` (those starts follow a
+    power's digit inside the scanned run, and scanning from them meets the same tokens), so
+    the next start is looked for at or after `end`.
+    """
+    start = 0
+    while (digit := _DIGIT.search(text, start)) is not None:
+        begin = end = digit.end()
+        while (token := _UNIT_TOKEN.match(text, end)) is not None:
+            end = token.end()
+        if end > begin and _TRAILING_SPACE.match(text, end):
+            return begin
+        start = end
+    return None
+
+
 def _strip_units(text: str) -> str:
-    match = _UNIT_SUFFIX.match(text)
-    if not match:
+    """`12 cm` -> `12`, `7 square feet` -> `7`: drop a unit tail whose words are all unit words."""
+    begin = _unit_tail_start(text)
+    if begin is None:
         return text
-    tail = text[len(match.group("num")) :]
-    words = re.findall(r"[a-zA-Z]+", tail)
-    if words and all(w.lower() in _UNIT_WORDS for w in words):
-        return match.group("num")
+    words = re.findall(r"[a-zA-Z]+", text[begin:])
+    if all(w.lower() in _UNIT_WORDS for w in words):
+        return text[:begin]
     return text
 
 
@@ -57,12 +89,62 @@ def _brace_short_commands(text: str) -> str:
     return re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", text)
 
 
+def _unwrap_boxed(text: str) -> str:
+    """`\\boxed{5}` -> `5` when the box holds the whole answer (a box nested in the graded box).
+
+    The braces are paired in one pass first, so peeling many nested boxes stays linear.
+    """
+    if not text.startswith("\\boxed"):
+        return text
+    closing: dict[int, int] = {}  # index of "{" -> index of its "}"
+    opened: list[int] = []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            closing[opened.pop()] = i
+    begin, end = 0, len(text)
+    while text.startswith("\\boxed", begin, end):
+        brace = begin + len("\\boxed")
+        while brace < end and text[brace].isspace():
+            brace += 1
+        if closing.get(brace) != end - 1:
+            break
+        begin, end = brace + 1, end - 1
+        while begin < end and text[begin].isspace():
+            begin += 1
+        while end > begin and text[end - 1].isspace():
+            end -= 1
+    return text[begin:end]
+
+
+def _mixed_number_as_fraction(text: str) -> str:
+    """`2\\frac{1}{2}` -> `\\frac{5}{2}`: a whole number before a numeric fraction is a mixed number.
+
+    That is how MATH writes them and how math-verify reads them; the product `2 * 1/2` would be
+    written with `\\cdot`. The sign applies to the whole: `-2\\frac{1}{2}` is `-\\frac{5}{2}`.
+    """
+    mixed = _MIXED_NUMBER.match(text)
+    if not mixed:
+        return text
+    sign, whole, num, den = mixed.groups()
+    try:
+        numerator = int(whole) * int(den) + int(num)
+    except ValueError:  # over Python's int-from-string digit limit
+        return text
+    return f"{sign}\\frac{{{numerator}}}{{{den}}}"
+
+
 def normalize_math_answer(text: str) -> str:
     """Canonical string form of a math answer (see the module docstring for the rules)."""
     s = text.strip()
     s = s.replace("\n", " ").replace("\\!", "")
+    s = s.replace("\u2212", "-").replace("{,}", ",")  # unicode minus; `1{,}000`
+    s = s.replace("≥", "\\ge").replace("≤", "\\le").replace("≠", "\\ne")
+    s = _RELATION.sub(r"\\\1", s)  # \geq, \geqslant -> \ge (likewise \le, \ne)
     s = re.sub(r"\\(?:left|right|big|Big|bigg|Bigg)\s*(?=[()\[\]|.]|\\[{}])", "", s)
     s = s.replace("\\$", "").replace("$", "")
+    s = _unwrap_boxed(s.strip())
     s = s.replace("\\%", "").replace("%", "")
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "").replace("°", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -84,8 +166,10 @@ def normalize_math_answer(text: str) -> str:
     s = _brace_short_commands(s)
     s = s.replace(" ", "")
     s = re.sub(r"(?<![\d.])\.(\d)", r"0.\1", s)  # .5 -> 0.5
-    s = re.sub(r"(\d+\.\d*?)0+(?![\d])", r"\1", s)  # 2.50 -> 2.5, 3.00 -> 3.
-    s = re.sub(r"(\d+)\.(?![\d])", r"\1", s)  # 3. -> 3
+    # (?<!\d): a match starts where a digit run starts, so the scan is linear in a long run of digits.
+    s = re.sub(r"(?<!\d)(\d+\.(?:\d*[1-9])?)0+(?!\d)", r"\1", s)  # 2.50 -> 2.5, 3.00 -> 3.
+    s = re.sub(r"(?<!\d)(\d+)\.(?!\d)", r"\1", s)  # 3. -> 3
+    s = _mixed_number_as_fraction(s)
     slash = _SLASH_FRACTION.match(s)
     if slash:
         num, den = slash.groups()
@@ -107,7 +191,7 @@ def as_exact_number(normalized: str) -> Fraction | None:
             sign, num, den = frac.groups()
             value = Fraction(num) / Fraction(den)
             return -value if sign else value
-    except ZeroDivisionError:
+    except (ZeroDivisionError, ValueError):  # ValueError: over Python's int-from-string digit limit (4300)
         return None
     return None
 

@@ -70,20 +70,36 @@ def get_reward(name: str) -> RewardFn:
 def compute_reward(
     name: str, response_text: str, answers: str | Sequence[str], **kw
 ) -> float:
-    """Score one response with the reward called `name` (`"auto"` needs `data_source=`)."""
+    """Score one response with the reward called `name` (`"auto"` needs `data_source=`).
+
+    Each reward gets the options its signature takes, so a caller that scores mixed data
+    sources passes one set (`pool=`, `judge=`, `question=`); an option that no reward
+    takes is an error (a misspelt name would otherwise be ignored).
+    """
     if name == "auto":
         if "data_source" not in kw:
             raise ValueError("reward 'auto' needs data_source=... to choose a reward")
         name = reward_for_source(kw.pop("data_source"))
     else:
         kw.pop("data_source", None)
-    return float(get_reward(name)(response_text, answers, **kw))
+    reward = get_reward(name)
+    unknown = set(kw) - {key for fn in REWARDS.values() for key in _options_for(fn, kw)}
+    if unknown:
+        raise TypeError(f"options {sorted(unknown)} are taken by none of the rewards {sorted(REWARDS)}")
+    return float(reward(response_text, answers, **_options_for(reward, kw)))
 
 
 def _options_for(fn: RewardFn, kw: Mapping[str, object]) -> dict[str, object]:
     """The subset of `kw` that `fn` takes as keyword arguments."""
     parameters = inspect.signature(fn).parameters
     return {key: value for key, value in kw.items() if key in parameters}
+
+
+def rewards_for(name: str, data_sources: Sequence[str]) -> set[str]:
+    """The rewards that `name` uses over examples with these data-source tags (`"auto"` picks by tag)."""
+    if name != "auto":
+        return {name}
+    return {reward_for_source(source) for source in data_sources}
 
 
 def compute_rewards(

@@ -4,6 +4,8 @@ import pytest
 
 from aepo_jax.evaluation import build_reports, score_question
 from aepo_jax.rewards import SympyWorkerPool
+from aepo_jax.tools import LLMJudgeClient
+from tests.rewards.judge_server import JudgeServer
 
 
 def answer(text):
@@ -52,3 +54,32 @@ def test_mismatched_lengths_are_an_error():
     example = {"id": "q", "question": "?", "answers": ["a"], "data_source": "x"}
     with pytest.raises(ValueError, match="2 responses but 1 lengths"):
         score_question(example, ["a", "b"], [1])
+
+
+def test_auto_reward_chooses_by_data_source_like_no_reward():
+    example = {"id": "q", "question": "Tallest?", "answers": ["Eiffel Tower"], "data_source": "hotpotqa"}
+    responses = [answer("the Eiffel Tower"), answer("Eiffel")]
+    auto = score_question(example, responses, [1, 1], reward="auto")
+    assert auto.correct == score_question(example, responses, [1, 1]).correct == [True, False]
+
+
+def test_mixed_sources_share_one_option_set_each_reward_taking_its_own():
+    """The driver passes the same `pool=` and `judge=` for every question: exact match (QA sources)
+    takes neither, math equivalence takes the pool, the judge the client."""
+    examples = [
+        {"id": "q", "question": "Tallest?", "answers": ["Eiffel Tower"], "data_source": "hotpotqa"},
+        {"id": "m", "question": "1/2?", "answers": ["0.5"], "data_source": "math500"},
+        {"id": "g", "question": "Capital of France?", "answers": ["Paris"], "data_source": "gaia"},
+    ]
+    responses = {"q": [answer("Eiffel Tower"), answer("Louvre")], "m": [answer("\\frac{2}{4}"), answer("2")],
+                 "g": [answer("paris"), answer("Lyon"), "<answer>no box</answer>"]}
+    with SympyWorkerPool(size=1) as pool, JudgeServer() as server:
+        judge = LLMJudgeClient(server.url, model="judge")
+        results = {ex["id"]: score_question(ex, responses[ex["id"]], [1] * len(responses[ex["id"]]),
+                                            pool=pool, judge=judge) for ex in examples}
+    assert results["q"].correct == [True, False]
+    assert results["m"].correct == [True, False]
+    assert results["g"].correct == [True, False, False]
+    # Only the gaia answers with a valid format reached the judge, each with its question.
+    prompts = [body["messages"][-1]["content"] for _, body in server.requests]
+    assert len(prompts) == 2 and all("Question: Capital of France?" in p for p in prompts)

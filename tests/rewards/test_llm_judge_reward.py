@@ -65,3 +65,40 @@ def test_llm_judge_reward_over_http(judge_server):
     )
     assert len(judge_server.prompts) == 2  # the format gate runs before any request
     assert "Who won two Nobel prizes?" in judge_server.prompts[0]
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ("Not correct.", False),
+        ("The candidate is not correct", False),
+        ("That isn't correct.", False),
+        ("Incorrect", False),
+        ("<think>\nIs it the same? Paris is Paris, so yes.\n</think>\n\nNo", False),
+        ("<think>\nThe two differ, no.\n</think>\nyes", True),
+        ("<think>\nThe candidate", None),  # cut off inside its think block: no verdict yet
+        ("Paris is named in both.\nYes.", True),
+        ("Paris is named in both, yes, no doubt", True),
+        ("I think yes.\nWait, the years differ.\nNo", False),
+    ],
+)
+def test_verdict_is_read_after_the_think_block_and_negations_are_negative(reply, verdict):
+    assert tools.parse_verdict(reply) is verdict
+
+
+def test_a_judge_that_thinks_first_has_room_for_its_verdict():
+    """A reasoning judge writes a think block before its yes/no: with the old 8-token ceiling its reply
+    was cut inside the block and every answer silently scored 0."""
+    from tests.rewards.judge_server import JudgeServer
+
+    good = "<think>x</think><answer>\\boxed{Paris}</answer>"
+    bad = "<think>x</think><answer>\\boxed{Lyon}</answer>"
+    with JudgeServer(think_words=200, no="Not correct.") as server:
+        client = tools.LLMJudgeClient(server.url, model="judge")
+        assert client.judge("Capital of France?", ["Paris"], "Paris") is True
+        assert client.judge("Capital of France?", ["Paris"], "Lyon") is False
+        kw = {"judge": client, "question": "Capital of France?"}
+        assert compute_reward("llm_judge", good, ["Paris"], **kw) == 1.0
+        assert compute_reward("llm_judge", bad, ["Paris"], **kw) == 0.0
+        cut_short = tools.LLMJudgeClient(server.url, model="judge", max_tokens=8)
+        assert cut_short.judge("Capital of France?", ["Paris"], "Paris") is None

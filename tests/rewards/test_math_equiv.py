@@ -1,11 +1,24 @@
 """Math equivalence on the rule table, the sympy time limit, and agreement with math-verify."""
 
 import importlib.util
+import random
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from aepo_jax.rewards import SympyWorkerPool, math_equal, normalize_math_answer
+from aepo_jax.rewards import (
+    SympyWorkerPool,
+    math_equal,
+    math_equiv_reward,
+    normalize_math_answer,
+)
+from aepo_jax.rewards.math_normalize import _UNIT_WORDS, _strip_units
+
+REPO = Path(__file__).resolve().parents[2]
 
 # The table, written from the normalisation rules of spec §5.
 # (prediction, gold): must compare equal.
@@ -61,6 +74,27 @@ MUST_MATCH = [
     ("(1, \\frac{1}{2})", "(1, 0.5)"),
     ("5!", "120"),
     ("2^{10}", "1024"),
+    # mixed numbers: a whole number before a numeric fraction (MATH's convention)
+    ("2\\frac{1}{2}", "\\frac{5}{2}"),
+    ("2 \\frac12", "2.5"),
+    ("-2\\frac{1}{2}", "-2.5"),
+    ("3\\frac{1}{3}", "\\frac{10}{3}"),
+    # sets and bare lists of solutions have no order (multisets)
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("2,3", "3,2"),
+    ("\\{1,2\\}", "2, 1"),
+    ("\\frac{1}{2}, \\frac{1}{3}", "\\frac13, 0.5"),
+    ("1,1,2", "1,2,1"),
+    # presentation: unicode minus, braced thousands separator, relation spellings, a nested box
+    ("\u22123", "-3"),
+    ("\u2212\\frac{1}{2}", "-0.5"),
+    ("1{,}000", "1000"),
+    ("12{,}345{,}678", "12345678"),
+    ("x \\ge 2", "x\\geq 2"),
+    ("x \\le 2", "x \\leqslant 2"),
+    ("x \\neq 3", "x \\ne 3"),
+    ("\\boxed{5}", "5"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
 ]
 
 # (prediction, gold): must NOT compare equal.
@@ -89,11 +123,24 @@ MUST_NOT_MATCH = [
     ("\\pi", "3.14"),
     ("e", "2.718"),
     ("0.1", "0.01"),
+    # a mixed number is not a product (was read as 2 * 1/2 = 1)
+    ("2\\frac{1}{2}", "1"),
+    ("-2\\frac{1}{2}", "-1"),
+    # tuples and intervals keep their order; a multiset pairs items one to one
+    ("[1,2]", "[2,1]"),
+    ("(1,2]", "(2,1]"),
+    ("\\{1,2\\}", "\\{1,3\\}"),
+    ("\\{1,2\\}", "(1,2)"),
+    ("1,1,2", "1,2,2"),
+    ("1,2", "1,2,3"),
+    ("x \\ge 2", "x \\le 2"),
 ]
 
 # Pairs where math-verify (a reference, not a runtime dependency) decides differently, and why.
 MATH_VERIFY_DIFFERENCES = {
     ("12.5%", "12.5"): "math-verify keeps a bare % (only \\% is stripped)",
+    ("1,1,2", "1,2,2"): "math-verify compares lists of solutions as sets (duplicates dropped); we pair items one to one",
+    ("\\{1,2\\}", "(1,2)"): "math-verify compares a set with a tuple as sets; a tuple has an order here",
 }
 
 
@@ -172,3 +219,58 @@ def test_agrees_with_math_verify_on_the_table():
             if verdict != expected:
                 differences[(prediction, gold)] = verdict
     assert set(differences) == set(MATH_VERIFY_DIFFERENCES), differences
+
+
+# The unit-suffix regex `_strip_units` replaced: right, but exponential on a failing letter run.
+_BACKTRACKING_UNIT_SUFFIX = re.compile(r"^(?P<num>.*?\d)\s*(?:(?:[a-zA-Z]+)(?:\^\{?\d\}?)?\s*)+$")
+
+
+def _strip_units_by_backtracking_regex(text):
+    match = _BACKTRACKING_UNIT_SUFFIX.match(text)
+    if not match:
+        return text
+    words = re.findall(r"[a-zA-Z]+", text[len(match.group("num")) :])
+    return match.group("num") if words and all(w.lower() in _UNIT_WORDS for w in words) else text
+
+
+def test_unit_stripping_agrees_with_the_backtracking_regex_it_replaced():
+    """Same result as the old regex on every string it can still decide quickly (short ones);
+    newlines are spaces by the time units are stripped, so the alphabet has none."""
+    rng = random.Random(0)
+    alphabet = ["1", "2", " ", "\t", "^", "{", "}", ",", "!", "m", "cm", "s", "x", "ft", "q", "\u0663"]
+    cases = ["12 cm", "7 square feet", "12 cm^2", "3 m^{2}", "x^2 cm", "2x^2", "5 \\text{ inches}", "1 a^2b"]
+    cases += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(20_000)]
+    for text in cases:
+        assert _strip_units(text) == _strip_units_by_backtracking_regex(text), repr(text)
+
+
+def test_answers_that_made_the_normaliser_backtrack_finish_in_a_child_process():
+    """`1 <long sentence>` took exponential time in the unit regex (the trainer scores rewards in its own
+    process); long digit runs took quadratic time in the decimal clean-up; deeply nested boxes must
+    unwrap in one pass. A child process normalises them under a generous wall-clock limit that the
+    old code exceeds by orders of magnitude."""
+    code = (
+        "from aepo_jax.rewards.math_normalize import normalize_math_answer as n\n"
+        "n('1 The answer is the capital city of the French Republic, Paris')\n"
+        "n('1' + ' abcdefgh' * 2000 + '!')\n"
+        "n('1' + 'a^2' * 20000 + '!')\n"
+        "n('1' * 300000)\n"
+        "n('1.' + '0' * 300000 + '1')\n"
+        "assert n('\\\\boxed{' * 50000 + '5' + '}' * 50000) == '5'\n"
+        "print('done')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr[-2000:]
+
+
+def test_a_number_beyond_pythons_int_digit_limit_is_compared_not_crashed(pool):
+    """Fraction() of a string over 4300 digits raises ValueError; such a number is just not an exact number."""
+    huge = "1" * 5000
+    assert not math_equal(huge, "1", pool=pool)
+    assert math_equal(huge, huge, pool=pool)
+    assert not math_equal(f"\\frac{{{huge}}}{{2}}", "0.5", pool=pool)
+    assert not math_equal(f"{huge}\\frac{{1}}{{2}}", "1", pool=pool)
+    response = f"<think>t</think><answer>\\boxed{{{huge}}}</answer>"
+    assert math_equiv_reward(response, ["1"], pool=pool) == 0.0
+    assert math_equiv_reward(response, [huge], pool=pool) == 1.0

@@ -148,3 +148,16 @@ def test_batch_in_thread_pool_matches_one_by_one():
 def test_batch_rejects_an_option_no_reward_takes():
     with pytest.raises(TypeError, match="poool"):
         compute_rewards("qa_f1", [answer("x")], [["x"]], poool=None)
+
+
+def test_each_reward_takes_only_its_own_options_from_a_shared_set():
+    """A caller scoring mixed sources passes one option set (the evaluation passes `pool=` and `judge=`
+    for every question); exact match, which takes neither, raised TypeError on `pool=`."""
+    shared = {"pool": None, "judge": None, "question": "Tallest?"}
+    assert compute_reward("exact_match", answer("Eiffel Tower"), ["Eiffel Tower"], **shared) == 1.0
+    assert compute_reward("qa_f1", answer("Eiffel Tower"), ["Eiffel Tower"], **shared) == 1.0
+    assert compute_reward(
+        "auto", answer("Eiffel Tower"), ["Eiffel Tower"], data_source="hotpotqa", **shared
+    ) == 1.0
+    with pytest.raises(TypeError, match="poool"):
+        compute_reward("exact_match", answer("x"), ["x"], poool=None)

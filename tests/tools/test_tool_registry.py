@@ -82,10 +82,22 @@ def test_the_config_sets_the_registry_concurrency():
 
     cfg = get_config()
     cfg.rollout.tool_concurrency = 5
+    cfg.rollout.tool_timeout_s, cfg.rollout.max_result_chars = 30.0, 700
     registry, closers = tools_from(cfg, None)
     try:
         assert registry.max_workers == 5 and set(registry.tools) == {"python"}
         assert TimedTools(registry).max_workers == 5  # what the training loop's agent sees
+        python = registry.tools["python"]
+        assert python.max_result_chars == 700  # the config's result size, not the tool's default
+        # CPU-bound code gets the configured time too, not the sandbox's default 10 s of CPU
+        assert (python.sandbox.limits.wall_seconds, python.sandbox.limits.cpu_seconds) == (30.0, 30)
+    finally:
+        for close in reversed(closers):
+            close()
+    cfg.data.search_url = "http://127.0.0.1:9"  # an external server (not contacted here)
+    registry, closers = tools_from(cfg, None)
+    try:  # the page window browse shows is the whole result, not cut to its first half
+        assert registry.tools["browse"].window_chars == registry.tools["browse"].max_result_chars == 700
     finally:
         for close in reversed(closers):
             close()
