@@ -46,6 +46,12 @@ from aepo_jax.experiment_tokenizer import (
     copy_tokenizer_files,
     tokenizer_from,
 )
+from aepo_jax.experiment_tools import (  # noqa: F401  (re-exported: callers build tools through here)
+    DETERMINISTIC_WALL_FACTOR,
+    judge_from,
+    sandbox_limits,
+    tools_from,
+)
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 from aepo_jax.rewards import compute_reward, rewards_for
 from aepo_jax.rollout.agent_sampler import agent_sampler
@@ -133,88 +139,6 @@ def agent_loop_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
         sampling = SamplingParams(temperature=float(temperature), top_k=sampling.top_k, top_p=sampling.top_p)
     sampler = sampler_from(cfg, graphdef, params, env.tokenizer, sampling=sampling, seed=seed)
     return AgentLoop(sampler, env.tokenizer, env.tools, loop_config_from(cfg))
-
-
-# `deterministic` runs: the python tool's wall-clock backstop, in multiples of its CPU-time limit.
-DETERMINISTIC_WALL_FACTOR = 10
-
-
-def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
-    """The python tool's `SandboxLimits`: `rollout.tool_timeout_s` of wall clock, or with
-    `cfg.deterministic` of CPU time (counted by the kernel, so a loaded machine cannot turn
-    a call that fits into a timeout) under a backstop of `DETERMINISTIC_WALL_FACTOR` times it."""
-    from aepo_jax.tools import SandboxLimits
-
-    seconds = float(cfg.rollout.tool_timeout_s)
-    if not cfg.get("deterministic", False):  # CPU time up to the same limit (the sandbox's default is 10 s)
-        return SandboxLimits(wall_seconds=seconds, cpu_seconds=max(1, math.ceil(seconds)))
-    return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
-
-
-def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
-    """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
-    else none) with browse over the same server, and the python sandbox, with the config's timeout, result size and search top-k.
-    `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
-    than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
-    `rollout.tool_concurrency` is how many calls the registry runs at once."""
-    from aepo_jax.servers.process import start_search_server
-    from aepo_jax.tools import (
-        BrowseTool,
-        PythonSandbox,
-        PythonTool,
-        SearchTool,
-        ToolRegistry,
-    )
-    from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
-
-    closers: list[Callable[[], None]] = []
-    tools: dict[str, Any] = {}
-    latency_ms = float(cfg.rollout.get("tool_latency_ms", 0))
-    search_url = cfg.data.get("search_url") or ""
-    if not search_url and corpus_path:
-        server = start_search_server(str(corpus_path), latency_ms=latency_ms)
-        closers.append(server.stop)
-        search_url = server.url
-    if search_url:
-        tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
-                                     max_result_chars=int(cfg.rollout.max_result_chars))
-        # A search result's document, read whole by its id from the same server (`GET /doc/{id}`), and with
-        # `rollout.browse_urls` any http(s) page (that needs internet).
-        result_chars = int(cfg.rollout.max_result_chars)  # the window shown is the whole result, not its start
-        tools["browse"] = BrowseTool(search_url, window_chars=result_chars, max_result_chars=result_chars,
-                                     allow_urls=bool(cfg.rollout.get("browse_urls", False)))
-    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
-    closers.append(sandbox.close)
-    tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))
-    registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)))
-    closers.append(registry.close)
-    return registry, closers
-
-
-def judge_from(cfg: ml_collections.ConfigDict) -> Any:
-    """The `llm_judge` reward's judge (spec §5), or None when `reward.judge_url` is empty.
-
-    An `aepo_jax.tools.LLMJudgeClient` on `reward.judge_url` asking `reward.judge_model`, with
-    `reward.judge_max_tokens`; its API key is read from the environment variable that
-    `reward.judge_api_key_env` names (the config, saved with every run, holds only that name).
-    """
-    from aepo_jax.tools import LLMJudgeClient
-    from aepo_jax.tools.llm_judge import DEFAULT_MAX_TOKENS
-
-    r = cfg.reward
-    url = r.get("judge_url", "") or ""
-    if not url:
-        return None
-    model = r.get("judge_model", "") or ""
-    if not model:
-        raise ValueError(f"reward.judge_url={url!r} needs reward.judge_model (the model name the server serves)")
-    key_name = r.get("judge_api_key_env", "") or ""
-    api_key = os.environ.get(key_name) if key_name else None
-    if key_name and not api_key:
-        raise ValueError(f"reward.judge_api_key_env={key_name!r}: the environment variable {key_name} that "
-                         "should hold the judge's API key is not set")
-    return LLMJudgeClient(url, model, api_key=api_key,
-                          max_tokens=int(r.get("judge_max_tokens", DEFAULT_MAX_TOKENS)))
 
 
 # -- the environment -----------------------------------------------------------
