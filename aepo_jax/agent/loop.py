@@ -232,11 +232,12 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
         if self.state is not None and reserve is not None and new_rows > self.n_slots - len(self.rows):
             self.state = reserve(self.state, self.n_slots + new_rows)
 
-    def _add_rows(self, state: Any, trajs: list[Trajectory], rows: list[int] | None = None) -> None:
+    def _add_rows(self, state: Any, trajs: list[Trajectory], rows: list[int] | None = None,
+                  avoid: set[int] | frozenset[int] = frozenset()) -> None:
         """New rows (row rows[j] of `state`, default j, holds trajs[j]): copied straight into free rows
-        of the decode state when there are enough (continuous batching: `place`, the batch keeps its
-        shape), else appended."""
-        free = sorted(set(range(self.n_slots)) - set(self.slots))
+        of the decode state (none of `avoid`) when there are enough (continuous batching: `place`, the
+        batch keeps its shape), else appended."""
+        free = sorted(set(range(self.n_slots)) - set(self.slots) - set(avoid))
         in_order = list(range(len(trajs)))
         rows = in_order if rows is None else rows
         can_place = self.state is not None and len(trajs) <= len(free) and hasattr(self.gen, "place")
@@ -260,25 +261,37 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
     def _add_children(self, children: list[tuple[Any, list[Trajectory], list[int] | None]]) -> list[Trajectory]:
         """Adds `_decide_branches`' (source, children, rows) to the decode state and returns the children.
 
-        Sources made here: children from marks (`MarkedRows`) are forked from their parents' rows, all of
-        them before any is placed (a placed child may take a finished parent's row), and `PREFILL`
-        children are prefilled. Before that, when the children will not fit in the free rows, the state's
-        batch grows (`reserve`), so the old and the grown state are the only whole caches alive while it
-        is copied. The list is emptied as the children are placed: no child state outlives its copy into
-        the decode state."""
+        First, when the children will not fit in the free rows, the state's batch grows (`reserve`), so the
+        old and the grown state are the only whole caches alive while it is copied. Then the sources are
+        made one at a time, each placed before the next is made, so one child state is alive at once:
+        children from marks (`MarkedRows`) are forked from their parents' rows and placed in free rows
+        that no later source's parent holds (a finished parent's row is free, but its children are still
+        to be copied from it); when those rows are too few, every remaining source is forked before any
+        is placed. `PREFILL` children are prefilled. No child state outlives its copy into the decode state."""
         self._reserve_rows(sum(len(trajs) for _, trajs, _ in children))
-        for i, (source, trajs, rows) in enumerate(children):
+        added = []
+        while children:
+            later_parents = {slot for source, _, _ in children[1:] if isinstance(source, MarkedRows)
+                             for slot in source.parent_slots}
+            free = set(range(self.n_slots)) - set(self.slots)
+            if later_parents and len(free - later_parents) < len(children[0][1]):
+                self._make_children(children, len(children))
+                later_parents = set()
+            else:
+                self._make_children(children, 1)
+            state, trajs, rows = children.pop(0)
+            self._add_rows(state, trajs, rows, avoid=later_parents)
+            added += trajs
+            del state
+        return added
+
+    def _make_children(self, children: list[tuple[Any, list[Trajectory], list[int] | None]], count: int) -> None:
+        """The first `count` sources of `children` made into states in place (forked from marks, prefilled)."""
+        for i, (source, trajs, rows) in enumerate(children[:count]):
             if isinstance(source, MarkedRows):
                 children[i] = (self.gen.fork_marked(self.state, source.parent_slots, source.marks, rows), trajs, None)
             elif isinstance(source, str) and source == PREFILL:
                 children[i] = (self.gen.prefill([c.prompt_ids + c.response_ids for c in trajs]), trajs, None)
-        added = []
-        while children:
-            state, trajs, rows = children.pop(0)
-            self._add_rows(state, trajs, rows)
-            added += trajs
-            del state
-        return added
 
     def _by_slot(self, per_row: Sequence[Any], fill: Any) -> list[Any]:
         """A per-row list laid out over the decode state's rows (`fill` in free rows)."""
