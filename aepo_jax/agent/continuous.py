@@ -39,12 +39,10 @@ def resolved(value: Any) -> Future:
 class ContinuousSchedule:
     """The continuous schedule's methods of the loop's per-run state (`loop._Run`), which provides
     rows, state, waiting, pending, pool, replays, rounds_drawn and the round steps (_decode,
-    _decide_branches, _classify, _append_results, _compact, _add_children, _shrink, _top_up,
-    _end_drawn_rounds)."""
+    _decide_branches, _classify, _append_results, _compact, _add_children, _shrink, _top_up."""
 
     def _run_continuous(self) -> None:
         """Ticks of one decode chunk; tool calls run on `self.pool` meanwhile (module docstring)."""
-        tick_events = len(self.events)
         while self.rows or self.replays.any_left():
             self.round += 1
             # Results are appended once a tick, just before it decodes: those that arrived while the last
@@ -73,8 +71,6 @@ class ContinuousSchedule:
             self._add_children(children)
             self._shrink()
             self._top_up()
-            self._end_drawn_rounds(tick_events)
-            tick_events = len(self.events)
 
     def _decodes(self, traj: Trajectory) -> bool:
         """True for a row that decodes this tick: not finished and not waiting on a tool result."""
@@ -82,14 +78,6 @@ class ContinuousSchedule:
 
     def _unfinished_calls(self) -> bool:
         return any(not future.done() for future in self.waiting.values())
-
-    def _new_per_prompt(self, since: int) -> list[int]:
-        """Trajectories each prompt got (branches and top-ups, as a lockstep round counts) from event `since` on."""
-        new = [0] * len(self.prompts)
-        for e in self.events[since:]:
-            if e.kind in ("branch", "topup"):
-                new[e.prompt_index] += 1
-        return new
 
     def _wait_for_results(self) -> None:
         """Blocks until a tool result arrives, then while more keep arriving within the arrival window."""

@@ -11,9 +11,10 @@ i-th tool result in round s + i; round v is drawn once every row of the prompt t
 it has its decision measured (K tokens after the result, or a finished shorter segment) or has finished
 without reaching it, and then in row order, reused samples first, as `rounds` draws them. A row goes on
 meanwhile: the decisions on its later tool results queue behind (each with its own snapshot, taken right
-after its result), and a finished row keeps its row (its snapshot) until its last decision is drawn. Branches and top-ups join the round after the last one drawn; the prompt-scope
-consecutive-branch counter and reused samples count these rounds. A top-up made after a round is drawn
-counts toward the next round's new trajectories (under `rounds`, toward the round its rows finished in).
+after its result), and a finished row keeps its row (its snapshot) until its last decision is drawn. Branches join the round after the last one drawn, a new
+global (a top-up) the round after the one its prompt's last row finished in; the prompt-scope
+consecutive-branch counter and reused samples count these rounds, a round ending just before the next is
+drawn, with its branches and the top-ups its finished rows made room for.
 """
 
 from __future__ import annotations
@@ -30,15 +31,26 @@ class DecisionRounds:
     def __init__(self, num_prompts: int) -> None:
         self.drawn = [0] * num_prompts  # the last round of each prompt whose decisions are drawn
         self.members: list[list[Trajectory]] = [[] for _ in range(num_prompts)]  # in the order they joined
-        self.new = [0] * num_prompts  # trajectories each prompt got since its last drawn round ended
+        self.ended = [0] * num_prompts  # the last round of each prompt ended for the prompt-scope counter
+        # prompt -> {round: trajectories it got}: a round's branches, and a new global in the round before its
+        # start (the round its prompt's last row finished in, as `rounds` counts a top-up)
+        self.new: list[dict[int, int]] = [{} for _ in range(num_prompts)]
         self._start: dict[int, int] = {}  # traj_id -> the round it first decodes in
         self._results: dict[int, int] = {}  # traj_id -> tool results appended since then
         self._steps_before: dict[int, int] = {}  # traj_id -> tool steps it had when it joined (a branch's)
 
-    def join(self, traj: Trajectory) -> None:
-        """`traj` starts decoding in the round after its prompt's last drawn one."""
-        self.members[traj.prompt_index].append(traj)
-        self._start[traj.traj_id] = self.drawn[traj.prompt_index] + 1
+    def join(self, traj: Trajectory, new_global: bool = False) -> None:
+        """`traj` starts decoding in the round after its prompt's last drawn one; a new global (a top-up, the
+        globals after a pre-monitoring sample) no sooner than the round after the one its prompt's last row
+        finished in, where `rounds` makes it (that row's round may not be drawn yet)."""
+        prompt = traj.prompt_index
+        start = self.drawn[prompt] + 1
+        if new_global:
+            start = max([start, *(self._start[t.traj_id] + self._results[t.traj_id] + 1
+                                  for t in self.members[prompt] if t.finished)])
+            self.new[prompt][start - 1] = self.new[prompt].get(start - 1, 0) + 1
+        self.members[prompt].append(traj)
+        self._start[traj.traj_id] = start
         self._results[traj.traj_id] = 0
         self._steps_before[traj.traj_id] = len(traj.tool_steps)
 
@@ -63,7 +75,7 @@ class DecisionRounds:
 class RoundDecisions:
     """`_decide_branches` under `continuous`: a method of the loop's per-run state (`loop._Run`), which
     provides rows, pending, later, measured, rounds_drawn, decision_rounds, replays, policy, cfg, prompts, events,
-    _pauses, _segment_after_result, _draw_pending, _decide, snapshots_by_marks and _new_per_prompt."""
+    _pauses, _segment_after_result, _draw_pending, _decide and snapshots_by_marks."""
 
     def _decide_in_rounds(self, outputs: list[tuple[list[int], str] | None]
                           ) -> list[tuple[Any, list[Trajectory], list[int] | None]]:
@@ -78,14 +90,13 @@ class RoundDecisions:
                 self.measured.add(traj.traj_id)
         drawn = NewBranches()
         row_of = {t.traj_id: i for i, t in enumerate(self.rows)}
-        self.rounds_drawn = []
-        for prompt in range(len(self.prompts)):
-            if not self._round_complete(prompt):
-                continue
-            rounds = self.decision_rounds
+        rounds = self.decision_rounds
+        self.rounds_drawn = [prompt for prompt in range(len(self.prompts)) if self._round_complete(prompt)]
+        self._end_rounds_before({prompt: rounds.drawn[prompt] + 1 for prompt in self.rounds_drawn})
+        for prompt in self.rounds_drawn:
             rounds.drawn[prompt] += 1
-            self.rounds_drawn.append(prompt)
             now = rounds.drawn[prompt]
+            branches_before = len(self.events)
             for traj in self.replays.due(lambda _, now=now: now, lambda _: 0):
                 if traj.prompt_index == prompt:
                     drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
@@ -96,6 +107,8 @@ class RoundDecisions:
                 if self._segment_after_result(traj, self.pending[tid][2]) is not None:
                     self._draw_pending(traj, row_of[tid], drawn)
                 self._next_pending(tid)
+            branches = sum(1 for e in self.events[branches_before:] if e.kind == "branch")
+            rounds.new[prompt][now] = rounds.new[prompt].get(now, 0) + branches
         return drawn.states(self.snapshots_by_marks)
 
     def _next_pending(self, traj_id: int) -> None:
@@ -131,16 +144,19 @@ class RoundDecisions:
                 return False  # its latest result: fewer than K tokens after it so far
         return True
 
-    def _end_drawn_rounds(self, since: int) -> None:
-        """Ends the rounds drawn this tick for the prompt-scope counter, counting the prompt's new trajectories
-        (branches and top-ups from event `since` on, and those since its last round ended)."""
-        new = self._new_per_prompt(since)
+    def _end_rounds_before(self, drawing: dict[int, int]) -> None:
+        """Ends each drawing prompt's rounds before the one it draws now (`drawing`: prompt -> that round) for
+        the prompt-scope counter, each with the trajectories it got; one `end_round` call per layer, so the
+        policy counts one round per tick as before. A round ends only here, just before the next is drawn: by
+        then the rows that finished in it have finished (they blocked the next round), so its top-ups count."""
         rounds = self.decision_rounds
-        ended: list[int | None] = [None] * len(self.prompts)
-        for prompt, count in enumerate(new):
-            rounds.new[prompt] += count
-        for prompt in self.rounds_drawn:
-            ended[prompt], rounds.new[prompt] = rounds.new[prompt], 0
-        self.rounds_drawn = []
-        if self.policy is not None and any(n is not None for n in ended):
-            self.policy.end_round(ended)
+        todo = {prompt: list(range(rounds.ended[prompt] + 1, now)) for prompt, now in drawing.items()}
+        while any(todo.values()):
+            ended: list[int | None] = [None] * len(self.prompts)
+            for prompt, left in todo.items():
+                if left:
+                    ending = left.pop(0)
+                    ended[prompt] = rounds.new[prompt].pop(ending, 0)
+                    rounds.ended[prompt] = ending
+            if self.policy is not None:
+                self.policy.end_round(ended)

@@ -223,7 +223,7 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
             self.groups[p].append(traj)
             trajs.append(traj)
         self._reserve_rows(len(trajs))
-        self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs)
+        self._add_rows(self.gen.prefill([t.prompt_ids for t in trajs]), trajs, new_globals=True)
 
     def _reserve_rows(self, new_rows: int) -> None:
         """Grow the decode state's batch (`reserve`) before new rows are made when they will not fit in its
@@ -233,7 +233,7 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
             self.state = reserve(self.state, self.n_slots + new_rows)
 
     def _add_rows(self, state: Any, trajs: list[Trajectory], rows: list[int] | None = None,
-                  avoid: set[int] | frozenset[int] = frozenset()) -> None:
+                  avoid: set[int] | frozenset[int] = frozenset(), new_globals: bool = False) -> None:
         """New rows (row rows[j] of `state`, default j, holds trajs[j]): copied straight into free rows
         of the decode state (none of `avoid`) when there are enough (continuous batching: `place`, the
         batch keeps its shape), else appended."""
@@ -256,7 +256,7 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
         self.rows.extend(trajs)
         self.slots.extend(new_slots)
         for traj in trajs:
-            self.decision_rounds.join(traj)
+            self.decision_rounds.join(traj, new_global=new_globals)
 
     def _add_children(self, children: list[tuple[Any, list[Trajectory], list[int] | None]]) -> list[Trajectory]:
         """Adds `_decide_branches`' (source, children, rows) to the decode state and returns the children.

@@ -3,6 +3,7 @@ slow neither loses the prompt's branch budget to faster rows nor freezes the pro
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from types import SimpleNamespace
@@ -80,3 +81,42 @@ def test_continuous_draws_the_decisions_rounds_draws_whatever_the_tool_latency(s
     assert any(traj_id == 1 for traj_id, *_ in decisions[:2])  # the slow root decides in the first round
     if scope == "prompt":
         assert max(consecutive for _, consecutive, _, _ in decisions) >= 2  # the counter moves
+
+
+class HashedLatencyTool:
+    """Searches that take 0-24 ms, fixed by their query."""
+
+    max_workers = 4
+
+    def run_many(self, calls):
+        for call in calls:
+            time.sleep((int(hashlib.md5(call.content.encode()).hexdigest(), 16) % 7) * 0.004)
+        return [SimpleNamespace(text="r" * (len(call.content) % 5 + 1), ok=True) for call in calls]
+
+
+def hashed_script(ids: list[int], rng: np.random.Generator) -> ScriptedSegment:
+    """Each row's next segment fixed by its ids: thoughts of 1-11 letters, searches or an answer."""
+    draw = np.random.default_rng(int(hashlib.md5(str((16, ids)).encode()).hexdigest(), 16) % 2**32)
+    think = "<think>" + "t" * int(draw.integers(1, 12)) + "</think>"
+    entropy = float(draw.uniform(0, 2))
+    if ids.count(RESULT) < 5 and draw.uniform() < 0.75:
+        return segment(f"{think}<search>q{int(draw.integers(100))}</search>", entropy)
+    return segment(think + "<answer>\\boxed{1}</answer>", entropy)
+
+
+def test_a_top_up_starts_after_the_round_its_prompts_last_row_finished_in():
+    """k = 4 from one global in a 40-token budget: each top-up is made once the last row has finished, which
+    can be after that round's decisions were drawn (they need only K tokens). The prompt-scope counter reads
+    the same at every top-up's decision as under `rounds` (found by a randomised comparison of the two
+    schedules: it read one round ahead, 1 where `rounds` reads 0)."""
+    decisions = {}
+    for schedule in ("rounds", "continuous"):
+        policy = EntropyBranchPolicy(1, 0.2, 0.5, 2, 0.05, "prompt")
+        config = LoopConfig(max_tool_calls=2, max_response_tokens=40, max_context_len=46, schedule=schedule,
+                            chunk_tokens=8, entropy_tokens=4)
+        loop = AgentLoop(ScriptedGenerator(hashed_script), TOK, HashedLatencyTool(), config)
+        loop.run([TOK.encode("q1?")], 4, 1, rng=np.random.default_rng(16), key=jax.random.key(0), policy=policy)
+        decisions[schedule] = [(d["traj_id"], d["consecutive"], round(d["probability"], 9), d["branched"])
+                               for d in policy.log]
+    assert decisions["continuous"] == decisions["rounds"]
+    assert len(decisions["rounds"]) >= 2 and {traj_id for traj_id, *_ in decisions["rounds"]} != {0}
