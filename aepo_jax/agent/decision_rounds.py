@@ -54,9 +54,9 @@ class DecisionRounds:
         self._results[traj.traj_id] = 0
         self._steps_before[traj.traj_id] = len(traj.tool_steps)
 
-    def due_step(self, traj: Trajectory) -> int:
-        """The tool step (index into `traj.tool_steps`) whose decision falls in its prompt's next round."""
-        return self._steps_before[traj.traj_id] + self.due(traj) - 1
+    def step_in_round(self, traj: Trajectory, round_index: int) -> int:
+        """The tool step (index into `traj.tool_steps`) whose decision falls in its prompt's round `round_index`."""
+        return self._steps_before[traj.traj_id] + round_index - self._start[traj.traj_id] - 1
 
     def appended(self, traj: Trajectory) -> None:
         self._results[traj.traj_id] += 1
@@ -102,7 +102,7 @@ class RoundDecisions:
                     drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
             for traj in rounds.members[prompt]:
                 tid = traj.traj_id
-                if tid not in self.pending or self.pending[tid][2] != rounds._steps_before[tid] + now - rounds.start(traj) - 1:
+                if tid not in self.pending or self.pending[tid][2] != rounds.step_in_round(traj, now):
                     continue
                 if self._segment_after_result(traj, self.pending[tid][2]) is not None:
                     self._draw_pending(traj, row_of[tid], drawn)
