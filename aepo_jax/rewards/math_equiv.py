@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import selectors
 import signal
 import subprocess
@@ -168,7 +169,13 @@ def math_equal(
         return False
     a_number, b_number = as_exact_number(a), as_exact_number(b)
     if a_number is not None and b_number is not None:
-        return a_number == b_number
+        if a_number == b_number:
+            return True
+        # `50\%` is also 0.5 (normalising dropped the sign), when only one side wrote a percentage.
+        a_percent, b_percent = _is_percentage(prediction), _is_percentage(gold)
+        if a_percent != b_percent:
+            return (a_number / 100 if a_percent else a_number) == (b_number / 100 if b_percent else b_number)
+        return False
     a_items, b_items = split_top_level(a), split_top_level(b)
     if a_items is not None or b_items is not None:
         if a_items is None or b_items is None:
@@ -180,7 +187,7 @@ def math_equal(
         def item_equal(x: str, y: str) -> bool:
             return math_equal(x, y, pool=pool, timeout_s=timeout_s)
 
-        if _is_unordered(a_open, a) and _is_unordered(b_open, b):
+        if _is_unordered(a_open) and _is_unordered(b_open):
             return _pairs_up(a_list, b_list, item_equal)
         if (a_open, a_close) != (b_open, b_close):
             return False
@@ -192,12 +199,15 @@ def math_equal(
     return pool.equal(a_source, b_source, timeout_s)
 
 
-def _is_unordered(opening: str, normalized: str) -> bool:
-    """A set `\\{a,b\\}` or a bare list `a,b` (a list of solutions) has no order; a tuple `(a,b)`,
-    a closed `[a,b]` or a half-open interval `(a,b]` (a bare list to `split_top_level`) has one."""
-    if opening == "\\{":
-        return True
-    return opening == "" and not (normalized[0] in "([" and normalized[-1] in ")]")
+def _is_percentage(text: str) -> bool:
+    """Whether an answer is written as a percentage (`50\\%`, `12.5%`, `50 percent`)."""
+    return "%" in text or re.search(r"\bpercent\b", text) is not None
+
+
+def _is_unordered(opening: str) -> bool:
+    """A set `\\{a,b\\}` or a bare list `a,b` (a list of solutions, `(1,2),(3,4)` among them) has no
+    order; a tuple `(a,b)`, a closed `[a,b]` or a half-open interval `(a,b]` has one."""
+    return opening in ("\\{", "")
 
 
 def _pairs_up(a_items: list[str], b_items: list[str], equal: Callable[[str, str], bool]) -> bool:

@@ -4,7 +4,7 @@ Two answers that differ only in presentation should compare equal as strings
 after `normalize_math_answer`: `\\dfrac`/`\\tfrac` become `\\frac`, `\\frac12`
 gets its braces, units and `\\text{...}` unit words are dropped, as are `%`,
 degree signs, dollar signs, thousands separators in numbers (`1,000`,
-`1{,}000`), trailing `.0`, a leading `x =` and a `\\boxed{}` around the whole
+`1{,}000`), trailing `.0`, a leading `x =` (or `x \\in`) and a `\\boxed{}` around the whole
 answer; a unicode minus is `-`, `\\geq`/`\\leq`/`\\neq` are `\\ge`/`\\le`/`\\ne`,
 and a mixed number `2\\frac{1}{2}` is `\\frac{5}{2}`. Normalising takes time
 linear in the answer's length, whatever the model wrote (no backtracking
@@ -40,7 +40,7 @@ _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textrm|mbox|mathrm|operatorname)\s*\{([^{}]*)\}"
 )
 _THOUSANDS_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_LEADING_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*(?P<rhs>[^=]+)$")
+_LEADING_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(?P<rhs>[^=]+)$")
 _MIXED_NUMBER = re.compile(r"^(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$")
 _RELATION = re.compile(r"\\(ge|le|ne)q?(?:slant)?(?![a-zA-Z])")
 _SIMPLE_FRACTION = re.compile(r"^(-?)\\frac\{(-?\d+(?:\.\d+)?)\}\{(-?\d+(?:\.\d+)?)\}$")
@@ -198,17 +198,8 @@ def as_exact_number(normalized: str) -> Fraction | None:
 
 def split_top_level(normalized: str) -> tuple[str, list[str], str] | None:
     """Split a bracketed or bare comma list `(a,b)` / `a,b` into (open, items, close); None if no comma."""
-    opening, closing = "", ""
-    body = normalized
-    pairs = {"(": ")", "[": "]", "\\{": "\\}"}
-    for left, right in pairs.items():
-        if body.startswith(left) and body.endswith(right):
-            opening, closing, body = (
-                left,
-                right,
-                body[len(left) : len(body) - len(right)],
-            )
-            break
+    opening, closing = _enclosing_brackets(normalized)
+    body = normalized[len(opening) : len(normalized) - len(closing)]
     items, depth, current = [], 0, []
     for ch in body:
         if ch in "([{":
@@ -224,6 +215,27 @@ def split_top_level(normalized: str) -> tuple[str, list[str], str] | None:
     if len(items) < 2:
         return None
     return opening, items, closing
+
+
+def _enclosing_brackets(normalized: str) -> tuple[str, str]:
+    """The bracket pair around the whole answer: `(`/`[` with `)`/`]` (a tuple, or an interval, closed
+    or half-open) or `\\{` with `\\}`; ("", "") when none, or when the first bracket closes before the
+    end (`(1,2),(3,4)` is a bare list of two tuples)."""
+    if normalized.startswith("\\{") and normalized.endswith("\\}"):
+        opening, closing = "\\{", "\\}"
+    elif normalized[:1] in ("(", "[") and normalized[-1:] in (")", "]"):
+        opening, closing = normalized[0], normalized[-1]
+    else:
+        return "", ""
+    depth = 0
+    for i, ch in enumerate(normalized):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if depth <= 0 and len(opening) <= i < len(normalized) - 1:
+            return "", ""
+    return opening, closing
 
 
 def _read_group(text: str, start: int) -> tuple[str, int]:

@@ -95,6 +95,16 @@ MUST_MATCH = [
     ("x \\neq 3", "x \\ne 3"),
     ("\\boxed{5}", "5"),
     ("\\boxed{\\frac{1}{2}}", "0.5"),
+    # a percentage is also its hundredth when only one side wrote it
+    ("50\\%", "0.5"),
+    ("12.5\\%", "0.125"),
+    # intervals, half-open ones included, compare item by item; `x \\in` is a leading variable
+    ("[\\frac12,3)", "[0.5,3)"),
+    ("(\\frac12, 3]", "(0.5,3]"),
+    ("x\\in[2,3]", "[2,3]"),
+    ("x \\in (1, 2)", "(1,2)"),
+    # a bare list of tuples is a list of solutions (no order between them, order inside each)
+    ("(1,2),(3,4)", "(3,4),(1,2)"),
 ]
 
 # (prediction, gold): must NOT compare equal.
@@ -134,6 +144,10 @@ MUST_NOT_MATCH = [
     ("1,1,2", "1,2,2"),
     ("1,2", "1,2,3"),
     ("x \\ge 2", "x \\le 2"),
+    ("(1,2),(3,4)", "(1,2),(4,3)"),
+    ("(1,2]", "(1,2)"),
+    ("[1,2)", "[1,2]"),
+    ("50", "0.5"),
 ]
 
 # Pairs where math-verify (a reference, not a runtime dependency) decides differently, and why.
