@@ -77,7 +77,6 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # A running Search-R1-style retrieval server (POST /retrieve) to use instead of starting ours.
     c.data.search_url = ""
     c.data.num_examples = 256  # size of the generated synthetic task
-    c.data.split = "train"
     c.data.prompts_per_step = 64  # paper: 64 (Qwen3-14B) / 128 (Qwen2.5-7B)
     c.data.shuffle = True
 

@@ -44,6 +44,8 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from aepo_jax.rewards.registry import REWARDS
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg]); "
                                           "default: the run's own WORKDIR/config.json", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "training run dir, its checkpoints/ dir, a step dir, or 'none'")
@@ -57,7 +59,8 @@ _MAX_QUESTIONS = flags.DEFINE_integer("max_questions", 0, "evaluate only the fir
 _BATCH = flags.DEFINE_integer("questions_per_batch", 0, "questions per rollout call (0 = data.prompts_per_step)")
 _STRATEGY = flags.DEFINE_enum("strategy", "independent", ["independent", "arpo", "aepo"],
                               "rollout strategy (tree strategies also report tree statistics)")
-_REWARD = flags.DEFINE_string("reward", "auto", "reward family deciding correctness ('auto' = by data source)")
+_REWARD = flags.DEFINE_enum("reward", "auto", ["auto", *sorted(REWARDS)],
+                            "reward family deciding correctness ('auto' = by data source)")
 _JUDGE_URL = flags.DEFINE_string("judge_url", None, "OpenAI-compatible server of the LLM judge "
                                   "(default: the config's reward.judge_url)")
 _JUDGE_MODEL = flags.DEFINE_string("judge_model", None, "model the judge server serves (default: reward.judge_model)")

@@ -118,16 +118,24 @@ def _answer_list(value: Any) -> list[str]:
     if isinstance(value, Mapping) and "target" in value:
         value = value["target"]
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return [str(value)]
+        return _non_blank([str(value)])
     if (
         isinstance(value, (list, tuple))
         and value
         and all(isinstance(v, (str, int, float)) for v in value)
     ):
-        return [str(v) for v in value]
+        return _non_blank([str(v) for v in value])
     raise TypeError(
         f"answer must be a string, a number or a non-empty list of them, got {value!r:.80}"
     )
+
+
+def _non_blank(answers: list[str]) -> list[str]:
+    """`answers`, refused when one is blank: a blank gold answer normalises to "", which an empty or
+    all-article answer (`\\boxed{}`, `\\boxed{The}`) then matches with full reward."""
+    if any(not a.strip() for a in answers):
+        raise ValueError(f"a gold answer is blank: {answers!r:.80}")
+    return answers
 
 
 def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -173,7 +181,7 @@ def _math(row: Mapping[str, Any]) -> tuple[str, list[str]]:
     boxed = last_boxed(str(_first(row, ("solution",))))
     if boxed is None:
         raise ValueError("MATH-style solution has no \\boxed{} answer")
-    return problem, [boxed.strip()]
+    return problem, _non_blank([boxed.strip()])
 
 
 def _multihop(row: Mapping[str, Any]) -> tuple[str, list[str]]:

@@ -46,7 +46,8 @@ class LocalQaConfig(tfds.core.BuilderConfig):
 class LocalQaDataset(tfds.core.GeneratorBasedBuilder):
     """Question/answers examples read from local files given by a `LocalQaConfig`."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    # 1.1.0: examples in file order (1.0.0 datasets were stored shuffled; a new version prepares again).
+    VERSION = tfds.core.Version("1.1.0")
     # tfds looks for a checksums file next to the builder's code through `code_path`, which
     # needs the `importlib_resources` backport on Python >= 3.9; nothing is downloaded here,
     # so there is no checksums file and no code path to find.
@@ -74,6 +75,9 @@ class LocalQaDataset(tfds.core.GeneratorBasedBuilder):
         return tfds.core.DatasetInfo(
             builder=self,
             description="Questions with gold answers from local files (aepo_jax.data).",
+            # File order, not tfds' hashed-key order: `--max_questions N` reads the first N questions and
+            # `data.shuffle=False` keeps the file's order.
+            disable_shuffling=True,
             features=tfds.features.FeaturesDict(
                 {
                     "id": tfds.features.Text(),
@@ -118,7 +122,7 @@ def prepare_local_dataset(
     """Build (or reuse) the array_record files of a local dataset and return its builder.
 
     Args:
-      name: config name; the data lands in `data_dir/local_qa_dataset/<name>/1.0.0`.
+      name: config name; the data lands in `data_dir/local_qa_dataset/<name>/<VERSION>`.
       splits: split name -> source file.
       data_dir: where tfds writes the prepared dataset.
       layout: row layout of the source files (`records.LAYOUTS`).

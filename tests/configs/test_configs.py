@@ -136,3 +136,12 @@ def test_big_config_builds_abstract_model_and_sharded_state(name):
             if dim % int(np.prod([shape[a] for a in axes])):
                 uneven.append((leaf.shape, sharding.spec))
     assert not uneven
+
+
+@pytest.mark.parametrize("path", TINY, ids=os.path.basename)
+def test_a_tiny_config_refuses_an_argument_it_would_ignore(path):
+    """`configs/aepo_tiny.py:release` ran the default config silently (the tiny configs take no variant)."""
+    module = load_module(path)
+    assert module.get_config(None).name == module.get_config("").name
+    with pytest.raises(ValueError, match=r"unknown variant 'release'"):
+        module.get_config("release")

@@ -31,7 +31,7 @@ TABLE = {
     "rollout.entropy_tokens": (20, 20, 20, 20),
     "objective.entropy_advantage": (True, False, True, False),
     "objective.surrogate": ("aepo", "aepo", "aepo", "aepo"),
-    "train.total_steps": (84, 80, 156, 156),
+    "train.total_steps": (80, 80, 156, 156),
     "reward.name": ("qa_f1", "qa_f1", "math_equiv", "qa_f1"),
     "rollout.k": (12, 12, 16, 16),
     "rollout.branch_width": (2, 2, 2, 2),
@@ -117,3 +117,17 @@ def test_unknown_variant_is_a_clear_error(model):
     """On the command line the error reaches the user through absl's flag error, message intact."""
     with pytest.raises(flags.IllegalFlagValueError, match=r"unknown variant 'relaese'.*'release'"):
         resolve(model, "relaese")
+
+
+# Spec §7: training rows and epochs of each released run.
+ROWS_AND_EPOCHS = {"14b": (1071, 5), "7b": (10_000, 2)}
+
+
+@pytest.mark.parametrize("model", sorted(CONFIGS))
+def test_steps_are_whole_epochs_of_full_batches(model, resolved):
+    """The pipeline drops the last partial batch, so an epoch is rows // prompts_per_step steps: 84 steps of
+    the 14B default were 5 epochs and a quarter."""
+    rows, epochs = ROWS_AND_EPOCHS[model]
+    for variant in (None, "release"):
+        cfg = resolved[(model, variant)]
+        assert cfg.train.total_steps == rows // cfg.data.prompts_per_step * epochs, (model, variant)

@@ -84,6 +84,7 @@ GOOD_ROW = {
     "arpo": {"question": "ok", "answer": "a"},
     "gsm8k": {"question": "ok", "answer": "#### 1"},
     "math": {"problem": "ok", "solution": "\\boxed{1}"},
+    "multihop": {"question": "ok", "answer": "a"},
 }
 
 
@@ -95,6 +96,10 @@ GOOD_ROW = {
         ({"problem": "p", "solution": "no box"}, "math", "boxed"),
         ({"question": "", "answer": "a"}, "arpo", "empty question"),
         ({"question": "q", "answer": []}, "arpo", "non-empty list"),
+        ({"question": "q", "answer": "  "}, "arpo", "blank"),
+        ({"question": "q", "answer": ["Paris", ""]}, "arpo", "blank"),
+        ({"question": "q", "answer": "a", "aliases": [" "]}, "multihop", "blank"),
+        ({"problem": "p", "solution": "\\boxed{ }"}, "math", "blank"),
     ],
 )
 def test_bad_row_names_the_line(tmp_path, row, layout, message):

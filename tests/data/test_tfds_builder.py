@@ -10,6 +10,7 @@ import pytest
 from aepo_jax.data.demo_datasets import DEMO_DIR
 from aepo_jax.data.records import DatasetFormatError, read_examples
 from aepo_jax.data.tfds_builder import (
+    LocalQaDataset,
     file_digest,
     load_local_examples,
     load_prepared,
@@ -82,7 +83,7 @@ def test_load_local_examples_one_call(tmp_path):
         / "tfds"
         / "local_qa_dataset"
         / f"multihop_qa_{file_digest(DEMO_DIR / 'multihop_qa.jsonl')}"
-        / "1.0.0"
+        / str(LocalQaDataset.VERSION)
         / "dataset_info.json"
     ).is_file()
 
@@ -100,3 +101,12 @@ def test_an_edited_data_file_is_prepared_again_not_read_from_the_old_copy(tmp_pa
     other.write_text(json.dumps({"id": "z", "question": "z?", "answer": "zed"}) + "\n")
     assert [e["answers"] for e in load_local_examples(other, tmp_path / "tfds")] == [["zed"]]
     assert {e["data_source"] for e in load_local_examples(other, tmp_path / "tfds")} == {"train"}  # the stem
+
+
+def test_examples_come_back_in_file_order(tmp_path):
+    """tfds shuffles a built dataset by hashed key unless told not to: `--max_questions N` read a
+    hash-chosen N, and `data.shuffle=False` did not keep the file's order."""
+    source = tmp_path / "ordered.jsonl"
+    ids = [f"q-{i:03d}" for i in range(60)]
+    source.write_text("".join(json.dumps({"id": i, "question": f"question {i}", "answer": "a"}) + "\n" for i in ids))
+    assert [e["id"] for e in load_local_examples(source, tmp_path / "tfds")] == ids

@@ -51,3 +51,12 @@ def test_demo_config_sft_run_is_evaluated_from_its_run_dir_alone(tmp_path):
     assert meta["config"]["model"]["d_model"] == 32 and meta["step"] == 2
     # The run's tokenizer was reused, not retrained from the task text.
     assert (out / "env" / "tokenizer.model").read_bytes() == (run / "tokenizer.model").read_bytes()
+
+
+def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
+    """`--reward=f1` (a misspelt qa_f1) passed as a free string and failed with a KeyError after the
+    first batch's rollout; it is now a flag error naming the choices."""
+    done = _run("launch.evaluate", "--reward=f1", "--checkpoint", str(tmp_path / "no_run"))
+    assert done.returncode != 0
+    assert "--reward" in done.stderr and "qa_f1" in done.stderr and "math_equiv" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "no_run").exists()
