@@ -40,7 +40,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
         SearchTool,
         ToolRegistry,
     )
-    from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
+    from aepo_jax.tools.registry import DEADLINE_GRACE_S, DEFAULT_MAX_WORKERS
 
     closers: list[Callable[[], None]] = []
     tools: dict[str, Any] = {}
@@ -61,7 +61,10 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))
-    registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)))
+    # The tools' own limits come first (the sandbox's wall clock, search's read timeouts); the registry's
+    # deadline is the backstop for a call stuck past them (a server trickling bytes), so no call hangs a rollout.
+    registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)),
+                            deadline_s=float(cfg.rollout.tool_timeout_s) + DEADLINE_GRACE_S)
     closers.append(registry.close)
     return registry, closers
 

@@ -314,8 +314,15 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
         if self.cfg.schedule == "continuous":
             # As many threads as the tool runner runs calls at once: its limit, not this pool, caps them.
             self.tool_threads = int(getattr(self.loop.tools, "max_workers", None) or TOOL_THREADS)
-            with ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="agent-tool") as self.pool:
+            self.pool = ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="agent-tool")
+            try:
                 self._run_continuous()
+            except BaseException:
+                # Fail at once: queued calls are cancelled, and calls in flight finish on their own, unread
+                # (leaving a `with` block would wait for every queued call to run first).
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            self.pool.shutdown(wait=True)
         else:
             self._run_rounds()
         counters = {name: int(v - self.counters_start.get(name, 0)) for name, v in self.gen.counters.items()}

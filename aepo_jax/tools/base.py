@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Protocol
+
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +37,20 @@ def encodable_text(text: str) -> str:
     cannot encode them, and the rollout would crash on the result.
     """
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+_AGENT_TAG = re.compile("|".join(re.escape(tag) for tag in AGENT_SPECIAL_TOKENS))
+
+
+def inert_tags(text: str) -> str:
+    """`text` with every agent tag (`</result>`, `<answer>`, ...) written `&lt;/result>`, `&lt;answer>`.
+
+    A tool's text sits inside the loop's `<result>` block: a `</result>` in a web page or in
+    printed output would end the block early, and what followed would read as the model's
+    own text: a correct trajectory fails the format check, and an `<answer>` the tool printed
+    is graded as the model's answer.
+    """
+    return _AGENT_TAG.sub(lambda match: "&lt;" + match.group(0)[1:], text)
 
 
 def truncate(text: str, max_chars: int) -> str:
