@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -119,9 +120,16 @@ def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = N
 
 
 def sampling_params_from(cfg: ml_collections.ConfigDict) -> SamplingParams:
-    """The training rollouts' decoding (`rollout.temperature`, `top_k`, `top_p`)."""
+    """The training rollouts' decoding (`rollout.temperature`, `top_k`, `top_p`); warns when they truncate."""
     r = cfg.rollout
-    return SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p))
+    params = SamplingParams(temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p))
+    if params.truncates:
+        warnings.warn(
+            f"rollout.top_k={params.top_k} / rollout.top_p={params.top_p:g} truncate the distribution tokens are "
+            "drawn from, but logp_old and the trainer's log-probs are full-vocabulary ones (spec §1), so the "
+            "importance ratio does not correct for the truncation (verl does the same); the paper samples "
+            "with top-k off and top-p 1.0", stacklevel=2)
+    return params
 
 
 def sampler_from(cfg: ml_collections.ConfigDict, graphdef: Any, params: Any, tokenizer: Any, mesh: Any = None, *,

@@ -84,3 +84,22 @@ def test_the_trainers_mesh_reaches_the_rollout_sampler(tmp_path):
                 assert sampler.layout.mesh is sampler.mesh and sampler.layout.batch_devices == 4
         finally:
             trainer.close()
+
+
+def test_truncated_training_sampling_warns_that_the_ratio_is_not_corrected():
+    """logp_old is the full-vocabulary log-prob (spec §1); with top-p < 1 the tokens come from another
+    distribution, which nothing in the objective corrects: said once, where the rollout decoding is built."""
+    import warnings
+
+    import pytest
+
+    from aepo_jax.experiment import sampling_params_from
+    from configs.aepo_tiny import get_config
+
+    cfg = get_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not sampling_params_from(cfg).truncates  # the paper's top-p 1.0: silent
+    cfg.rollout.top_p = 0.9
+    with pytest.warns(UserWarning, match=r"rollout.top_p=0.9 .*importance ratio"):
+        assert sampling_params_from(cfg).top_p == 0.9

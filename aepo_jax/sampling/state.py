@@ -117,8 +117,9 @@ class SampleOutput:
       logp: float32[B, N] log-prob under the full-vocabulary softmax at the
         sampling temperature (spec section 1). This is the one the trainer uses
         as `logp_old`: it is what the trainer's own forward recomputes.
-      logp_truncated: float32[B, N] log-prob under the top-k / top-p distribution
-        the token was actually drawn from (equals `logp` without truncation).
+      logp_truncated: float32[B, N] log-prob under the distribution the token was
+        actually drawn from: the top-k / top-p one (equals `logp` without
+        truncation); 0 when greedy (a point mass on the argmax).
       entropy: float32[B, N] full-vocabulary entropy at the sampling temperature.
       num_tokens: int32[B] tokens generated per row.
       stop_reason: per row "eos", "stop" or "length".

@@ -113,8 +113,9 @@ def draw_tokens_with(
     Returns:
       tokens int32[B]; logp float32[B] (full vocabulary at temperature T, the
       one the trainer recomputes and should use as `logp_old`); logp_truncated
-      float32[B] (under the top-k / top-p distribution actually sampled, equal
-      to logp when no truncation is active); entropy float32[B] (full
+      float32[B] (under the distribution actually sampled: the top-k / top-p
+      one, equal to logp when no truncation is active, and 0 when greedy);
+      entropy float32[B] (full
       vocabulary at temperature T, natural log).
     """
     scaled = logits.astype(jnp.float32) / jnp.float32(params.temperature)  # [B, V]
@@ -135,7 +136,12 @@ def draw_tokens_with(
         tokens = _inverse_cdf_sample(sample_weights, uniforms)  # [B]
     picked = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0]  # [B]
     logp = picked - log_normaliser
-    logp_truncated = picked - jnp.log(jnp.sum(sample_weights, axis=-1)) if params.truncates else logp
+    if params.greedy:  # drawn from a point mass on the argmax, whatever the truncation
+        logp_truncated = jnp.zeros_like(logp)
+    elif params.truncates:
+        logp_truncated = picked - jnp.log(jnp.sum(sample_weights, axis=-1))
+    else:
+        logp_truncated = logp
     return tokens, logp, logp_truncated, entropy
 
 

@@ -201,3 +201,16 @@ def test_max_block_tokens_must_be_a_power_of_two_of_at_least_the_smallest_block(
     _, graphdef, state = tiny_model
     with pytest.raises(ValueError, match="max_block_tokens"):
         Sampler(graphdef, state, max_block_tokens=bad)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(greedy=True), SamplingParams(greedy=True, top_k=5, top_p=0.8)])
+def test_greedy_logp_truncated_is_the_point_mass_it_was_drawn_from(greedy_sampler, params):
+    """Greedy draws from a point mass on the argmax, so its log-prob under the distribution actually
+    sampled is 0 (with truncation on it read as the log-prob renormalised over the kept set);
+    `logp` stays the full-vocabulary one."""
+    sampler = greedy_sampler
+    _, out = sampler.generate(sampler.prefill(random_prompts(6, [5, 9])), 6, rng=jax.random.key(1), params=params)
+    for row in range(2):
+        n = int(out.num_tokens[row])
+        assert n > 0 and np.all(out.logp_truncated[row, :n] == 0.0)
+        assert np.all(out.logp[row, :n] < 0.0)
