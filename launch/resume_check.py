@@ -3,7 +3,8 @@
 A resumed run restores the state a config trained; a different learning rate, objective, reward or
 rollout setting would silently mix two experiments in one curve (and the run's config.json, which
 evaluation rebuilds the run from, would then describe neither). Settings that say where files are,
-how the work is laid out or logged, or how long to run may change: they leave the maths alone.
+how the work is laid out or logged, or how long to run may change: they leave the maths alone. The
+run's length is the exception when the lr schedule decays over it (`lr_schedule_follows_run_length`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+# The run's length: may change (run longer) only while the lr schedule does not follow it
+# (`lr_schedule_follows_run_length`).
+RUN_LENGTH_KEYS: tuple[str, ...] = ("total_steps", "train.total_steps")
+
 # Dotted keys (a trailing "." covers a whole section) a resumed run may set differently.
 RESUME_MAY_CHANGE: tuple[str, ...] = (
-    "total_steps", "train.total_steps",  # run longer
+    *RUN_LENGTH_KEYS,  # run longer (a decaying lr schedule refuses it: `check_resume_config`)
     "log.", "checkpoint.", "verbose_logs",  # logging and saving
     "distributed.", "mesh.",  # the layout: orbax reshards the state, the data position is global
     "train.micro_batch_size", "train.compilation_cache_dir",  # the same update, in pieces / compiled once
@@ -47,6 +52,20 @@ def may_change(key: str) -> bool:
     return any(key == allowed or (allowed.endswith(".") and key.startswith(allowed)) for allowed in RESUME_MAY_CHANGE)
 
 
+def lr_schedule_follows_run_length(config: Mapping[str, Any]) -> bool:
+    """Whether the config's lr schedule changes with `train.total_steps`.
+
+    The schedule spans `train.total_steps` x the updates of one step (`training.build.build_run`):
+    `cosine` and `linear` decay to their end there, so a resumed run with another length would
+    continue on another curve and its lr would jump. `constant` does not depend on it, with or
+    without warm-up (the warm-up ends at `optim.warmup_steps` whatever the length;
+    `training.optimizer.learning_rate_schedule`). An SFT run's config holds its resolved
+    `sft.*` values in `train` / `optim` (`experiment_sft.sft_config_from`), so the same test holds.
+    """
+    schedule = config.get("optim", {}).get("schedule", "constant")
+    return schedule != "constant"
+
+
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every leaf that differs. A key the saved config lacks is
     no change: the run was saved by code that had no such setting (its value is the code's default);
@@ -74,9 +93,11 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
         saved = json.load(f)
     changes = [(key, old, new) for key, old, new in config_changes(saved, current)
                if not (key == "model.vocab_size" and new is None)]
-    refused = [(key, old, new) for key, old, new in changes if not may_change(key)]
+    schedule_follows = lr_schedule_follows_run_length(saved)
+    refused = [(key, old, new) for key, old, new in changes
+               if not may_change(key) or (key in RUN_LENGTH_KEYS and schedule_follows)]
     if refused and not allow_changes:
-        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in refused)
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}{_why_refused(key, saved)}" for key, old, new in refused)
         raise SystemExit(f"--resume: the config differs from the run's {path} in settings that change what "
                          f"it trains:\n{lines}\nresume with the run's settings, or pass --allow_config_changes "
                          "to continue under the new ones (the old config is kept beside it)")
@@ -87,3 +108,11 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
     if changes and keep_old:
         shutil.copy2(path, os.path.join(run_dir, f"config.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.json"))
     return [key for key, _, _ in changes]
+
+
+def _why_refused(key: str, saved: Mapping[str, Any]) -> str:
+    """The reason a key that usually may change is refused, for the error line; "" for the rest."""
+    if key not in RUN_LENGTH_KEYS:
+        return ""
+    return (f" (optim.schedule={saved['optim']['schedule']!r} decays over the run's length: the resumed "
+            "run's learning rate would jump to another curve; only a constant schedule lets a run grow)")

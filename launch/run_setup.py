@@ -20,9 +20,13 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     Without `resume`, a workdir that already holds checkpoints is an error, so
     a run never silently trains on top of (or next to) another one; with it, a workdir without one
     is an error too (an unmounted bucket or a mistyped path would otherwise start again from step 0).
+    A fresh start in a workdir whose earlier attempt died before its first checkpoint moves that
+    attempt's metrics.jsonl and tensorboard/ aside (`metrics_log.set_aside_earlier_attempt`), so its
+    records do not mix into the new run's.
     """
     from aepo_jax.run_paths import require_local_path
     from aepo_jax.training.checkpoint import step_folders
+    from aepo_jax.training.metrics_log import set_aside_earlier_attempt
 
     try:
         require_local_path(workdir, "--workdir")
@@ -48,6 +52,9 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
         os.makedirs(workdir, exist_ok=True)
         print("resolved config:\n" + str(cfg), flush=True)
         if not resume:
+            moved = set_aside_earlier_attempt(workdir)
+            if moved:
+                print(f"a fresh start: the earlier attempt's records were moved to {moved}", flush=True)
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(resolved, f, indent=2, sort_keys=True)
     return path

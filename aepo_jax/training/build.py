@@ -74,9 +74,10 @@ def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None 
 
     With a `mesh`, every parameter is created directly on its shards (DESIGN.md,
     Paper scale): checkpoint tensors are read from the memory-mapped safetensors
-    shard by shard, and a fresh model is initialised inside one `jax.jit` whose
-    `out_shardings` are the parameters' logical-axis shardings, so no device
-    ever holds a full copy.
+    one parameter at a time (each process builds the whole parameter on its host,
+    then places its own devices' slices), and a fresh model is initialised
+    inside one `jax.jit` whose `out_shardings` are the parameters' logical-axis
+    shardings, so no device ever holds a full copy.
     """
     model_config = model_config or model_config_from(cfg)
     if cfg.model.get("checkpoint_dir"):
@@ -157,9 +158,22 @@ class RunParts:
     mesh: jax.sharding.Mesh
 
 
+def mini_batch_prompts(cfg: ml_collections.ConfigDict) -> int:
+    """`train.mini_batch_prompts`, the prompts (groups) of one PPO mini-batch; a ValueError below 1.
+
+    0 or a negative value is refused rather than read as 1 (the smallest mini-batch, the most
+    updates) or as "the whole batch": either guess would train on numbers the config never asked for.
+    """
+    value = int(cfg.train.mini_batch_prompts)
+    if value < 1:
+        raise ValueError(f"train.mini_batch_prompts={value}: a PPO mini-batch needs at least 1 prompt; for one "
+                         f"update over the whole step set it to data.prompts_per_step={int(cfg.data.prompts_per_step)}")
+    return value
+
+
 def updates_per_step(cfg: ml_collections.ConfigDict) -> int:
     """Optimiser updates in one RL step: ppo_epochs x mini-batches of whole groups."""
-    mini_batches = -(-int(cfg.data.prompts_per_step) // max(1, int(cfg.train.mini_batch_prompts)))
+    mini_batches = -(-int(cfg.data.prompts_per_step) // mini_batch_prompts(cfg))
     return int(cfg.train.ppo_epochs) * mini_batches
 
 

@@ -18,6 +18,7 @@ TOOL_FAIL_RATE = "tool_fail_rate"  # share of the step's tool calls that failed 
 BRANCH_TOP3 = "branch_top3_fraction"  # share of branches on each group's top-3 trajectories (spec §2.4)
 KL_REF_ROLLOUT = "kl_ref_rollout"  # KL of the rollout policy to the reference (with a reference model)
 GRAD_NORM = "grad_norm"
+SKIPPED_UPDATES = "skipped_updates"  # optimiser updates of the step skipped for a non-finite gradient
 LEARNING_RATE = "learning_rate"
 TOKENS_PER_S = "tokens_per_s"
 STEP_TIME_S = "step_time_s"
@@ -25,6 +26,9 @@ STEP_TIME_S = "step_time_s"
 # Printed on the console line when present in a record, in this order.
 CONSOLE_KEYS = (LOSS, REWARD_MEAN, ACCURACY, ENTROPY_MEAN, TOOL_CALLS_MEAN, TOOL_FAIL_RATE, KL_REF_ROLLOUT,
                 GRAD_NORM, LEARNING_RATE, TOKENS_PER_S, STEP_TIME_S)
+
+# Printed after `CONSOLE_KEYS` only when not zero: a warning, not a headline number.
+CONSOLE_WHEN_NONZERO = (SKIPPED_UPDATES,)
 
 # (panel title, keys drawn in it) of `launch.plot_metrics`.
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -12,14 +12,16 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, Self
 
 import numpy as np
 
-from aepo_jax.training.metric_keys import CONSOLE_KEYS
+from aepo_jax.training.metric_keys import CONSOLE_KEYS, CONSOLE_WHEN_NONZERO
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar shows every step
 # Metrics that measure wall-clock time (and rates over it): the only ones two
 # runs of one seeded config may differ in.
@@ -29,8 +31,20 @@ WALL_CLOCK_METRICS = frozenset({
 })
 
 
+NONFINITE_NAMES = ("nan", "inf", "-inf")  # how metrics.jsonl writes a NaN or infinite value
+
+
+def nonfinite_name(number: float) -> str:
+    """The name of a non-finite float ("nan", "inf" or "-inf"): strict JSON has no such numbers,
+    and a null would hide that the value was NaN (a diverged loss) rather than missing."""
+    if math.isnan(number):
+        return "nan"
+    return "inf" if number > 0 else "-inf"
+
+
 def to_python_scalar(value: Any) -> Any:
-    """jax / numpy scalars -> float or int; NaN and inf -> None (valid JSON)."""
+    """jax / numpy scalars -> float or int; NaN and inf -> "nan" / "inf" / "-inf" (`nonfinite_name`:
+    valid JSON that still says what the value was; `float()` reads them back)."""
     if isinstance(value, (bool, str)) or value is None:
         return value
     if isinstance(value, (int, np.integer)):
@@ -41,7 +55,32 @@ def to_python_scalar(value: Any) -> Any:
     if np.issubdtype(array.dtype, np.integer):
         return int(array)
     number = float(array)
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) else nonfinite_name(number)
+
+
+def set_aside_earlier_attempt(workdir: str, stamp: str | None = None) -> list[str]:
+    """Move WORKDIR's metrics.jsonl and tensorboard/ to `metrics.abandoned-<stamp>.jsonl` and
+    `tensorboard.abandoned-<stamp>`; returns the new paths (none when there was nothing to move).
+
+    For a fresh start (not `--resume`) in a workdir where an earlier attempt at the run died before
+    its first complete checkpoint (`launch.run_setup.prepare_workdir` allows that start). The logger
+    appends, so without this the new run's steps 1, 2, ... would follow the dead attempt's records
+    in one file and one curve. Moved rather than deleted (as `keep_through(0)` would): the dead
+    attempt's records may be what tells why it died. `stamp` defaults to the local time.
+    """
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for name, aside in ((METRICS_FILE, "metrics.abandoned-{}.jsonl"), (TENSORBOARD_DIR, "tensorboard.abandoned-{}")):
+        source = os.path.join(workdir, name)
+        if not os.path.exists(source):
+            continue
+        target, copy = os.path.join(workdir, aside.format(stamp)), 1
+        while os.path.exists(target):  # two restarts within one second
+            copy += 1
+            target = os.path.join(workdir, aside.format(f"{stamp}-{copy}"))
+        os.replace(source, target)
+        moved.append(target)
+    return moved
 
 
 def _open_tensorboard(logdir: str) -> Any | None:
@@ -72,7 +111,7 @@ class MetricsLogger:
             os.makedirs(workdir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
             if tensorboard:
-                self._tb = _open_tensorboard(os.path.join(workdir, "tensorboard"))
+                self._tb = _open_tensorboard(os.path.join(workdir, TENSORBOARD_DIR))
 
     @property
     def has_tensorboard(self) -> bool:
@@ -94,8 +133,9 @@ class MetricsLogger:
         # host would otherwise lose every record since the run started
         if self._tb is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, record["step"])
+                if key != "step" and (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      or value in NONFINITE_NAMES):
+                    self._tb.add_scalar(key, float(value), record["step"])
         if self.console and (step % self.console_every == 0 if console is None else console):
             write_console_line(format_console_line(record))
         return record
@@ -143,14 +183,19 @@ class MetricsLogger:
 
 
 def format_console_line(record: Mapping[str, Any]) -> str:
-    """`step 3 | loss 0.123 | reward_mean 0.5 | ...` with the headline metrics."""
+    """`step 3 | loss 0.123 | reward_mean 0.5 | ...` with the headline metrics (a NaN or inf one
+    as `loss nan`), then the `CONSOLE_WHEN_NONZERO` warnings that are not zero (`skipped_updates 1`)."""
     parts = [f"step {record['step']}"]
     for key in CONSOLE_KEYS:
         value = record.get(key)
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")
-        elif isinstance(value, int):
+        elif isinstance(value, int) or value in NONFINITE_NAMES:
             parts.append(f"{key} {value}")
+    for key in CONSOLE_WHEN_NONZERO:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and value != 0:
+            parts.append(f"{key} {value:g}")
     return " | ".join(parts)
 
 

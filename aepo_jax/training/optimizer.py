@@ -84,6 +84,17 @@ def make_optimizer(
     return optax.chain(*parts), lr
 
 
+def keep_if_finite(finite: jax.Array, updated: Any, previous: Any) -> Any:
+    """`updated` where the scalar `finite` is True, else `previous`, leaf by leaf (same structure).
+
+    How a step skips an update whose gradient is NaN or inf: the new parameters and optimiser
+    state are computed as usual, then the old ones are kept instead (the logic of optax's
+    `apply_if_finite`, without its wrapper state). A `jnp.where` per leaf is elementwise, so each
+    leaf keeps its sharding and the step's donated buffers can still be reused.
+    """
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, previous)
+
+
 def optimizer_from_config(cfg: Any, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Build the optimiser from a config's `optim` block (see configs/base.py)."""
     o = cfg.optim

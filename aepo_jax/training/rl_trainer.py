@@ -58,10 +58,12 @@ from aepo_jax.training.build import (
     RunParts,
     build_run,
     data_parallel_size,
+    mini_batch_prompts,
     preset_from,
     step_config_from,
     updates_per_step,
 )
+from aepo_jax.training.metric_keys import SKIPPED_UPDATES
 from aepo_jax.training.packing import (
     DEFAULT_PACK,
     PackingTally,
@@ -103,6 +105,7 @@ SUMMED_METRICS = frozenset({"trajectories", "dropped_groups", "kept_groups", "pa
 def check_rl_config(config: ml_collections.ConfigDict) -> None:
     """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
     rollout, train = config.rollout, config.train
+    mini_batch_prompts(config)  # at least 1
     longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)
     if longest > int(train.max_seq_len):
         raise ValueError(f"rollout.max_prompt_len + rollout.max_response_len = {int(rollout.max_prompt_len)} + "
@@ -194,7 +197,7 @@ class RLTrainer(CheckpointedTrainer):
         self.process_count = jax.process_count()
         self.local_prompts = local_share(int(config.data.prompts_per_step), self.process_count,
                                          "data.prompts_per_step")
-        self.local_mini_prompts = local_share(max(1, int(config.train.mini_batch_prompts)), self.process_count,
+        self.local_mini_prompts = local_share(mini_batch_prompts(config), self.process_count,
                                               "train.mini_batch_prompts")
         if self.process_count > 1 and self.preset.dynamic_sampling:
             raise ValueError("DAPO dynamic sampling keeps a data-dependent number of groups per process; "
@@ -438,6 +441,7 @@ class RLTrainer(CheckpointedTrainer):
             values = [float(m[key_name]) for m in update_metrics]
             metrics[key_name] = values[-1] if key_name == "learning_rate" else float(np.mean(values))
         metrics["train_tokens"] = float(sum(float(m["train_tokens"]) for m in update_metrics))
+        metrics[SKIPPED_UPDATES] = int(sum(int(m[SKIPPED_UPDATES]) for m in update_metrics))  # a count, not a mean
         metrics["updates"] = float(len(update_metrics))
         self.state = self.state.replace(rounds=self.state.rounds + 1)
         return self._finish_step(metrics, t0, t_rollout, t_train, metrics["train_tokens"])

@@ -25,7 +25,8 @@ from aepo_jax.models.lm_head import TokenScores, next_token_scores
 from aepo_jax.objectives.aggregation import loss_denominator
 from aepo_jax.objectives.policy_loss import LossConfig, policy_loss
 from aepo_jax.objectives.presets import loss_config as objective_loss_config
-from aepo_jax.training.optimizer import cast_for_compute, resolve_dtype
+from aepo_jax.training.metric_keys import GRAD_NORM, LEARNING_RATE, SKIPPED_UPDATES
+from aepo_jax.training.optimizer import cast_for_compute, keep_if_finite, resolve_dtype
 from aepo_jax.training.train_state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -154,13 +155,26 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, micro: Batch,
 
 def apply_update(state: TrainState, grads: Any, tx: optax.GradientTransformation,
                  schedule: optax.Schedule | None) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimiser update from summed gradients; shared by the flat, SFT and tree-packed steps."""
+    """One optimiser update from summed gradients; shared by the flat, SFT and tree-packed steps.
+
+    A gradient whose global norm is NaN or inf (one bad token is enough) would pass through
+    clipping and AdamW into every weight and moment; such an update is skipped instead: the
+    parameters, the optimiser state and `state.step` (the count of applied updates, which the
+    schedule follows) stay as they were, and the metrics say so (`skipped_updates` 1,
+    `update_norm` 0, `grad_norm` the non-finite value).
+    """
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
+    params, opt_state = keep_if_finite(finite, (params, opt_state), (state.params, state.opt_state))
+    metrics = {GRAD_NORM: grad_norm,
+               "update_norm": jnp.where(finite, optax.tree.norm(updates), jnp.zeros((), jnp.float32)),
+               SKIPPED_UPDATES: jnp.logical_not(finite).astype(jnp.int32)}
     if schedule is not None:
-        metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        metrics[LEARNING_RATE] = jnp.asarray(schedule(state.step), jnp.float32)
+    step = state.step + finite.astype(state.step.dtype)
+    return state.replace(step=step, params=params, opt_state=opt_state), metrics
 
 
 def under_mesh(jitted: Callable, *shardings: Any) -> Callable:

@@ -9,6 +9,7 @@ import pytest
 
 from launch.compare import (
     COLUMNS,
+    _tail_mean,
     _write,
     format_markdown,
     merge_compare,
@@ -57,3 +58,10 @@ def test_parts_run_in_parallel_merge_into_one_table(tmp_path):
     _write(str(c), cfg, {**sft, "pass@1": 0.05}, [run("aepo", 2, 0.1, 2.0, [1.0])], [2], 10.0)
     with pytest.raises(ValueError, match="same SFT"):
         merge_compare([str(a), str(c)], str(tmp_path / "bad"))
+
+
+def test_tail_means_skip_the_nonfinite_values_metrics_jsonl_writes_as_strings():
+    records = [{"step": 1, "reward_mean": 1.0}, {"step": 2, "reward_mean": 2.0}, {"step": 3, "reward_mean": "nan"},
+               {"step": 4, "reward_mean": 4.0}, {"step": 5, "reward_mean": "inf"}]
+    assert _tail_mean(records, "reward_mean") == pytest.approx(7.0 / 3)
+    assert math.isnan(_tail_mean([{"step": 1, "reward_mean": "nan"}], "reward_mean"))

@@ -84,3 +84,28 @@ def test_a_first_save_cut_short_neither_blocks_a_new_run_nor_passes_for_a_checkp
     (tmp_path / "checkpoints" / "5" / "commit_success.txt").write_text("done")
     with pytest.raises(SystemExit, match="already has checkpoints"):
         prepare_workdir(get_config(), str(tmp_path), resume=False)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_a_longer_run_is_refused_when_the_lr_schedule_decays_over_its_length(tmp_path, schedule):
+    saved = changed(optim__schedule=schedule, train__total_steps=10)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    longer = json.loads(json.dumps(saved))
+    longer["total_steps"] = longer["train"]["total_steps"] = 20
+    with pytest.raises(SystemExit, match=rf"train.total_steps: 10 -> 20 \(optim.schedule='{schedule}' decays over "
+                                         r"the run's length: the resumed run's learning rate would jump"):
+        check_resume_config(str(tmp_path), longer, allow_changes=False)
+    assert check_resume_config(str(tmp_path), longer, allow_changes=True) == ["total_steps", "train.total_steps"]
+
+
+def test_a_longer_run_may_resume_under_a_constant_schedule_with_or_without_warmup(tmp_path):
+    from aepo_jax.training.optimizer import learning_rate_schedule
+
+    saved = changed(optim__warmup_steps=16, train__total_steps=10)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    longer = json.loads(json.dumps(saved))
+    longer["total_steps"] = longer["train"]["total_steps"] = 20
+    assert check_resume_config(str(tmp_path), longer, allow_changes=False) == ["total_steps", "train.total_steps"]
+    # why that is safe: the constant schedule, warm-up included, is the same whatever the run's length
+    short, long = learning_rate_schedule(1e-3, 80, 16, "constant"), learning_rate_schedule(1e-3, 160, 16, "constant")
+    assert all(float(short(u)) == float(long(u)) for u in (0, 8, 16, 79, 120))

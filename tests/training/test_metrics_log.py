@@ -9,7 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aepo_jax.training.metrics_log import MetricsLogger, read_metrics, to_python_scalar
+from aepo_jax.training.metrics_log import (
+    MetricsLogger,
+    read_metrics,
+    set_aside_earlier_attempt,
+    to_python_scalar,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,9 +26,23 @@ def test_jsonl_has_one_object_per_step_with_python_scalars(tmp_path, capsys):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in lines] == [
         {"step": 1, "loss": 0.5, "reward_mean": 0.25, "tool_calls_mean": 2},
-        {"step": 2, "loss": None, "reward_mean": 1.0},
+        {"step": 2, "loss": "nan", "reward_mean": 1.0},
     ]
     assert "step 1 | loss 0.5 | reward_mean 0.25" in capsys.readouterr().out
+
+
+def test_nonfinite_values_are_written_and_printed_not_dropped(tmp_path, capsys):
+    with MetricsLogger(str(tmp_path), tensorboard=False, console_every=1) as log:
+        log.log(1, {"loss": jnp.float32(jnp.nan), "grad_norm": np.float32(np.inf), "learning_rate": -np.inf,
+                    "skipped_updates": jnp.int32(1)})
+        log.log(2, {"loss": 0.5, "grad_norm": 1.0, "skipped_updates": 0})
+    first, second = read_metrics(str(tmp_path))
+    assert (first["loss"], first["grad_norm"], first["learning_rate"]) == ("nan", "inf", "-inf")
+    assert np.isnan(float(first["loss"])) and float(first["learning_rate"]) == -np.inf  # float() reads them back
+    assert (first["skipped_updates"], second["skipped_updates"]) == (1, 0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["step 1 | loss nan | grad_norm inf | learning_rate -inf | skipped_updates 1",
+                     "step 2 | loss 0.5 | grad_norm 1"]  # a skipped update is a warning: shown when not zero
 
 
 def test_non_zero_process_writes_nothing(tmp_path):
@@ -42,7 +61,8 @@ def test_plot_metrics_writes_png(tmp_path):
         for step in range(1, 6):
             log.log(step, {"reward_mean": step / 5, "entropy_mean": 1.0 / step, "tool_calls_mean": 1.5,
                            "branch_top3_fraction": 0.9})
-    assert len(read_metrics(str(tmp_path))) == 5
+        log.log(6, {"reward_mean": np.nan, "entropy_mean": np.inf, "tool_calls_mean": 1.5})  # left out of the curves
+    assert len(read_metrics(str(tmp_path))) == 6
     out = subprocess.run([sys.executable, "-m", "launch.plot_metrics", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -75,3 +95,14 @@ def test_a_broken_line_before_the_last_is_an_error_not_a_silent_loss(tmp_path):
     with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as logger, \
             pytest.raises(ValueError, match="line 2 is not a JSON record"):
         logger.keep_through(5)
+
+
+def test_setting_an_earlier_attempt_aside_never_overwrites_one_set_aside_before(tmp_path):
+    assert set_aside_earlier_attempt(str(tmp_path), stamp="T") == []  # nothing there
+    for attempt in (1, 2):
+        with MetricsLogger(str(tmp_path), console=False, tensorboard=False) as log:
+            log.log(1, {"loss": float(attempt)})
+        set_aside_earlier_attempt(str(tmp_path), stamp="T")  # two restarts within one second
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert read_metrics(str(tmp_path / "metrics.abandoned-T.jsonl"))[0]["loss"] == 1.0
+    assert read_metrics(str(tmp_path / "metrics.abandoned-T-2.jsonl"))[0]["loss"] == 2.0

@@ -43,6 +43,18 @@ def test_rollouts_longer_than_the_training_rows_are_refused_at_construction(tmp_
     check_rl_config(config)  # exactly full rows fit
 
 
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_mini_batch_of_fewer_than_one_prompt_is_refused_at_construction(tmp_path, value):
+    config = aepo_config()
+    config.train.mini_batch_prompts = value
+    with pytest.raises(ValueError, match=rf"train.mini_batch_prompts={value}: a PPO mini-batch needs at least 1 "
+                                         r"prompt; for one update over the whole step set it to "
+                                         rf"data.prompts_per_step={config.data.prompts_per_step}"):
+        _trainer(config, tmp_path)
+    config.train.mini_batch_prompts = 1
+    check_rl_config(config)  # one prompt per mini-batch: accepted
+
+
 def test_every_config_file_passes_the_trainer_checks():
     names = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(REPO, "configs", "*.py")))
     names = [name for name in names if name not in ("__init__", "base")]

@@ -165,3 +165,55 @@ def test_uneven_micro_batch_is_a_clear_error(setup):
     step = make_rl_train_step(graphdef, tx, StepConfig(micro_batch_size=3), schedule)
     with pytest.raises(ValueError, match="not a multiple of micro_batch_size=3"):
         _run(step, params, tx, batch)
+
+
+def _with_one_nonfinite_token(batch, value=-np.inf):
+    """`batch` with one response token's `logp_old` set to `value` (a sampler's log-prob of a token it
+    deemed impossible): the loss and every gradient become non-finite."""
+    out = {k: np.array(v) for k, v in batch.items()}
+    row, col = np.argwhere(out["mask"] > 0)[0]
+    out["logp_old"][row, col] = value
+    return out
+
+
+def _assert_trees_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_nonfinite_gradient_skips_the_update_and_leaves_params_and_optimizer_state_as_they_were(setup):
+    graphdef, params, batch, tx, schedule = setup
+    step = make_rl_train_step(graphdef, tx, StepConfig(micro_batch_size=4), schedule)
+    before = TrainState.create(params, tx, seed=0)
+    skipped, m = _run(step, params, tx, _with_one_nonfinite_token(batch))
+    _assert_trees_equal(skipped.params, params)
+    _assert_trees_equal(skipped.opt_state, before.opt_state)  # Adam's moments and count too
+    assert int(skipped.step) == 0  # no update applied: the lr schedule does not move on
+    assert not np.isfinite(m["grad_norm"]) and not np.isfinite(m["loss"])  # reported as they are
+    assert int(m["skipped_updates"]) == 1 and float(m["update_norm"]) == 0.0
+
+    # The next, finite, batch trains exactly as if the skipped one had never come.
+    good = {k: jnp.asarray(v) for k, v in batch.items()}
+    after_skip, m_after = step(skipped, good)
+    fresh, m_fresh = _run(step, params, tx, batch)
+    assert int(m_after["skipped_updates"]) == 0 and int(after_skip.step) == 1
+    _assert_trees_equal(after_skip.params, fresh.params)
+    _assert_trees_equal(after_skip.opt_state, fresh.opt_state)
+    assert float(m_after["learning_rate"]) == float(m_fresh["learning_rate"])
+
+
+def test_a_skipped_update_keeps_every_leaf_on_its_shards(setup):
+    graphdef, params, batch, tx, schedule = setup
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    state = TrainState.create(jax.tree.map(jnp.array, params), tx, seed=0)
+    state_sh = train_state_shardings(state, tx, mesh)
+    bad = _with_one_nonfinite_token(batch, value=np.nan)
+    batch_sh = batch_shardings(bad, mesh)
+    state = jax.device_put(state, state_sh)
+    step = make_rl_train_step(graphdef, tx, StepConfig(micro_batch_size=4), schedule, state_sharding=state_sh,
+                              batch_sharding=batch_sh)
+    skipped, m = step(state, jax.device_put({k: jnp.asarray(v) for k, v in bad.items()}, batch_sh))
+    _assert_trees_equal(skipped.params, params)
+    assert int(m["skipped_updates"]) == 1
+    for leaf, sharding in zip(jax.tree.leaves(skipped), jax.tree.leaves(state_sh), strict=True):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
