@@ -235,10 +235,15 @@ class Attention(nnx.Module):
         >= S are dropped (padding). `layer` picks a stacked `[L, ...]` cache's layer: only its new
         slots are written, in place, and the layer is read back, so the program never holds a
         second copy of a layer (or of the whole cache).
+
+        Without `slots`, a block that does not fit (`index + T > S`) raises when `index` is a
+        concrete value; under `jax.jit` it is traced and cannot be checked, so the caller must
+        guarantee room (`dynamic_update_slice` would clamp the start and overwrite the last slots).
         """
         cache_k, cache_v = cache_kv
         lead = () if layer is None else (layer,)
         if slots is None:
+            _check_cache_room(index, k.shape[1], cache_k.shape[-2])
             start = lead + (0, 0, index, 0)
 
             def write(cache, new):  # new [B, T, KVH, Dh] -> the cache's [B, KVH, T, Dh] block
@@ -267,6 +272,20 @@ class Attention(nnx.Module):
             return block[0].astype(self.dtype)
 
         return (cache_k, cache_v), read(cache_k), read(cache_v)
+
+
+def _check_cache_room(index: jax.Array | int, length: int, n_slots: int) -> None:
+    """Raises when writing `length` tokens at a concrete `index` would run past the cache's `n_slots`.
+
+    `dynamic_update_slice` clamps an out-of-range start, which would silently overwrite the
+    cache's last slots; a traced `index` (under jit) cannot be checked here.
+    """
+    if isinstance(index, jax.core.Tracer):
+        return
+    start = int(index)
+    if start + length > n_slots:
+        raise ValueError(f"KV cache overflow: writing {length} token(s) at slot {start} needs {start + length} "
+                         f"slots but the cache has {n_slots}; allocate a longer KVCache")
 
 
 def _key_count(mask: jax.Array | AttentionMask) -> int:

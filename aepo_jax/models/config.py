@@ -164,6 +164,19 @@ def _reject_unsupported(config_json: Mapping[str, Any], model_type: str) -> None
         raise ValueError(f"attention_bias=True (bias on q/k/v/o) is not supported for model_type {model_type!r}")
 
 
+# transformers' Qwen3Config defaults head_dim to 128, not hidden_size // num_attention_heads.
+QWEN3_DEFAULT_HEAD_DIM = 128
+
+
+def _hf_head_dim(config_json: Mapping[str, Any], model_type: str, d_model: int, n_heads: int) -> int:
+    """`head_dim` as transformers reads it: the field when set, else the model type's default."""
+    if config_json.get("head_dim"):
+        return int(config_json["head_dim"])
+    if model_type == "qwen3" and "head_dim" not in config_json:
+        return QWEN3_DEFAULT_HEAD_DIM
+    return d_model // n_heads
+
+
 def config_from_hf(config_json: Mapping[str, Any]) -> ModelConfig:
     """Builds a `ModelConfig` from a Hugging Face `config.json` dict (llama / qwen2 / qwen3)."""
     model_type = config_json.get("model_type")
@@ -175,7 +188,7 @@ def config_from_hf(config_json: Mapping[str, Any]) -> ModelConfig:
     try:
         n_heads = int(config_json["num_attention_heads"])
         d_model = int(config_json["hidden_size"])
-        head_dim = config_json.get("head_dim") or d_model // n_heads
+        head_dim = _hf_head_dim(config_json, model_type, d_model, n_heads)
         rope_scaling = config_json.get("rope_scaling")
         rope_theta = config_json.get("rope_theta")
         rope_parameters = config_json.get("rope_parameters")  # transformers >= 5 spelling

@@ -195,3 +195,18 @@ def test_cached_blocks_attend_groups_of_rows_in_turn_and_equal_one_pass(monkeypa
         assert traced == []
     np.testing.assert_allclose(np.asarray(chunked), numpy_attention(q, k, v, np.asarray(mask)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(chunked), np.asarray(one_pass), rtol=1e-6, atol=1e-6)
+
+
+def test_cached_block_past_the_cache_end_raises_instead_of_overwriting_the_last_slots():
+    """dynamic_update_slice would clamp the write of slots 6..9 into 8 slots onto slots 4..7."""
+    from flax import nnx
+
+    from aepo_jax.models import KVCache
+
+    model = Decoder(get_preset("tiny", vocab_size=32, n_layers=1), rngs=nnx.Rngs(0))
+    ids = jnp.arange(10, dtype=jnp.int32)[None] % 32  # [1, 10]
+    _, cache = model(ids[:, :6], kv_cache=KVCache.init(model.config, 1, 8))
+    with pytest.raises(ValueError, match=r"KV cache overflow: writing 4 token\(s\) at slot 6 needs 10 slots.*has 8"):
+        model(ids[:, 6:10], kv_cache=cache)
+    _, cache = model(ids[:, 6:8], kv_cache=cache)  # exactly filling the cache is fine
+    assert int(cache.index) == 8

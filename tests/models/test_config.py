@@ -106,3 +106,14 @@ def test_model_config_is_a_frozen_dataclass():
     config = ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, mlp_dim=16)
     with pytest.raises(AttributeError):
         config.d_model = 16
+
+
+def test_qwen3_config_json_without_head_dim_takes_transformers_default_128():
+    import transformers
+
+    config_json = {**QWEN3_0_6B_JSON, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+    del config_json["head_dim"]
+    assert transformers.Qwen3Config(**config_json).head_dim == 128  # the reference we follow
+    assert config_from_hf(config_json).head_dim == 128  # not hidden_size // heads = 16
+    llama_json = {key: value for key, value in LLAMA3_1_8B_JSON.items() if key != "head_dim"}
+    assert config_from_hf(llama_json).head_dim == 4096 // 32  # other types keep hidden_size // heads
