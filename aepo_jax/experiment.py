@@ -56,7 +56,7 @@ from aepo_jax.experiment_tools import (  # noqa: F401  (re-exported: callers bui
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
 from aepo_jax.rewards import compute_reward, rewards_for
 from aepo_jax.rollout.agent_sampler import agent_sampler
-from aepo_jax.rollout.strategies import RolloutConfig, rollout
+from aepo_jax.rollout.strategies import RolloutConfig, require_counter_schedule, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 from aepo_jax.tools.timing import TimedTools
 
@@ -89,6 +89,7 @@ def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
     loop = LoopConfig(max_tool_calls=int(r.max_tool_calls), max_response_tokens=int(r.max_response_len),
                       max_context_len=int(r.max_prompt_len) + int(r.max_response_len),
                       entropy_tokens=int(r.entropy_tokens), entropy_measure=r.entropy_measure,
+                      decision_entropy=str(r.get("decision_entropy", LoopConfig.decision_entropy)),
                       schedule=str(r.get("schedule", LoopConfig.schedule)),
                       chunk_tokens=int(r.get("chunk_tokens", LoopConfig.chunk_tokens)),
                       min_generating_fraction=float(r.get("min_generating_fraction", LoopConfig.min_generating_fraction)),
@@ -109,6 +110,8 @@ def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = N
     and `samples` (an evaluation's n) caps the initial global rollouts."""
     r = cfg.rollout
     initial = int(r.initial_rollouts) if samples is None else min(int(r.initial_rollouts), int(samples))
+    require_counter_schedule(str(r.get("counter_updates", RolloutConfig.counter_updates)),
+                             str(r.get("schedule", LoopConfig.schedule)))
     return RolloutConfig(
         strategy=strategy or r.strategy, initial_rollouts=initial, entropy_weight=float(r.entropy_weight),
         branch_threshold=float(r.branch_threshold), branch_width=int(r.branch_width),
@@ -116,6 +119,8 @@ def rollout_config_from(cfg: ml_collections.ConfigDict, strategy: str | None = N
         dynamic_budget=bool(r.dynamic_budget), beta=float(r.beta), premonitor_reuse=bool(r.premonitor_reuse),
         premonitor_overlap=bool(r.premonitor_overlap),
         penalty_slope=float(r.penalty_slope), penalty_scope=r.penalty_scope,
+        decision_entropy=str(r.get("decision_entropy", RolloutConfig.decision_entropy)),
+        counter_updates=str(r.get("counter_updates", RolloutConfig.counter_updates)),
     )
 
 

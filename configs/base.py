@@ -96,6 +96,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.beta = 0.5  # budget sigmoid sharpness
     c.rollout.entropy_tokens = 20  # K
     c.rollout.entropy_measure = "exact_mean"
+    # The segment a branch decision reads: "after_result" (spec 2.2) or "before_call" (released code, rounds).
+    c.rollout.decision_entropy = "after_result"
+    # Prompt-scope counters move after "every_round", or "batch_branched" (released code, rounds only).
+    c.rollout.counter_updates = "every_round"
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
@@ -256,6 +260,10 @@ def apply_release_settings(c: ml_collections.ConfigDict, *, initial_rollouts: in
     c.rollout.initial_rollouts = initial_rollouts
     c.rollout.penalty_scope = "prompt"  # one consecutive-branch counter per prompt
     c.rollout.entropy_measure = "top10_sum"  # vLLM top-10 log-probs, summed over 20 tokens, / ln V
+    # A decision after a tool result reads the segment that made the call (`current_entropy_dict`, measured in
+    # the same generate call) and is drawn in that round.
+    c.rollout.decision_entropy = "before_call"
+    c.rollout.counter_updates = "batch_branched"  # counters move only after rounds that gave the batch a trajectory
     # ENABLE_ENTROPY_BALANCED_ADVANTAGE=True, but with entropy_coeff = 0 the actor never computes the
     # entropy the reshape needs, so the advantage is plain GRPO in the released runs.
     c.objective.entropy_advantage = False

@@ -111,15 +111,16 @@ class BranchDecisions:
             return self._decide_in_rounds(outputs)
         drawn = NewBranches()
         for traj in self.replays.due(self._prompt_round, self._depth):
-            drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
+            drawn.prefilled += self._decide(traj, self.replays.take(traj))
         waiting: dict[int, tuple[Any, int]] = {}
         for row, traj in enumerate(self.rows):
             if traj.traj_id not in self.pending:
                 continue
-            segment = self._segment_after_result(traj)
+            segment = self._measured_segment(traj, self.pending[traj.traj_id][2])
             if segment is None:
                 continue  # nothing was generated after the tool result: no entropy to judge
-            if segment.end - segment.start < self.cfg.entropy_tokens and self._pauses(row, outputs[row][1]):
+            if self.cfg.decision_entropy == "after_result" and segment.end - segment.start < self.cfg.entropy_tokens \
+                    and self._pauses(row, outputs[row][1]):
                 waiting[traj.traj_id] = self.pending[traj.traj_id]  # fewer than K tokens so far: decide next round
                 continue
             self._draw_pending(traj, row, drawn)
@@ -132,11 +133,19 @@ class BranchDecisions:
         point = traj.tool_steps[step].result_end
         return next((s for s in reversed(traj.segments) if s.start == point), None)
 
+    def _measured_segment(self, traj: Trajectory, step: int) -> Any:
+        """The segment whose entropy decides at `traj`'s tool result `step` (`decision_entropy`): the one after
+        the result (None while there is none), or the one that ended with the call."""
+        if self.cfg.decision_entropy == "after_result":
+            return self._segment_after_result(traj, step)
+        call_end = traj.tool_steps[step].result_start
+        return next((s for s in reversed(traj.segments) if s.end == call_end), None)
+
     def _draw_pending(self, traj: Trajectory, row: int, drawn: NewBranches) -> None:
         """Draw the decision `traj` (row `row` of the loop) awaits (`pending`: on its tool result `step`)
         into `drawn`."""
         snapshot, slot, step = self.pending[traj.traj_id]
-        new = self._decide(traj, traj.tool_steps[step].result_end)
+        new = self._decide(traj, step)
         if not new:
             return
         if self.cfg.branch_by == "prefill":
@@ -151,11 +160,13 @@ class BranchDecisions:
         """Trajectories `prompt` may still get (spec 2.2 budget); groups only grow, so once 0 it stays 0."""
         return self.ks[prompt] - len(self.groups[prompt])
 
-    def _decide(self, traj: Trajectory, branch_point: int) -> list[Trajectory]:
-        """Ask the policy at `traj`'s tool result ending at `branch_point`; returns the new branches."""
+    def _decide(self, traj: Trajectory, step: int) -> list[Trajectory]:
+        """Ask the policy at `traj`'s tool result `step` (the branches start right after it); returns the new
+        branches."""
         prompt = traj.prompt_index
         budget = self.branch_budget(prompt)
-        segment = next((s for s in traj.segments if s.start == branch_point), None)
+        branch_point = traj.tool_steps[step].result_end
+        segment = self._measured_segment(traj, step)
         if budget <= 0 or segment is None:
             return []  # no budget (or nothing generated after the result): no decision to draw
         wanted = self.policy.branch_count(traj, segment.entropy, self.rng)

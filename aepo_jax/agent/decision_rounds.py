@@ -99,7 +99,7 @@ class RoundDecisions:
             branches_before = len(self.events)
             for traj in self.replays.due(lambda _, now=now: now, lambda _: 0):
                 if traj.prompt_index == prompt:
-                    drawn.prefilled += self._decide(traj, traj.tool_steps[self.replays.take(traj)].result_end)
+                    drawn.prefilled += self._decide(traj, self.replays.take(traj))
             for traj in rounds.members[prompt]:
                 tid = traj.traj_id
                 if tid not in self.pending or self.pending[tid][2] != rounds.step_in_round(traj, now):

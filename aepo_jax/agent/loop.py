@@ -334,8 +334,12 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
         while self.rows or self.replays.any_left():
             self.round += 1
             outputs = self._decode() if self.rows else []
-            children = self._decide_branches(outputs)
-            self._run_tools(outputs)
+            if self.cfg.decision_entropy == "after_result":
+                children = self._decide_branches(outputs)  # the results of the round before, now measured
+                self._run_tools(outputs)
+            else:  # the released code's order: this round's results, read by the segments that made the calls
+                self._run_tools(outputs)
+                children = self._decide_branches(outputs)
             new_per_prompt = [0] * len(self.prompts)
             # The children go into the rows finished rows free before any shrink: a shrink copies the
             # whole state, and no child state is then alive beside the two copies.

@@ -20,6 +20,9 @@ from aepo_jax.agent.trajectory import Trajectory
 
 BRANCH_BY = ("fork", "prefill")
 SCHEDULES = ("rounds", "continuous")
+# Which segment a branch decision after a tool result reads: the one generated after the result (spec 2.2
+# step 3, the paper's) or the one that ended with the call (the released code, spec 7.1).
+DECISION_ENTROPY = ("after_result", "before_call")
 BACKGROUND_COMPILE = ("auto", "on", "after_run", "off")
 # `LoopConfig.layerwise_decode` -> the rollout Sampler's `layerwise_decode` (None: its default for the backend).
 LAYERWISE_DECODE = {"auto": None, "on": True, "off": False}
@@ -62,6 +65,7 @@ class LoopConfig:
     max_context_len: int = 8192
     entropy_tokens: int = 20
     entropy_measure: str = "exact_mean"
+    decision_entropy: str = "after_result"  # DECISION_ENTROPY; "before_call" needs schedule="rounds"
     branch_by: str = "fork"  # "prefill" re-prefills each branch (benchmark baseline only)
     # Decode at most this many tokens per row per round (None: the whole remaining budget). Smaller
     # chunks need less cache room past the shared cursor, so fewer repacks; must be >= entropy_tokens.
@@ -131,6 +135,12 @@ class LoopConfig:
             raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
         if self.max_segment_tokens is not None and self.max_segment_tokens < self.entropy_tokens:
             raise ValueError(f"max_segment_tokens={self.max_segment_tokens} must be >= entropy_tokens={self.entropy_tokens}")
+        if self.decision_entropy not in DECISION_ENTROPY:
+            raise ValueError(f"unknown decision_entropy {self.decision_entropy!r}; choose from {DECISION_ENTROPY}")
+        if self.decision_entropy == "before_call" and self.schedule != "rounds":
+            raise ValueError("decision_entropy='before_call' (the released code's decisions, drawn in the round of "
+                             "the call) runs under schedule='rounds' only; the continuous schedule draws a "
+                             f"decision once the segment after the result is measured (schedule={self.schedule!r})")
         if self.branch_by not in BRANCH_BY:
             raise ValueError(f"unknown branch_by {self.branch_by!r}; choose from {BRANCH_BY}")
         if self.schedule not in SCHEDULES:

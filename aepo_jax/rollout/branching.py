@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 PENALTY_SCOPES = ("lineage", "prompt")
+# When prompt-scope counters move: after every round (spec 2.3), or only after rounds in which some prompt of
+# the batch got a new trajectory (the released code's `if new_inputs:`, spec 7.1).
+COUNTER_UPDATES = ("every_round", "batch_branched")
 
 
 def consecutive_branch_penalty(consecutive: int, penalty_slope: float) -> float:

@@ -21,8 +21,9 @@ import numpy as np
 
 from aepo_jax.agent.entropy import ENTROPY_MEASURES
 from aepo_jax.agent.loop import AgentLoop, LoopResult
+from aepo_jax.agent.loop_config import DECISION_ENTROPY
 from aepo_jax.agent.trajectory import Trajectory
-from aepo_jax.rollout.branching import PENALTY_SCOPES, decide_branch
+from aepo_jax.rollout.branching import COUNTER_UPDATES, PENALTY_SCOPES, decide_branch
 from aepo_jax.rollout.budget import global_sample_budget, premonitor_tool_entropy
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 
@@ -48,6 +49,12 @@ class RolloutConfig:
     premonitor_overlap: bool = True
     penalty_slope: float = 0.05
     penalty_scope: str = "lineage"  # or "prompt" (released code)
+    # The segment a decision reads (`agent.loop_config.DECISION_ENTROPY`): after the result (spec 2.2) or
+    # the one that ended with the call (released code, spec 7.1; schedule "rounds" only).
+    decision_entropy: str = "after_result"
+    # When the prompt-scope counters move (COUNTER_UPDATES): after every round, or (released code, spec 7.1)
+    # only after rounds in which some prompt of the batch got a new trajectory (schedule "rounds" only).
+    counter_updates: str = "every_round"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -56,6 +63,10 @@ class RolloutConfig:
             raise ValueError(f"unknown penalty_scope {self.penalty_scope!r}; choose from {PENALTY_SCOPES}")
         if self.entropy_measure not in ENTROPY_MEASURES:
             raise ValueError(f"unknown entropy_measure {self.entropy_measure!r}; choose from {ENTROPY_MEASURES}")
+        if self.decision_entropy not in DECISION_ENTROPY:
+            raise ValueError(f"unknown decision_entropy {self.decision_entropy!r}; choose from {DECISION_ENTROPY}")
+        if self.counter_updates not in COUNTER_UPDATES:
+            raise ValueError(f"unknown counter_updates {self.counter_updates!r}; choose from {COUNTER_UPDATES}")
         if self.branch_width < 1:
             raise ValueError(f"branch_width must be >= 1, got {self.branch_width}")
         if self.entropy_tokens < 1:
@@ -91,9 +102,13 @@ class EntropyBranchPolicy:
         branch_width: int,
         penalty_slope: float = 0.0,
         penalty_scope: str = "lineage",
+        counter_updates: str = "every_round",
     ) -> None:
         if penalty_scope not in PENALTY_SCOPES:
             raise ValueError(f"unknown penalty_scope {penalty_scope!r}; choose from {PENALTY_SCOPES}")
+        if counter_updates not in COUNTER_UPDATES:
+            raise ValueError(f"unknown counter_updates {counter_updates!r}; choose from {COUNTER_UPDATES}")
+        self.counter_updates = counter_updates
         self.entropy_weight = entropy_weight
         self.branch_threshold = branch_threshold
         self.branch_width = branch_width
@@ -122,10 +137,15 @@ class EntropyBranchPolicy:
 
     def end_round(self, new_trajectories: Sequence[int | None]) -> None:
         """Prompt scope: +1 after a round that gave the prompt new trajectories, else reset to 0 (None: the
-        prompt's own round goes on, `agent.prompt_rounds`; its counter stays)."""
+        prompt's own round goes on, `agent.prompt_rounds`; its counter stays). With `counter_updates=
+        "batch_branched"` (the released code's `if new_inputs:`) no counter moves when none of the prompts
+        whose round ended got a new trajectory: under `rounds` without `max_segment_tokens` every prompt's
+        round ends with the loop's, so that is a loop round in which the batch got none."""
+        self.rounds_ended += 1
+        if self.counter_updates == "batch_branched" and not any(n for n in new_trajectories if n is not None):
+            return
         self.prompt_counters = [c if n is None else c + 1 if n > 0 else 0
                                 for c, n in zip(self.prompt_counters, new_trajectories, strict=True)]
-        self.rounds_ended += 1
 
 
 def rollout(
@@ -151,11 +171,13 @@ def rollout(
         raise ValueError(f"k must be >= 1, got {k}")
     if not prompts:
         raise ValueError("rollout needs at least one prompt")
+    require_counter_schedule(config.counter_updates, loop.config.schedule)
     loop = AgentLoop(
         loop.generator,
         loop.tokenizer,
         loop.tools,
-        dataclasses.replace(loop.config, entropy_tokens=config.entropy_tokens, entropy_measure=config.entropy_measure),
+        dataclasses.replace(loop.config, entropy_tokens=config.entropy_tokens, entropy_measure=config.entropy_measure,
+                            decision_entropy=config.decision_entropy),
     )
     num = len(prompts)
     runs: list[LoopResult] = []
@@ -167,7 +189,8 @@ def rollout(
     else:
         slope = config.penalty_slope if config.strategy == "aepo" else 0.0
         scope = config.penalty_scope if config.strategy == "aepo" else "lineage"
-        policy = EntropyBranchPolicy(num, config.entropy_weight, config.branch_threshold, config.branch_width, slope, scope)
+        policy = EntropyBranchPolicy(num, config.entropy_weight, config.branch_threshold, config.branch_width, slope, scope,
+                                     config.counter_updates)
         dynamic = config.strategy == "aepo" and config.dynamic_budget
         initial = None if dynamic else [config.initial_for(k)] * num  # pre-monitoring sets m (initial_rollouts unused)
         if dynamic and overlaps_premonitoring(config, loop):
@@ -192,6 +215,14 @@ def rollout(
     main = loop.run(prompts, k, initial, rng=rng, key=key, policy=policy, existing=existing)
     runs.append(main)
     return _finish(main.groups, runs, k, budgets, policy)
+
+
+def require_counter_schedule(counter_updates: str, schedule: str) -> None:
+    """A ValueError when `counter_updates` cannot run under the agent loop's `schedule`."""
+    if counter_updates == "batch_branched" and schedule != "rounds":
+        raise ValueError("counter_updates='batch_branched' (the released code's counters, moved only after a round "
+                         "in which the batch got a new trajectory) runs under schedule='rounds' only; under "
+                         f"{schedule!r} each prompt's rounds are its own, not the batch's")
 
 
 def overlaps_premonitoring(config: RolloutConfig, loop: AgentLoop) -> bool:

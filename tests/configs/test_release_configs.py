@@ -27,6 +27,8 @@ TABLE = {
     "rollout.premonitor_reuse": (True, False, True, False),
     "rollout.penalty_scope": ("lineage", "prompt", "lineage", "prompt"),
     "rollout.penalty_slope": (0.05, 0.05, 0.05, 0.05),
+    "rollout.counter_updates": ("every_round", "batch_branched", "every_round", "batch_branched"),
+    "rollout.decision_entropy": ("after_result", "before_call", "after_result", "before_call"),
     "rollout.entropy_measure": ("exact_mean", "top10_sum", "exact_mean", "top10_sum"),
     "rollout.entropy_tokens": (20, 20, 20, 20),
     "objective.entropy_advantage": (True, False, True, False),

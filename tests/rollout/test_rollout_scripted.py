@@ -353,3 +353,65 @@ def test_aepo_with_pre_monitoring_ignores_a_fixed_initial_rollouts_above_k(sched
     assert [len(g) for g in groups] == [4, 4] and all(1 <= m <= 4 for m in stats.global_budgets)
     with pytest.raises(ValueError, match="initial_rollouts=6 exceeds k=4"):
         rollout(prompts(2), 4, config=RolloutConfig(strategy="aepo", initial_rollouts=6, dynamic_budget=False), **run)
+
+
+def segment_numbered_entropy_script(max_calls: int):
+    """Segment j of a row (j tool results before it) has entropy 1 + j on every token."""
+    result_id = TOK.token_to_id("<result>")
+
+    def script(ids, rng):
+        calls = ids.count(result_id)
+        body = "<search>q</search>" if calls < max_calls else "<answer>\\boxed{1}</answer>"
+        tokens = TOK.encode("<think>r</think>" + body)
+        return ScriptedSegment(tokens, [1.0 + calls] * len(tokens), "stop")
+
+    return script
+
+
+@pytest.mark.parametrize("decision_entropy", ["after_result", "before_call"])
+def test_decision_entropy_reads_the_segment_after_the_result_or_the_one_that_made_the_call(decision_entropy):
+    """Spec 2.2 reads the K tokens generated after tool result j (segment j + 1); the released code (spec 7.1)
+    reads the segment that ended with the call (segment j), in the round of the call, and its branches start
+    in the next round beside their parent. The root's H_init is its segment 0 (entropy 1)."""
+    policy = EntropyBranchPolicy(1, 0.2, 0.5, 2)
+    loop = make_loop(segment_numbered_entropy_script(4), max_tool_calls=4, decision_entropy=decision_entropy)
+    result = loop.run(prompts(1), 64, 1, rng=np.random.default_rng(3), key=jax.random.key(0), policy=policy)
+    root = [d for d in policy.log if d["traj_id"] == 0]
+    assert len(root) == 4  # one decision per tool result
+    offset = 1 if decision_entropy == "after_result" else 0
+    assert [d["entropy_change"] for d in root] == [float(j + offset) for j in range(4)]
+    # Result j of the root is appended in round j + 1; its decision comes one round later after the result.
+    assert [d["round"] for d in root] == [j + 1 + offset for j in range(4)]
+    trajs = {t.traj_id: t for t in result.groups[0]}
+    for event in result.events:
+        if event.kind == "branch" and trajs[event.traj_id].parent_id == 0:
+            child, parent = trajs[event.traj_id], trajs[0]
+            assert child.response_ids[: child.branch_point] == parent.response_ids[: child.branch_point]
+            assert child.branch_point in {s.result_end for s in parent.tool_steps}
+
+
+def test_before_call_decisions_and_batch_counters_run_under_rounds_only():
+    with pytest.raises(ValueError, match="decision_entropy='before_call'.*schedule='rounds' only"):
+        LoopConfig(decision_entropy="before_call", schedule="continuous")
+    loop = make_loop(segment_numbered_entropy_script(2), schedule="continuous")
+    config = RolloutConfig(strategy="aepo", dynamic_budget=False, counter_updates="batch_branched")
+    with pytest.raises(ValueError, match="counter_updates='batch_branched'.*schedule='rounds' only"):
+        rollout(prompts(1), 4, loop=loop, config=config, rng=np.random.default_rng(0), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="unknown counter_updates"):
+        RolloutConfig(counter_updates="sometimes")
+
+
+def test_batch_branched_counters_hold_through_rounds_in_which_no_prompt_got_a_trajectory():
+    """The released code moves the prompt counters only `if new_inputs:` (spec 7.1): a round in which no
+    prompt of the batch got a trajectory leaves every counter as it was, where every round resets it to 0."""
+    every = EntropyBranchPolicy(2, 0.2, 0.5, 2, 0.05, "prompt")
+    released = EntropyBranchPolicy(2, 0.2, 0.5, 2, 0.05, "prompt", counter_updates="batch_branched")
+    for new in ([1, 1], [1, 0], [0, 0], [2, 0], [None, 0], [0, 0]):
+        every.end_round(new)
+        released.end_round(new)
+        if new == [1, 0]:
+            assert every.prompt_counters == released.prompt_counters == [2, 0]
+    assert every.prompt_counters == [0, 0]
+    # [0, 0] held both; [2, 0] moved them (prompt 0 up, prompt 1 reset); [None, 0] held (no prompt grew).
+    assert released.prompt_counters == [3, 0]
+    assert every.rounds_ended == released.rounds_ended == 6
