@@ -11,7 +11,8 @@ come from `sft.*` where set (the demo's SFT stage: `python -m launch.sft
 (`aepo_jax.experiment_sft.sft_config_from`). The resolved config is printed
 and saved; unknown override keys are refused. The final parameters are in
 WORKDIR/checkpoints (orbax); point an RL run at them with `--resume` on a copy
-or load them with `aepo_jax.training.checkpoint.Checkpointer`.
+(the RL run continues the step count: give it `--config.total_steps` = the SFT
+steps + the RL steps) or load them with `aepo_jax.training.checkpoint.Checkpointer`.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ most of its wall time; training leaves the tools idle. Rolling out step s + 1
 on a background thread while step s scores and updates fills both. The price
 is one update round of staleness: step s + 1's rollout samples with the
 parameters step s started from (a copy: the train step donates its state), so
-from the second step on every rollout is one step off-policy. The importance
-ratio's denominator is then the behaviour policy when
-`train.recompute_logp_old` is off, and the parameters the step starts from
-when it is on (`logp_old_abs_diff` measures the gap).
+from the second step on every rollout is one step off-policy. It needs
+`train.recompute_logp_old=False` (`check_rl_config` refuses it on): the
+importance ratio's denominator is the behaviour policy's log-probs, as the
+sampler reported them, and the clip bounds the lag.
 
 One rollout runs at a time (the sampler and agent loop are not shared between
 threads). With several processes the background rollout must launch no program
