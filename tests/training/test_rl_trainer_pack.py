@@ -43,8 +43,14 @@ class ReplayedRollout:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a first step: initial weights
         cache_key = (tuple(map(tuple, prompts)), k)
         if cache_key not in self.cache:
-            self.cache[cache_key] = self._run(prompts, k, params, key, rng)
-        return self.cache[cache_key]
+            out = self._run(prompts, k, params, key, rng)
+            self.cache[cache_key] = out, rng.bit_generator.state
+        else:
+            # A replay leaves `rng` where the real rollout left it: the trainer's mini-batch plan draws from it
+            # next, so every trainer shuffles epochs after the first alike.
+            out, state = self.cache[cache_key]
+            rng.bit_generator.state = state
+        return out
 
     def _run(self, prompts, k, params, key, rng):
         tok = self.tok
