@@ -159,7 +159,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.train.total_steps = c.get_ref("total_steps")
     c.train.ppo_epochs = 1  # paper: one epoch over each batch
     c.train.mini_batch_prompts = 8  # PPO mini-batch in prompts (paper 8 / 16)
-    c.train.micro_batch_size = 4  # sequences per forward/backward (memory knob; exact accumulation)
+    c.train.micro_batch_size = 4  # rows per forward/backward, at least one per data x fsdp device (memory knob; exact accumulation)
     c.train.max_seq_len = 8192  # padded training length (prompt + response)
     # JAX persistent compilation cache directory ("" = off); applied once at start-up
     # (aepo_jax.parallel.compilation_cache.enable_compilation_cache).

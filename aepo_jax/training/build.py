@@ -115,13 +115,16 @@ def preset_from(cfg: ml_collections.ConfigDict) -> AlgorithmPreset:
     return preset
 
 
-def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset) -> StepConfig:
+def step_config_from(cfg: ml_collections.ConfigDict, preset: AlgorithmPreset,
+                     mesh: jax.sharding.Mesh | None = None) -> StepConfig:
     """The train step's static settings; Dr. GRPO's constant `max_len` is `rollout.max_response_len`
-    (`StepConfig.loss_max_len`)."""
+    (`StepConfig.loss_max_len`). A flat micro-batch holds `train.micro_batch_size` rows, but at least one
+    per device of the batch axes (data x fsdp of `mesh`), as a packed one does: fewer rows than devices
+    cannot be split over them, and the micro-batch would leave devices idle or run replicated."""
     return StepConfig(
         loss=preset.loss_config(),
         temperature=float(cfg.rollout.temperature),
-        micro_batch_size=int(cfg.train.micro_batch_size),
+        micro_batch_size=max(int(cfg.train.micro_batch_size), data_parallel_size(mesh)),
         compute_dtype=cfg.model.compute_dtype,
         logits_chunk_size=cfg.model.get("logits_chunk_size"),
         loss_max_len=int(cfg.rollout.max_response_len),

@@ -182,9 +182,9 @@ class RLTrainer(CheckpointedTrainer):
         self.reward_fn = reward_fn
         self.pad_id = pad_id
         self.preset = preset_from(config)
-        self.step_config = step_config_from(config, self.preset)
         self.run: RunParts = build_run(config, graphdef, params, updates_per_round=updates_per_step(config),
                                        mesh=mesh)
+        self.step_config = step_config_from(config, self.preset, self.run.mesh)
         self.state = self.run.state
         self.pack = str(config.train.get("pack", DEFAULT_PACK))
         self._train_step = make_train_step_for_pack(

@@ -110,7 +110,7 @@ class SFTTrainer(CheckpointedTrainer):
         self.run: RunParts = build_run(config, graphdef, params)
         self.state = self.run.state
         self.row_multiple = row_multiple(config.train.micro_batch_size, self.run.mesh)
-        step_cfg = step_config_from(config, preset_from(config))
+        step_cfg = step_config_from(config, preset_from(config), self.run.mesh)
         self._step = make_sft_train_step(self.run.graphdef, self.run.tx, step_cfg, self.run.schedule,
                                          state_sharding=self.run.state_sharding)
         self._open_outputs(workdir, process_index)

@@ -217,3 +217,24 @@ def test_a_skipped_update_keeps_every_leaf_on_its_shards(setup):
     assert int(m["skipped_updates"]) == 1
     for leaf, sharding in zip(jax.tree.leaves(skipped), jax.tree.leaves(state_sh), strict=True):
         assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def test_a_flat_micro_batch_holds_at_least_one_row_per_batch_device():
+    """`train.micro_batch_size=2` on a data x fsdp = 8 mesh split a flat batch into 2-row micro-batches,
+    which cannot be spread over 8 devices (the 14B config's setting, under `train.pack="flat"`); the
+    packed layout already took max(micro_batch_size, data x fsdp) rows. Now both do, and each flat
+    micro-batch then takes one row from every device's share."""
+    from aepo_jax.training.build import preset_from, step_config_from
+    from aepo_jax.training.train_step import split_micro_batches
+    from configs.base import get_base_config, shrink_to_tiny
+
+    cfg = shrink_to_tiny(get_base_config("aepo"))
+    mesh = make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    preset = preset_from(cfg)
+    for asked, expected in ((2, 8), (8, 8), (16, 16)):
+        cfg.train.micro_batch_size = asked
+        assert step_config_from(cfg, preset, mesh).micro_batch_size == expected
+        assert step_config_from(cfg, preset).micro_batch_size == asked  # no mesh: as asked
+    rows = np.arange(16)  # device d holds rows 2d and 2d + 1
+    micro = split_micro_batches({"input_ids": rows[:, None]}, 8)["input_ids"][..., 0]
+    assert [sorted({r // 2 for r in m}) for m in micro.tolist()] == [list(range(8))] * 2
