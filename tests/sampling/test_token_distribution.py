@@ -93,7 +93,10 @@ def test_greedy_takes_argmax_and_reports_tempered_scores():
     assert tokens.tolist() == [1, 0]
     expected = jax.nn.log_softmax(logits / 2.0)[jnp.arange(2), tokens]
     np.testing.assert_allclose(logp, expected, rtol=1e-6)
-    np.testing.assert_allclose(logp_trunc, logp)
+    # A greedy token is drawn from a point mass: its truncated log-prob is 0, with or without top-k.
+    np.testing.assert_array_equal(logp_trunc, np.zeros(2))
+    _, _, logp_trunc_top_k, _ = draw_tokens(logits, keys, SamplingParams(temperature=2.0, greedy=True, top_k=2))
+    np.testing.assert_array_equal(logp_trunc_top_k, np.zeros(2))
 
 
 def _primitive_names(jaxpr) -> set[str]:
