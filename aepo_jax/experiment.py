@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from aepo_jax.agent.prompts import (
     response_text,
     system_prompt_for_tools,
 )
+from aepo_jax.experiment_checks import require_judge, require_mesh_fits_model
 from aepo_jax.experiment_tokenizer import (
     agent_tags_registered,
     check_tokenizer_fits_checkpoint,
@@ -68,16 +69,6 @@ def start_runtime(cfg: ml_collections.ConfigDict) -> None:
     from aepo_jax.parallel.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache(cfg.train.get("compilation_cache_dir") or None)
-
-
-def require_runnable_attention(cfg: ml_collections.ConfigDict, platform: str | None = None) -> None:
-    """A ValueError unless `model.attention` runs on `platform` (default: this process's
-    `jax.default_backend()`), naming the setting to use instead (`models.attention.require_backend_runs_on`).
-    Entry points that train call it before any model work; splash and cuDNN otherwise fail at the first
-    program, after the checkpoint and optimiser are built."""
-    from aepo_jax.models.attention import require_backend_runs_on
-
-    require_backend_runs_on(cfg.model.get("attention") or "dense", platform or jax.default_backend())
 
 
 def loop_config_from(cfg: ml_collections.ConfigDict) -> LoopConfig:
@@ -210,14 +201,6 @@ class Environment:
         self.closers.clear()
 
 
-def require_judge(reward_names: Iterable[str], env: Environment, what: str) -> None:
-    """Refuse, before any rollout, to score with the `llm_judge` reward when `env` has no judge."""
-    if "llm_judge" in set(reward_names) and env.judge is None:
-        raise ValueError(f"{what} scores with the llm_judge reward (data sources such as gaia, hle, webwalker) but "
-                         "no judge is configured: set reward.judge_url and reward.judge_model "
-                         "(launch.evaluate: --judge_url, --judge_model)")
-
-
 def _demo_task(cfg: ml_collections.ConfigDict, directory: str):
     from aepo_jax.envs.facts_task import write_task
 
@@ -305,26 +288,6 @@ def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> 
     if not cfg.model.get("checkpoint_dir") and env.pretrained is None:
         with cfg.unlocked():
             cfg.model.vocab_size = int(env.tokenizer.vocab_size)
-
-
-def require_mesh_fits_model(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any) -> None:
-    """A ValueError unless the `tensor` axis of `mesh` divides the query and key-value heads of the model
-    `model_from` builds (`parallel.sharding.require_heads_split`), read without any weight: the GGUF
-    policy's config, the checkpoint's config.json or the preset."""
-    from aepo_jax.models.hf_checkpoint import checkpoint_config
-    from aepo_jax.parallel.sharding import require_heads_split
-    from aepo_jax.training.build import model_config_from
-
-    if env.pretrained is not None:
-        from flax import nnx
-
-        config, source = nnx.merge(*env.pretrained).config, "the GGUF policy"
-    elif cfg.model.get("checkpoint_dir"):
-        config = checkpoint_config(cfg.model.checkpoint_dir)
-        source = f"the checkpoint in model.checkpoint_dir={cfg.model.checkpoint_dir!r}"
-    else:
-        config, source = model_config_from(cfg), f"model.preset={cfg.model.preset!r}"
-    require_heads_split(config.n_heads, config.n_kv_heads, mesh.shape, source)
 
 
 def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:

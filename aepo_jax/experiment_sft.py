@@ -16,9 +16,9 @@ from aepo_jax.experiment import (
     Environment,
     model_from,
     parameter_count,
-    require_mesh_fits_model,
     save_run_files,
 )
+from aepo_jax.experiment_checks import require_mesh_fits_model
 
 
 def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

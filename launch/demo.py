@@ -154,7 +154,7 @@ def main(argv: list[str]) -> int:
     std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)  # "pool is full" notes
     cfg = _CONFIG.value
     print("resolved config:\n" + str(cfg), flush=True)
-    from aepo_jax.experiment import require_runnable_attention
+    from aepo_jax.experiment_checks import require_runnable_attention
 
     try:
         require_runnable_attention(cfg)  # before the task, the tools and the model

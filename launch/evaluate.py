@@ -192,9 +192,9 @@ def main(argv: list[str]) -> int:
         eval_config_from,
         fit_model_to_tokenizer,
         model_from,
-        require_judge,
         start_runtime,
     )
+    from aepo_jax.experiment_checks import require_judge
     from aepo_jax.parallel.sharding import require_heads_split
     from aepo_jax.training.build import model_config_from
 

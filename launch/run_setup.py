@@ -183,10 +183,10 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     from aepo_jax.experiment import (
         fit_model_to_tokenizer,
         loop_config_from,
-        require_runnable_attention,
         save_run_files,
         start_runtime,
     )
+    from aepo_jax.experiment_checks import require_runnable_attention
 
     try:  # checked before any tool or model starts
         loop_config_from(cfg)  # the agent loop's settings

@@ -45,7 +45,7 @@ def load_config(path: str):
 
 @pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
 def test_every_shipped_config_splits_its_models_heads_over_its_mesh(path):
-    """The check a launch makes before it reads a checkpoint (`experiment.require_mesh_fits_model`),
+    """The check a launch makes before it reads a checkpoint (`experiment_checks.require_mesh_fits_model`),
     on each config and variant with its own mesh (an axis of -1 counted as 1)."""
     module = load_module(path)
     for arg in (None, *getattr(module, "VARIANTS", ())):
