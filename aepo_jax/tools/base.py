@@ -39,16 +39,21 @@ def encodable_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-_AGENT_TAG = re.compile("|".join(re.escape(tag) for tag in AGENT_SPECIAL_TOKENS))
+# `<|`: how Qwen's and Llama-3's control tokens open (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`).
+CONTROL_TOKEN_OPENING = "<|"
+_AGENT_TAG = re.compile("|".join(re.escape(tag) for tag in (*AGENT_SPECIAL_TOKENS, CONTROL_TOKEN_OPENING)))
 
 
 def inert_tags(text: str) -> str:
-    """`text` with every agent tag (`</result>`, `<answer>`, ...) written `&lt;/result>`, `&lt;answer>`.
+    """`text` with every agent tag (`</result>`, `<answer>`, ...) written `&lt;/result>`, `&lt;answer>`,
+    and every control-token opening `<|` written `&lt;|`.
 
     A tool's text sits inside the loop's `<result>` block: a `</result>` in a web page or in
     printed output would end the block early, and what followed would read as the model's
     own text: a correct trajectory fails the format check, and an `<answer>` the tool printed
-    is graded as the model's answer.
+    is graded as the model's answer. A Hugging Face tokenizer encodes a control token's string
+    (`<|im_end|>`, `<|endoftext|>`) as its control id wherever it stands, which would put an
+    end of turn, or the pad id, in the middle of the context.
     """
     return _AGENT_TAG.sub(lambda match: "&lt;" + match.group(0)[1:], text)
 
