@@ -291,18 +291,29 @@ def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> 
 
 
 def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:
-    """(graphdef, params): the GGUF policy, `model.checkpoint_dir`, or the config's seeded decoder
-    (created on its shards of `mesh` when given). A `mesh` whose `tensor` axis does not divide the
-    model's heads is refused first (`require_mesh_fits_model`)."""
-    from aepo_jax.training.build import init_model
+    """(graphdef, params): the GGUF policy, the parameters of the run checkpoint in
+    `model.init_checkpoint` (an SFT stage's, for RL to start from: they are also its reference model),
+    `model.checkpoint_dir`, or the config's seeded decoder (created on its shards of `mesh` when given).
+    A `mesh` whose `tensor` axis does not divide the model's heads is refused first
+    (`require_mesh_fits_model`)."""
+    from aepo_jax.training.build import init_model, model_config_from
 
     if mesh is not None:
         require_mesh_fits_model(cfg, env, mesh)
+    init_checkpoint = cfg.model.get("init_checkpoint")
     if env.pretrained is not None:
+        if init_checkpoint:
+            raise ValueError("model.init_checkpoint and a GGUF policy both give the starting weights; set one")
         return env.pretrained
     if cfg.model.get("checkpoint_dir"):
         check_tokenizer_fits_checkpoint(env.tokenizer, cfg.model.checkpoint_dir)
     fit_model_to_tokenizer(cfg, env)
+    if init_checkpoint:
+        from aepo_jax.evaluation.restore import locate_checkpoint, restore_policy_params
+
+        graphdef, params, _ = restore_policy_params(locate_checkpoint(init_checkpoint), cfg,
+                                                    model_config_from(cfg), mesh=mesh)
+        return graphdef, params
     return init_model(cfg, mesh=mesh)
 
 

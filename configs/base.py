@@ -50,6 +50,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.model.preset = "tiny"  # aepo_jax.models.get_preset name
     c.model.vocab_size = config_dict.placeholder(int)  # override the preset's vocabulary (demo tokenizer)
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
+    # A run's workdir (or its checkpoints/ or one step folder) whose parameters this run starts from, as
+    # policy and reference: how RL starts after an SFT stage (a fresh step count, optimiser and data order).
+    c.model.init_checkpoint = ""
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
     c.model.attention = "dense"  # attention backend: "dense" (XLA, CPU, the reference), "splash" (TPU), "cudnn" (GPU); docs/attention.md
     # Activation rematerialisation per scanned layer: "none" | "block" (keep only each layer's input) |

@@ -31,7 +31,7 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     "rollout.sampler_weights",
     # Where files are: a bucket mounted elsewhere (a data file's contents name its prepared copy).
     "data.path", "data.corpus_path", "data.search_url", "tokenizer.path", "model.checkpoint_dir",
-    "model.gguf_path", "sft.path",
+    "model.gguf_path", "model.init_checkpoint", "sft.path",
     "sft.steps",  # an SFT run extended, as total_steps for RL
 )
 

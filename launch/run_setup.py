@@ -205,7 +205,11 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
             save_run_files(cfg, workdir, env, workdir)  # config.json again, now with the vocabulary size
         trainer = make_trainer(cfg, env, process_index, process_count)
         if resume:
-            if not trainer.restore_latest():
+            try:
+                restored = trainer.restore_latest()
+            except ValueError as err:  # another stage's checkpoint, or one that does not fit the model
+                raise SystemExit(f"error: {err}") from err
+            if not restored:
                 raise SystemExit(f"--resume: no complete checkpoint under {workdir}/checkpoints"
                                  + cut_short_note(trainer.checkpointer))
             step = int(trainer.state.rounds)

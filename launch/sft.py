@@ -10,9 +10,10 @@ come from `sft.*` where set (the demo's SFT stage: `python -m launch.sft
 --config configs/demo.py`), else from `train.*` / `optim.*`
 (`aepo_jax.experiment_sft.sft_config_from`). The resolved config is printed
 and saved; unknown override keys are refused. The final parameters are in
-WORKDIR/checkpoints (orbax); point an RL run at them with `--resume` on a copy
-(the RL run continues the step count: give it `--config.total_steps` = the SFT
-steps + the RL steps) or load them with `aepo_jax.training.checkpoint.Checkpointer`.
+WORKDIR/checkpoints (orbax); start RL from them in a fresh workdir with
+`--config.model.init_checkpoint=WORKDIR` (they are the RL run's policy and its
+reference model; its step count, optimiser and data order start afresh). An RL
+`--resume` of an SFT workdir is refused.
 """
 
 from __future__ import annotations

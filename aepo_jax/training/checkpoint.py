@@ -161,6 +161,11 @@ class Checkpointer:
         )
         return restored.state, dict(restored.data or {})
 
+    def data_position(self, step: int) -> dict:
+        """Only the JSON data position saved at `step` (no array is read)."""
+        restored = self._manager.restore(int(step), args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+        return dict(restored.data or {})
+
     def restore_params(self, target: Any, step: int, shardings: Any | None = None) -> Any:
         """Only the `params` of the `TrainState` saved at `step`, shaped like `target` (checked against the
         saved shapes) and placed by `shardings`. The optimiser state is never read: evaluating a run needs

@@ -460,7 +460,7 @@ class RLTrainer(CheckpointedTrainer):
     # -- checkpoints with rollout_ahead ------------------------------------
     def save(self, force: bool = False) -> None:
         """Checkpoint the state and data position, plus (rollout_ahead) the next rollout's parameters."""
-        self.checkpointer.save(int(self.state.rounds), self.state, self._data_position(), force=force,
+        self.checkpointer.save(int(self.state.rounds), self.state, self._saved_position(), force=force,
                                rollout_params=self._next_rollout_params)
 
     def restore_latest(self) -> bool:

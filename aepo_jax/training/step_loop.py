@@ -22,6 +22,9 @@ from aepo_jax.training.checkpoint import Checkpointer
 from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
 from aepo_jax.training.preemption import Preempted, PreemptionWatch
 
+# The key of a checkpoint's data position that names the stage which wrote it (`progress_name`).
+STAGE_KEY = "stage"
+
 
 class CheckpointedTrainer:
     """Checkpoint, resume, log and loop over `train_step()`; see the module docstring."""
@@ -29,7 +32,7 @@ class CheckpointedTrainer:
     config: ml_collections.ConfigDict
     state: Any  # TrainState; `state.rounds` counts finished steps
     run: RunParts
-    progress_name: str = "train"
+    progress_name: str = "train"  # the stage: the progress bar's label, saved with each checkpoint
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
@@ -56,16 +59,33 @@ class CheckpointedTrainer:
 
     # -- checkpoints -------------------------------------------------------
     def restore_latest(self) -> bool:
-        """Continue from the newest complete checkpoint; False when there is none."""
-        if self.checkpointer.latest_step() is None:
+        """Continue from the newest complete checkpoint; False when there is none. A checkpoint another
+        stage wrote (an SFT run's, resumed as RL) is refused before anything is read."""
+        step = self.checkpointer.latest_step()
+        if step is None:
             return False
-        self.state, position = self.checkpointer.restore(self.state, shardings=self.run.state_sharding)
+        self._require_own_stage(step)
+        self.state, position = self.checkpointer.restore(self.state, step=step, shardings=self.run.state_sharding)
+        position.pop(STAGE_KEY, None)
         if position:
             self._restore_data_position(position)
         return True
 
+    def _require_own_stage(self, step: int) -> None:
+        saved = self.checkpointer.data_position(step).get(STAGE_KEY)
+        if saved is not None and saved != self.progress_name:
+            raise ValueError(
+                f"checkpoint {self.checkpointer.directory}/{step} was written by the {saved!r} stage, not this "
+                f"{self.progress_name!r} one: its step count, optimiser state and data position belong to that "
+                f"run. To start from its parameters, start a fresh workdir with "
+                f"--config.model.init_checkpoint={self.checkpointer.directory}")
+
+    def _saved_position(self) -> dict:
+        """The data position saved with a checkpoint, with the stage that wrote it."""
+        return {**self._data_position(), STAGE_KEY: self.progress_name}
+
     def save(self, force: bool = False) -> None:
-        self.checkpointer.save(int(self.state.rounds), self.state, self._data_position(), force=force)
+        self.checkpointer.save(int(self.state.rounds), self.state, self._saved_position(), force=force)
 
     # -- loop --------------------------------------------------------------
     def train(self, num_steps: int | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
@@ -103,11 +123,13 @@ class CheckpointedTrainer:
                     preempted_at = step
                     break
         finally:
-            watch.close()
             self._run_end = None
             if bar is not None:
                 bar.close()
-            self.checkpointer.wait_until_finished()
+            try:  # the watch stays until the last save has committed: a SIGTERM meanwhile must not kill it
+                self.checkpointer.wait_until_finished()
+            finally:
+                watch.close()
         if preempted_at is not None:
             raise Preempted(preempted_at, self.checkpointer.directory)
         return records
