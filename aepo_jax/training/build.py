@@ -138,6 +138,13 @@ def data_parallel_size(mesh: jax.sharding.Mesh | None) -> int:
     return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
 
 
+def local_micro_batch_rows(micro_batch_size: int, local_data_parallel: int, data_parallel: int) -> int:
+    """This process's rows of a micro-batch of `micro_batch_size` rows (`step_config_from`'s) split over
+    `data_parallel` batch devices, `local_data_parallel` of them its own: what it packs a tree micro-batch
+    to (one 8192-token row at the 14B config's micro-batch of 8 over 8 processes of one batch device)."""
+    return max(1, -(-int(micro_batch_size) * int(local_data_parallel) // int(data_parallel)))
+
+
 def row_multiple(micro_batch_size: int, mesh: jax.sharding.Mesh | None) -> int:
     """Rows of every training batch are padded to a multiple of this."""
     return math.lcm(int(micro_batch_size), data_parallel_size(mesh))

@@ -58,6 +58,7 @@ from aepo_jax.training.build import (
     RunParts,
     build_run,
     data_parallel_size,
+    local_micro_batch_rows,
     mini_batch_prompts,
     preset_from,
     step_config_from,
@@ -206,6 +207,10 @@ class RLTrainer(CheckpointedTrainer):
                                                "the mesh's data x fsdp devices")
         if self.process_count > 1:
             require_whole_batch_slices(self.run.mesh, jax.process_index(), self.local_data_parallel)
+        # This process's rows of one micro-batch: its share of the step's (a tree micro-batch is packed here,
+        # per process; `train.micro_batch_size` is global, as the flat step splits it).
+        self.local_micro_rows = local_micro_batch_rows(self.step_config.micro_batch_size, self.local_data_parallel,
+                                                       data_parallel_size(self.run.mesh))
         multiple = math.lcm(int(config.train.micro_batch_size), data_parallel_size(self.run.mesh))
         self.rows_per_mini = -(-self.local_mini_prompts * int(config.rollout.k) // multiple) * multiple
         self.needs_reference = bool(self.preset.kl_coef > 0 or config.objective.log_kl)
@@ -353,7 +358,7 @@ class RLTrainer(CheckpointedTrainer):
         train = self.config.train
         batch, stats = build_train_batch(
             [seqs.sequences[i] for i in index], self.pack, group_ids=seqs.group_ids[index], length=seqs.length,
-            rows=self.rows_per_mini, micro_batch_size=int(train.micro_batch_size),
+            rows=self.rows_per_mini, micro_batch_size=self.local_micro_rows,
             data_parallel=self.local_data_parallel, row_len=train.get("row_len"), pad_id=self.pad_id,
         )
         batch, stats = agree_batch_shapes(batch, stats, self.pack, self.pad_id)

@@ -68,6 +68,7 @@ def main(workdir: str) -> None:
         "local_devices": jax.local_device_count(), "initial": initial, "final": shard_digest(trainer.state.params),
         "steps": [r["step"] for r in records], "loss": [r["loss"] for r in records],
         "trajectories": [r["trajectories"] for r in records], "rounds": int(trainer.state.rounds),
+        "local_micro_rows": trainer.local_micro_rows,
     }), flush=True)
 
 

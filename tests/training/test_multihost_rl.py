@@ -19,6 +19,8 @@ def test_two_processes_train_two_rl_steps_to_identical_parameters(tmp_path):
     assert (first["process"], second["process"]) == (0, 1)
     assert first["devices"] == second["devices"] == 8 and first["local_devices"] == 4
     assert first["steps"] == second["steps"] == [1, 2] and first["rounds"] == 2
+    # a micro-batch of max(micro_batch_size 4, 8 batch devices) = 8 rows: each process packs its 4
+    assert first["local_micro_rows"] == second["local_micro_rows"] == 4
     # 2 global prompts x k = 2: the gathered metric counts both processes' trajectories
     assert first["trajectories"] == second["trajectories"] == [4.0, 4.0]
     assert first["loss"] == second["loss"]  # the update's metrics are the global step's

@@ -171,10 +171,30 @@ def test_train_pack_switch_builds_the_matching_batch():
     flat, stats = build_train_batch(seqs, "flat", group_ids=groups, length=32)
     assert stats is None and flat["input_ids"].shape == (8, 32)
     np.testing.assert_array_equal(flat["mask"], pad_sequences(seqs, max_len=32)["mask"])
-    tree, stats = build_train_batch(seqs, "tree", group_ids=groups, length=32, row_len=64, micro_batch_size=1)
-    # a 64-slot row per group, micro-batches of about one flat row (32 slots): one group each
+    tree, stats = build_train_batch(seqs, "tree", group_ids=groups, length=32, row_len=64, micro_batch_size=2)
+    # a 64-slot row per group (60 distinct tokens), micro-batches of about two flat rows (64 slots): one group each
     assert tree["packed_ids"].shape[:2] == (2, 1) and stats.unique_tokens == 2 * 60
     order = per_sequence_values(tree["input_ids"], tree, "tree", len(seqs))
     np.testing.assert_array_equal(order, flat["input_ids"])  # back in input order
     with pytest.raises(ValueError, match="unknown train.pack 'ragged'"):
         build_train_batch(seqs, "ragged", group_ids=groups, length=32)
+
+
+def test_groups_that_fit_cut_only_groups_whose_tree_exceeds_the_budget():
+    """Each part of a cut group holds at most `budget` distinct prefixes (its tree's nodes); a group within
+    the budget keeps its id, and every sequence keeps a group."""
+    from aepo_jax.training.packing.trainer_batches import groups_that_fit
+
+    sequences, groups = _two_groups_with_long_prompts()  # two groups of 60 nodes, sequences of 30
+    small = [[7, 7]] * 2
+    tokens, ids = sequences + small, groups + [5, 5]
+    cut = groups_that_fit(tokens, ids, budget=45)
+    assert cut[-2:] == [5, 5]  # 3 nodes: kept whole
+    for g in (0, 1):
+        parts = {cut[i] for i, old in enumerate(ids) if old == g}
+        assert len(parts) == 2, parts  # 60 nodes in parts of <= 45: two
+        for part in parts:
+            nodes = {tuple(tokens[i][:n]) for i in range(len(tokens)) if cut[i] == part
+                     for n in range(1, len(tokens[i]) + 1)}
+            assert len(nodes) <= 45, (part, len(nodes))
+    assert groups_that_fit(tokens, ids, budget=60) == ids  # every group fits

@@ -68,7 +68,9 @@ def test_rollout_trees_tree_packed_loss_and_gradients_equal_flat(rollout_sequenc
     graphdef, params, sequences, group_ids = rollout_sequences
     max_len = max(len(s["tokens"]) for s in sequences)
     flat, _ = build_train_batch(sequences, "flat", group_ids=group_ids, length=max_len)
-    packed, stats = build_train_batch(sequences, "tree", group_ids=group_ids, length=max_len)
+    # micro-batches as large as the mini-batch: whole groups, whatever their trees' size
+    packed, stats = build_train_batch(sequences, "tree", group_ids=group_ids, length=max_len,
+                                      micro_batch_size=len(sequences))
     first = {}
     response_tokens = 0
     for s, g in zip(sequences, group_ids, strict=True):
@@ -96,3 +98,28 @@ def test_rollout_trees_tree_packed_loss_and_gradients_equal_flat(rollout_sequenc
             scale = max(float(np.abs(y).max()), 1e-12)
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5 * scale, err_msg=name)
         assert float(sum(np.abs(np.asarray(g)).sum() for g in jax.tree.leaves(want_grads))) > 0
+
+
+def test_a_group_larger_than_a_micro_batch_is_cut_and_its_loss_and_gradients_stay_flat(rollout_sequences):
+    """Micro-batches of one flat row (`micro_batch_size=1`, one device): a group's tree is larger than that,
+    so it is cut into parts of at most one row each (whole, a group went into one micro-batch of several
+    rows: 12 rows of 8192 per device at the 14B config); the loss and gradients are still the flat ones."""
+    graphdef, params, sequences, group_ids = rollout_sequences
+    max_len = max(len(s["tokens"]) for s in sequences)
+    flat, _ = build_train_batch(sequences, "flat", group_ids=group_ids, length=max_len)
+    packed, _ = build_train_batch(sequences, "tree", group_ids=group_ids, length=max_len, micro_batch_size=1,
+                                      bucket=False)
+    whole, _ = build_train_batch(sequences, "tree", group_ids=group_ids, length=max_len,
+                                 micro_batch_size=len(sequences), bucket=False)
+    assert whole["packed_ids"].shape[1] > 1  # (a micro-batch as large as the group keeps it whole: several rows)
+    m, rows, row_len = packed["packed_ids"].shape
+    assert rows == 1 and row_len == max_len and m > len(set(group_ids)), (m, rows, row_len)
+    cfg = StepConfig(loss=loss_config("aepo"))
+    denominator = loss_denominator(jnp.asarray(flat["mask"]), cfg.loss.loss_agg)
+    (want_loss, _), want_grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(
+        params, jax.tree.map(jnp.asarray, flat), denominator)
+    loss, grads = packed_loss_and_grads(graphdef, cfg, params, jax.tree.map(jnp.asarray, packed))[:2]
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-7)
+    for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        scale = max(float(np.abs(y).max()), 1e-12)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5 * scale)

@@ -238,3 +238,15 @@ def test_a_flat_micro_batch_holds_at_least_one_row_per_batch_device():
     rows = np.arange(16)  # device d holds rows 2d and 2d + 1
     micro = split_micro_batches({"input_ids": rows[:, None]}, 8)["input_ids"][..., 0]
     assert [sorted({r // 2 for r in m}) for m in micro.tolist()] == [list(range(8))] * 2
+
+
+def test_a_process_packs_its_share_of_a_micro_batch():
+    """A tree micro-batch is packed per process: its share of the step's rows, not `train.micro_batch_size`
+    rows each (the 14B config on 8 processes of one batch device each packed 2 rows per device, twice the
+    flat micro-batch the memory plan compiles)."""
+    from aepo_jax.training.build import local_micro_batch_rows
+
+    assert local_micro_batch_rows(8, 1, 8) == 1  # 14B on v5p-64: micro-batch max(2, 8) = 8 rows, 8 processes
+    assert local_micro_batch_rows(16, 2, 8) == 4
+    assert local_micro_batch_rows(8, 8, 8) == 8  # one process: the whole micro-batch
+    assert local_micro_batch_rows(3, 1, 8) == 1  # never below one row

@@ -118,13 +118,16 @@ def pack_mini_batch(
 ) -> tuple[dict[str, np.ndarray], PackingStats]:
     """Tree batch of one mini-batch: flat `T = length`, packed rows of `row_len` (default `T`).
 
-    Micro-batches (whole groups each) are sized like the flat step's: about
+    Micro-batches are sized like the flat step's: about
     `max(micro_batch_size, data_parallel) x T` packed slots per forward, i.e.
     the flat micro-batch's memory (`micro_batch_size` rows of `T`) and at least
     a row per device. So the count follows the packed slots, not the number
     of trajectories (several small trees share a micro-batch), and rows are
     padded only to a multiple of `data_parallel`: padding every micro-batch
-    to `micro_batch_size` rows would add empty rows.
+    to `micro_batch_size` rows would add empty rows. A micro-batch holds whole
+    groups, but a group whose tree is larger than one micro-batch is cut into
+    parts that fit (`groups_that_fit`): whole, one group of 12 paper-length
+    trajectories is about 10 rows of T on one device.
 
     `bucket` (default on): `M`, the packed rows and the flat rows are padded
     up to `buckets.bucket_size` (multiples of `data_parallel`) with empty
@@ -137,12 +140,45 @@ def pack_mini_batch(
     kwargs = {"max_len": length, "pad_id": pad_id, "row_multiple": data_parallel, "length_multiple": length}
     row_len = int(row_len) if row_len else length
     batch, stats = build_packed_batch(sequences, row_len, group_ids, micro_batches=1, **kwargs)
-    parts = min(-(-stats.packed_slots // (rows_per_micro * length)), len(set(group_ids)))
-    if parts > 1:
-        batch, stats = build_packed_batch(sequences, row_len, group_ids, micro_batches=parts, **kwargs)
+    budget = rows_per_micro * length
+    needed = -(-stats.packed_slots // budget)
+    if needed > 1:
+        groups = groups_that_fit([s["tokens"] for s in sequences], group_ids, budget)
+        batch, stats = build_packed_batch(sequences, row_len, groups, micro_batches=min(needed, len(set(groups))),
+                                          **kwargs)
     if bucket:
         batch, stats = pad_to_buckets(batch, stats, row_multiple=data_parallel, pad_id=pad_id)
     return batch, stats
+
+
+def groups_that_fit(tokens: Sequence[Sequence[int]], group_ids: Sequence[int], budget: int) -> list[int]:
+    """Group ids under which no group's tree holds more than `budget` distinct tokens: a larger group is
+    cut, in the lexicographic order of its sequences (neighbours share the longest prefixes), into
+    consecutive parts of at most `budget` (a part repeats the prefix it shares with the part before; a
+    sequence longer than `budget` is a part by itself). Smaller groups keep their ids."""
+    out = [int(g) for g in group_ids]
+    next_id = max(out) + 1
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(out):
+        members.setdefault(g, []).append(i)
+    for g, idx in members.items():
+        if sum(len(tokens[i]) for i in idx) <= budget:
+            continue
+        part, used, previous = g, 0, None
+        for i in sorted(idx, key=lambda j: list(tokens[j])):
+            ids = np.asarray(tokens[i])
+            new = len(ids) - (0 if previous is None else _common_prefix(previous, ids))
+            if previous is not None and used + new > budget:
+                part, used, new = next_id, 0, len(ids)
+                next_id += 1
+            out[i], used, previous = part, used + new, ids
+    return out
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
 
 
 def agree_batch_shapes(batch: dict[str, np.ndarray], stats: PackingStats | None, pack: str,
