@@ -252,6 +252,11 @@ def test_chat_format_from_template_reads_known_shapes():
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+    # Llama-3's template trims each content (`| trim`): a question ending in a newline renders as without it
+    assert llama3.render_text([{"role": "user", "content": " What is 2+2?\n"}]) == llama3.render_text(
+        [{"role": "user", "content": "What is 2+2?"}])
+    assert CHATML.render_text([{"role": "user", "content": "x\n"}]) == "<|im_start|>user\nx\n<|im_end|>\n" + (
+        CHATML.generation_prompt)  # ChatML's does not
 
 
 def test_hf_tokenizer_bad_inputs(tmp_path):

@@ -27,6 +27,7 @@ class ChatFormat:
     `eos_after_message` appends the tokenizer's EOS id after each message's
     content (for vocabularies whose EOS is a control id that no text encodes to,
     such as SentencePiece `</s>`), so a model trained on rendered chats learns to stop.
+    `trim_content` strips whitespace around each message's content, as Llama-3's template does (`| trim`).
     """
 
     message_prefix: str
@@ -35,6 +36,7 @@ class ChatFormat:
     conversation_prefix: str = ""
     default_system: str | None = None
     eos_after_message: bool = False
+    trim_content: bool = False
 
     def prefix_for(self, role: str) -> str:
         return self.message_prefix.format(role=role, Role=role.title())
@@ -53,7 +55,8 @@ class ChatFormat:
             messages.insert(0, {"role": "system", "content": self.default_system})
         out: list[str | None] = [self.conversation_prefix]
         for message in messages:
-            out.append(self.prefix_for(message["role"]) + message["content"])
+            content = message["content"].strip() if self.trim_content else message["content"]
+            out.append(self.prefix_for(message["role"]) + content)
             if self.eos_after_message:
                 out.append(None)
             out.append(self.message_suffix)
@@ -107,12 +110,14 @@ CHATML = ChatFormat(
     generation_prompt="<|im_start|>assistant\n",
 )
 
-# Llama-3 headers, without the dated default system message of Llama-3.1.
+# Llama-3 headers, contents trimmed as its template does, without the dated default system message of
+# Llama-3.1 and later (their prompts differ from this one in that system block).
 LLAMA3_CHAT = ChatFormat(
     message_prefix="<|start_header_id|>{role}<|end_header_id|>\n\n",
     message_suffix="<|eot_id|>",
     generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n",
     conversation_prefix="<|begin_of_text|>",
+    trim_content=True,
 )
 
 # A fixed default system message written as one string literal inside a
