@@ -4,12 +4,58 @@ workdir."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import warnings
+from collections.abc import Iterator
 
 import ml_collections
 
 from launch.resume_check import check_resume_config
+
+# Held (flock) by process 0 of the run that trains in a workdir, for the whole run.
+WORKDIR_LOCK = ".run.lock"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str) -> Iterator[None]:
+    """Hold WORKDIR/.run.lock while a run trains there; a second run in the same workdir (a duplicated job, a
+    relaunch while the old process lives) exits naming it instead of mixing its checkpoints and metrics into
+    the first's. The lock is the kernel's (`flock`), so a crashed run leaves none behind; on a filesystem
+    without `flock` the run goes on with a warning."""
+    from aepo_jax.run_paths import require_local_path
+
+    try:
+        require_local_path(workdir, "--workdir")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, WORKDIR_LOCK)
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the duration of the run
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise SystemExit(f"error: another run is training in {workdir} (lock {path} held by {holder}); "
+                             "stop it first or choose another --workdir") from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            warnings.warn(f"{workdir}: this filesystem cannot lock files ({err}); "
+                          "nothing stops a second run from using the same workdir", stacklevel=2)
+        else:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+            handle.flush()
+        yield
+    finally:
+        handle.close()
 
 
 def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0,
@@ -172,8 +218,6 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     from absl import logging as absl_logging
 
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
-    from aepo_jax.training.checkpoint import cut_short_note
-    from aepo_jax.training.preemption import Preempted
 
     if absl_logging.get_verbosity() <= absl_logging.INFO and not cfg.get("verbose_logs", False):
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
@@ -181,9 +225,7 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
     from aepo_jax.experiment import (
-        fit_model_to_tokenizer,
         loop_config_from,
-        save_run_files,
         start_runtime,
     )
     from aepo_jax.experiment_checks import require_runnable_attention
@@ -194,6 +236,17 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
     start_runtime(cfg)
+
+    with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
+        return _train_in(cfg, workdir, resume, make_trainer, allow_config_changes, process_index, process_count)
+
+
+def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer, allow_config_changes: bool,
+              process_index: int, process_count: int) -> int:
+    """`run_training` once the workdir is this run's."""
+    from aepo_jax.experiment import fit_model_to_tokenizer, save_run_files
+    from aepo_jax.training.checkpoint import cut_short_note
+    from aepo_jax.training.preemption import Preempted
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index,
                     allow_config_changes=allow_config_changes)

@@ -32,3 +32,24 @@ def test_a_fresh_start_moves_the_dead_attempts_records_aside(tmp_path, capsys):
 def test_a_first_fresh_start_moves_nothing(tmp_path):
     prepare_workdir(get_config(), str(tmp_path), resume=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_a_second_run_in_a_held_workdir_exits_naming_it(tmp_path):
+    """Two runs started in one workdir both trained, their metrics interleaved (steps 1,2,3,1,4,2,...) and
+    their checkpoints overwrote each other; the second now exits before touching anything, and the lock
+    is free again once the first ends."""
+    import pytest
+
+    from launch.run_setup import workdir_lock
+
+    workdir = str(tmp_path / "run")
+    with workdir_lock(workdir):
+        prepare_workdir(get_config(), workdir, resume=False)
+        with MetricsLogger(workdir, console=False, tensorboard=False) as log:
+            log.log(1, {"loss": 1.0})
+        with pytest.raises(SystemExit, match=r"another run is training in .*run .*held by pid \d+"), \
+                workdir_lock(workdir):
+            prepare_workdir(get_config(), workdir, resume=False)  # (would set the live run's metrics aside)
+        assert [r["step"] for r in read_metrics(workdir)] == [1]
+    with workdir_lock(workdir):  # released
+        pass
