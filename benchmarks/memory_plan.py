@@ -1,7 +1,9 @@
 """Per-device memory of the real train step and scoring pass, compiled ahead of time for a TPU slice.
 
 For each paper config this builds the programs training runs (the flat RL
-train step of `make_rl_train_step` and the scorer of `make_logprob_fn`, both
+train step of `make_rl_train_step`, the tree-packed one of
+`make_train_step_for_pack` with one packed row and two flat rows per device,
+and the scorer of `make_logprob_fn`, all
 from the config through `aepo_jax.training.build`) over abstract parameters
 (`nnx.eval_shape`) and `ShapeDtypeStruct` batches that carry the mesh
 shardings of the logical-axis rules, compiles them for a simulated TPU v5p
@@ -48,7 +50,10 @@ SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", 
 # The program that copies the trainer's parameters to every host's rollout mesh (`parallel.host_rollout`);
 # planned only where the rollout samples on replicas.
 COPY_PROGRAM = "rollout_params_copy"
-PROGRAMS = ("train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
+PROGRAMS = ("train_step", "tree_train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
+# Flat rows a tree micro-batch scores per packed row (`tree_train_step`): a cut part of a group holds a
+# row of distinct tokens, which can be two sequences (`training.packing.groups_that_fit`).
+TREE_FLAT_ROWS_PER_ROW = 2
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers and the
 # copy on the 64-chip slice as well. On a slice of several hosts the samplers are planned per host (one
 # host's rollout mesh and share of the rows: docs/scaling.md, "Rollouts per host").
@@ -107,6 +112,7 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
         step_config_from,
     )
     from aepo_jax.training.optimizer import optimizer_from_config
+    from aepo_jax.training.packing import make_train_step_for_pack
     from aepo_jax.training.train_state import TrainState, train_state_shardings
     from aepo_jax.training.train_step import make_logprob_fn, make_rl_train_step
 
@@ -123,7 +129,31 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
     score_batch = {k: v for k, v in batch.items() if k in ("input_ids", "positions", "valid")}
     score = make_logprob_fn(graphdef, step_config, {k: batch_sharding[k] for k in score_batch})
     meta = {"rows": rows, "seq_len": int(cfg.train.max_seq_len)}
-    return {"train_step": (train, (state, batch), {}, meta), "score": (score, (state.params, score_batch), {}, meta)}
+    tree_train = make_train_step_for_pack(graphdef, tx, step_config, "tree", schedule, state_sharding)
+    tree_batch = abstract_tree_batch(cfg, rows, TREE_FLAT_ROWS_PER_ROW * rows, mesh)
+    return {"train_step": (train, (state, batch), {}, meta),
+            "tree_train_step": (tree_train, (state, tree_batch), {}, meta),
+            "score": (score, (state.params, score_batch), {}, meta)}
+
+
+def abstract_tree_batch(cfg: Any, packed_rows: int, flat_rows: int, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """ShapeDtypeStructs of one tree-packed micro-batch (`[1, R, T]` packed rows of `train.max_seq_len`
+    slots, `[1, B, T]` flat rows), with the real batch builder's keys and the trainer's row sharding."""
+    from aepo_jax.training.packing import build_train_batch
+    from aepo_jax.training.packing.trainer_batches import rows_sharding
+
+    sequence = {"tokens": [1, 2, 3, 4], "mask": [0.0, 0.0, 1.0, 1.0], "logp_old": [0.0] * 4, "advantages": 0.0}
+    if float(cfg.objective.get("kl_coef", 0.0)) > 0:
+        sequence["logp_ref"] = [0.0] * 4
+    tiny, _ = build_train_batch([sequence, sequence], "tree", group_ids=[0, 0], length=8, bucket=False)
+    length, sharding = int(cfg.train.max_seq_len), rows_sharding("tree", mesh)
+
+    def shape(key: str) -> tuple[int, ...]:
+        if key == "sequence_index":
+            return (1, flat_rows)
+        return (1, packed_rows if key.startswith("packed_") else flat_rows, length)
+
+    return {key: jax.ShapeDtypeStruct(shape(key), value.dtype, sharding=sharding) for key, value in tiny.items()}
 
 
 def build_sampler_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int = 1,
@@ -284,7 +314,7 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}
-    if {"train_step", "score"} & set(programs):
+    if {"train_step", "tree_train_step", "score"} & set(programs):
         built.update(build_programs(cfg, mesh, layers))
     if set(SAMPLER_PROGRAMS) & set(programs):
         built.update(build_sampler_programs(cfg, placement.mesh, layers, hosts, replicas=placement.per_host))

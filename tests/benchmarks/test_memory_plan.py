@@ -27,15 +27,16 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     rows = memory_plan.main(["--platform", "cpu", "--config", "aepo_tiny", "--layers", "1", "--seq-len", "32",
                              "--json", str(out)])
     assert json.loads(out.read_text()) == rows
-    assert [row["program"] for row in rows] == ["train_step", "score", "sampler_prefill", "sampler_decode",
+    assert [row["program"] for row in rows] == ["train_step", "tree_train_step", "score", "sampler_prefill",
+                                                "sampler_decode",
                                                 "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
                                                 "sampler_shrink"]
     for row in rows:
         assert row["topology"] == "cpu:8" and row["mesh"] == "data8xfsdp1xtensor1" and row["n_layers"] == 1
         assert row["argument_bytes"] > 0
         assert row["per_device_bytes"] >= row["argument_bytes"] + row["temp_bytes"]
-    train, score, prefill, decode, decode_rows, append, grow, shrink = rows
-    for row in (train, score):
+    train, tree_train, score, prefill, decode, decode_rows, append, grow, shrink = rows
+    for row in (train, tree_train, score):
         assert row["seq_len"] == 32 and row["rows"] == 8 and row["temp_bytes"] > 0
     # The train step's arguments hold the optimiser state too: more than the scorer's parameters.
     assert train["argument_bytes"] > score["argument_bytes"]
