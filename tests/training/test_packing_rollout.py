@@ -115,10 +115,16 @@ def test_a_group_larger_than_a_micro_batch_is_cut_and_its_loss_and_gradients_sta
     m, rows, row_len = packed["packed_ids"].shape
     assert rows == 1 and row_len == max_len and m > len(set(group_ids)), (m, rows, row_len)
     cfg = StepConfig(loss=loss_config("aepo"))
-    denominator = loss_denominator(jnp.asarray(flat["mask"]), cfg.loss.loss_agg)
-    (want_loss, _), want_grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(
-        params, jax.tree.map(jnp.asarray, flat), denominator)
-    loss, grads = packed_loss_and_grads(graphdef, cfg, params, jax.tree.map(jnp.asarray, packed))[:2]
+
+    @jax.jit
+    def both(params, flat, packed):  # (one program, as the step runs it)
+        denominator = loss_denominator(flat["mask"], cfg.loss.loss_agg)
+        (want_loss, _), want_grads = jax.value_and_grad(rl_loss_fn(graphdef, cfg), has_aux=True)(
+            params, flat, denominator)
+        return (want_loss, want_grads), packed_loss_and_grads(graphdef, cfg, params, packed)[:2]
+
+    (want_loss, want_grads), (loss, grads) = both(params, jax.tree.map(jnp.asarray, flat),
+                                                  jax.tree.map(jnp.asarray, packed))
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-7)
     for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
         scale = max(float(np.abs(y).max()), 1e-12)
