@@ -34,9 +34,11 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "ruff>=0.5",
+        "tensorboardX>=2.6",
     ],
     "hf": ["tokenizers>=0.19", "gguf>=0.10", "jinja2>=3.1.6"],  # jinja2: the generation prompt of a chat template
     "server": ["bm25s>=0.2", "beautifulsoup4>=4.12"],
+    "tensorboard": ["tensorboardX>=2.6"],  # log.tensorboard's writer (metrics.jsonl needs nothing)
 }
 
 setup(

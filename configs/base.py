@@ -210,7 +210,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
     # The console shows the progress bar (headline metrics as its postfix) and a plain metrics line
-    # every `console_every` steps and at the last one; metrics.jsonl gets every step.
+    # every `console_every` steps and at the last one; metrics.jsonl gets every step. TensorBoard
+    # event files go to WORKDIR/tensorboard when a writer imports (the `tensorboard` extra).
     c.log = ml_collections.ConfigDict({"tensorboard": True, "progress_bar": True, "console_every": 10})
     return c
 

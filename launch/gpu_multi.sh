@@ -35,7 +35,7 @@ fi
 # Let XLA use the GPUs' memory for the model rather than pre-allocating 75%.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 # Every host needs the tested versions, the tokenizer and tool extras and a CUDA build of jax:
-#   python -m pip install -c constraints.txt -e '.[hf,server]' 'jax[cuda12]'
+#   python -m pip install -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[cuda12]'
 PYTHON="${PYTHON:-python}"
 
 exec "${PYTHON}" -m launch.train --config "${CONFIG}" --workdir "${WORKDIR}" \

@@ -70,7 +70,7 @@ install_package() {
     \"aepo-jax needs Python >= 3.11; set PYTHON to one (e.g. PYTHON=python3.11)\")'; \
     rm -rf aepo-jax; git clone --branch ${BRANCH} ${REPO_URL} aepo-jax; \
     cd aepo-jax && ${PYTHON} -m venv .venv && .venv/bin/pip install -q -U pip && \
-    .venv/bin/pip install -q -c constraints.txt -e '.[hf,server]' 'jax[tpu]'"
+    .venv/bin/pip install -q -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[tpu]'"
 }
 
 run() {

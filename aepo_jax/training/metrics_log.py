@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -83,12 +84,18 @@ def set_aside_earlier_attempt(workdir: str, stamp: str | None = None) -> list[st
     return moved
 
 
-def _open_tensorboard(logdir: str) -> Any | None:
-    """A SummaryWriter from tensorboardX or torch if either is importable."""
+def _open_tensorboard(logdir: str, purge_step: int | None = None) -> Any | None:
+    """A SummaryWriter from tensorboardX or torch if either is importable. With `purge_step`, the
+    writer first records that TensorBoard must hide the events of earlier files at that step and after
+    (both writers' `purge_step`): a resumed run logs those steps again."""
+    # Both writers name a file by the second it opened in and open it for writing: a second writer in
+    # the same second (this purge, a quick restart) would overwrite the first's file. The nanosecond
+    # suffix keeps each its own file, named in the order TensorBoard must read them.
+    suffix = f".{time.time_ns()}"
     for module in ("tensorboardX", "torch.utils.tensorboard"):
         try:
             writer_module = __import__(module, fromlist=["SummaryWriter"])
-            return writer_module.SummaryWriter(logdir)
+            return writer_module.SummaryWriter(logdir, purge_step=purge_step, filename_suffix=suffix)
         except Exception:  # noqa: BLE001, S112 - TensorBoard is optional.
             continue
     return None
@@ -107,11 +114,16 @@ class MetricsLogger:
         self.console_every = int(console_every)
         self._file = None
         self._tb = None
+        self._tb_dir = os.path.join(workdir, TENSORBOARD_DIR)
         if self.active:
             os.makedirs(workdir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
             if tensorboard:
-                self._tb = _open_tensorboard(os.path.join(workdir, TENSORBOARD_DIR))
+                self._tb = _open_tensorboard(self._tb_dir)
+                if self._tb is None:
+                    warnings.warn("log.tensorboard is on but no TensorBoard writer imports (tensorboardX, or torch "
+                                  "with tensorboard): metrics go to metrics.jsonl only; pip install "
+                                  "'aepo-jax[tensorboard]' or set log.tensorboard=False", stacklevel=2)
 
     @property
     def has_tensorboard(self) -> bool:
@@ -142,9 +154,14 @@ class MetricsLogger:
 
     def keep_through(self, step: int) -> int:
         """Drop the records after `step` (a resumed run repeats them) and a last line cut short (a
-        preempted write); returns how many lines were dropped. The file is replaced whole, atomically."""
+        preempted write); returns how many lines were dropped. The file is replaced whole, atomically.
+        TensorBoard's writer is reopened to purge the steps after `step` from its view likewise (its
+        event files are append-only: the replayed steps would otherwise show twice)."""
         if not self.active:
             return 0
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = _open_tensorboard(self._tb_dir, purge_step=int(step) + 1)
         self._file.close()
         with open(self.path, encoding="utf-8") as f:
             lines = f.read().splitlines()

@@ -63,11 +63,11 @@ def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_confi
     assert out.returncode == 0, out.stderr
     assert log.read_text().split("---\n")[:-1] == [ssh]
     install = ssh.split("--command\n", 1)[1]
-    assert ".venv/bin/pip install -q -c constraints.txt -e '.[hf,server]' 'jax[tpu]'" in install
+    assert ".venv/bin/pip install -q -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[tpu]'" in install
     assert "sys.version_info >= (3, 11)" in install
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         setup = f.read()
-    assert '"hf":' in setup and '"server":' in setup and 'python_requires=">=3.11"' in setup
+    assert '"hf":' in setup and '"server":' in setup and '"tensorboard":' in setup and 'python_requires=">=3.11"' in setup
 
 
 def test_gpu_script_on_one_node_hands_train_a_one_process_launch(tmp_path):
@@ -102,4 +102,4 @@ def test_gpu_script_install_hint_has_the_extras_and_the_tested_versions():
     with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
         makefile = f.read()
     assert "-c constraints.txt -e '.[hf,server]'" in makefile
-    assert "pip install -c constraints.txt -e '.[hf,server]' 'jax[cuda12]'" in script
+    assert "pip install -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[cuda12]'" in script

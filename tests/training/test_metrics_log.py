@@ -2,6 +2,7 @@
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -106,3 +107,36 @@ def test_setting_an_earlier_attempt_aside_never_overwrites_one_set_aside_before(
     assert not (tmp_path / "metrics.jsonl").exists()
     assert read_metrics(str(tmp_path / "metrics.abandoned-T.jsonl"))[0]["loss"] == 1.0
     assert read_metrics(str(tmp_path / "metrics.abandoned-T-2.jsonl"))[0]["loss"] == 2.0
+
+
+def _tensorboard_view(logdir) -> list[tuple[int, float]]:
+    """(step, loss) as TensorBoard shows them: event files read in name order, and a SessionLog START
+    at step s (a writer's `purge_step`) hides the events read before it at step s and after."""
+    event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
+    shown: list[tuple[int, float]] = []
+    for path in sorted(logdir.iterdir()):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                shown = [(step, value) for step, value in shown if step < event.step]
+            for value in event.summary.value:
+                if value.tag == "loss":
+                    shown.append((event.step, value.simple_value))
+    return shown
+
+
+def test_a_resumed_run_hides_the_replayed_steps_from_tensorboard_too(tmp_path):
+    pytest.importorskip("tensorboardX")
+    with MetricsLogger(str(tmp_path), console=False) as logger:
+        assert logger.has_tensorboard
+        for step in (1, 2, 3, 4):
+            logger.log(step, {"loss": float(step)})
+    with MetricsLogger(str(tmp_path), console=False) as logger:  # the same second: files must not collide
+        logger.keep_through(2)
+        for step in (3, 4):
+            logger.log(step, {"loss": 10.0 * step})
+    assert _tensorboard_view(tmp_path / "tensorboard") == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
