@@ -41,7 +41,13 @@ from aepo_jax.agent.prompts import (
     response_text,
     system_prompt_for_tools,
 )
-from aepo_jax.experiment_checks import require_judge, require_mesh_fits_model
+from aepo_jax.experiment_checks import (
+    PromptTooLong,
+    require_judge,
+    require_known_rewards,
+    require_mesh_fits_model,
+    require_prompts_fit,
+)
 from aepo_jax.experiment_tokenizer import (
     agent_tags_registered,
     check_tokenizer_fits_checkpoint,
@@ -186,8 +192,7 @@ class Environment:
         """Example -> prompt token ids; a clear error when longer than `rollout.max_prompt_len`."""
         ids = render_prompt(self.tokenizer, example["question"], self.prompt)
         if len(ids) > self.max_prompt_len:
-            raise ValueError(f"example {example.get('id')}: prompt has {len(ids)} tokens > "
-                             f"rollout.max_prompt_len={self.max_prompt_len}")
+            raise PromptTooLong(example.get("id"), len(ids), self.max_prompt_len)
         return ids
 
     def reward_fn(self, example: dict, trajectory: Any) -> float:
@@ -424,7 +429,10 @@ def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: s
     from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.rl_trainer import RLTrainer
 
-    require_judge(rewards_for(cfg.reward.name, [ex.get("data_source", "") for ex in env.examples]), env, "training")
+    rewards = rewards_for(cfg.reward.name, [ex.get("data_source", "") for ex in env.examples])
+    require_known_rewards(rewards, "training")
+    require_judge(rewards, env, "training")
+    require_prompts_fit(env.examples, env.encode_prompt, "training")
     mesh = make_mesh_from(cfg)
     if graphdef is None:
         graphdef, params = model_from(cfg, env, mesh)

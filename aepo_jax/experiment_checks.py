@@ -50,3 +50,39 @@ def require_mesh_fits_model(cfg: ml_collections.ConfigDict, env: Environment, me
     else:
         config, source = model_config_from(cfg), f"model.preset={cfg.model.preset!r}"
     require_heads_split(config.n_heads, config.n_kv_heads, mesh.shape, source)
+
+
+def require_known_rewards(reward_names: Iterable[str], what: str) -> None:
+    """Refuse, before any rollout, a reward name the registry does not know (a misspelt `reward.name`
+    otherwise fails only when the first step's rollout is scored)."""
+    from aepo_jax.rewards.registry import REWARDS
+
+    unknown = sorted(set(reward_names) - set(REWARDS))
+    if unknown:
+        raise ValueError(f"{what} scores with unknown rewards {unknown} (reward.name); known: {sorted(REWARDS)} "
+                         "or 'auto'")
+
+
+def require_prompts_fit(examples: Iterable[dict], encode_prompt: Any, what: str, shown: int = 5) -> None:
+    """Encode every prompt once, before the run starts, and refuse the examples whose prompt exceeds
+    `rollout.max_prompt_len` all together, by id: found by the step that first draws one, a long prompt
+    stops a run hours in, and again at each resume (which redraws the same batch)."""
+    too_long, limit = [], None
+    for index, example in enumerate(examples):
+        try:
+            encode_prompt(example)
+        except PromptTooLong as err:
+            too_long.append(f"{example.get('id', f'#{index}')} ({err.tokens} tokens)")
+            limit = err.limit
+    if too_long:
+        raise ValueError(f"{what}: {len(too_long)} prompts are longer than rollout.max_prompt_len={limit}: "
+                         f"{', '.join(too_long[:shown])}{' ...' if len(too_long) > shown else ''}; raise "
+                         "rollout.max_prompt_len or leave those examples out of the data")
+
+
+class PromptTooLong(ValueError):
+    """An example's rendered prompt has more tokens than `rollout.max_prompt_len`."""
+
+    def __init__(self, example_id: Any, tokens: int, limit: int):
+        super().__init__(f"example {example_id}: prompt has {tokens} tokens > rollout.max_prompt_len={limit}")
+        self.tokens, self.limit = tokens, limit

@@ -194,7 +194,7 @@ def main(argv: list[str]) -> int:
         model_from,
         start_runtime,
     )
-    from aepo_jax.experiment_checks import require_judge
+    from aepo_jax.experiment_checks import require_judge, require_prompts_fit
     from aepo_jax.parallel.sharding import require_heads_split
     from aepo_jax.training.build import model_config_from
 
@@ -221,6 +221,7 @@ def main(argv: list[str]) -> int:
             examples = examples[:_MAX_QUESTIONS.value]
         try:
             require_judge({correctness_reward(ex, _REWARD.value) for ex in examples}, env, "this evaluation")
+            require_prompts_fit(examples, env.encode_prompt, "this evaluation")
         except ValueError as err:
             raise SystemExit(f"error: {err}") from err
         seed = int(cfg.seed) if _SEED.value is None else _SEED.value
