@@ -53,6 +53,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # A run's workdir (or its checkpoints/ or one step folder) whose parameters this run starts from, as
     # policy and reference: how RL starts after an SFT stage (a fresh step count, optimiser and data order).
     c.model.init_checkpoint = ""
+    # Its step: None takes the newest complete one when the run starts, and the run's config.json keeps
+    # that step, so a resumed run rebuilds the same reference model even after the init run saved more.
+    c.model.init_checkpoint_step = config_dict.placeholder(int)
     c.model.compute_dtype = "float32"  # "bfloat16" casts params inside the step; masters stay float32
     c.model.attention = "dense"  # attention backend: "dense" (XLA, CPU, the reference), "splash" (TPU), "cudnn" (GPU); docs/attention.md
     # Activation rematerialisation per scanned layer: "none" | "block" (keep only each layer's input) |

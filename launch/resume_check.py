@@ -31,9 +31,32 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     "rollout.sampler_weights",
     # Where files are: a bucket mounted elsewhere (a data file's contents name its prepared copy).
     "data.path", "data.corpus_path", "data.search_url", "tokenizer.path", "model.checkpoint_dir",
-    "model.gguf_path", "model.init_checkpoint", "sft.path",
+    "model.gguf_path", "sft.path",
     "sft.steps",  # an SFT run extended, as total_steps for RL
 )
+
+
+# Settings a run fixes when it starts (`experiment.pin_init_checkpoint`): a resumed run whose config leaves
+# one unset takes the saved value. `model.init_checkpoint` itself may not change either: its parameters
+# are the run's reference model.
+FIXED_AT_START: tuple[str, ...] = ("model.init_checkpoint_step",)
+
+
+def keep_fixed_settings(cfg: Any, run_dir: str) -> None:
+    """Give each `FIXED_AT_START` setting that `cfg` leaves unset (None) the value RUN_DIR/config.json saved."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        saved = flatten(json.load(f))
+    for key in FIXED_AT_START:
+        section, name = key.rsplit(".", 1)
+        node = cfg
+        for part in section.split("."):
+            node = node.get(part) if node is not None else None
+        if node is not None and node.get(name) is None and saved.get(key) is not None:
+            with cfg.unlocked():
+                node[name] = saved[key]
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import ml_collections
 
-from launch.resume_check import check_resume_config
+from launch.resume_check import check_resume_config, keep_fixed_settings
 
 # Held (flock) by process 0 of the run that trains in a workdir, for the whole run.
 WORKDIR_LOCK = ".run.lock"
@@ -89,6 +89,8 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
         raise SystemExit(f"--resume: {checkpoints} holds no complete checkpoint{detail}; leave out --resume "
                          "to start the run again")
     path = os.path.join(workdir, "config.json")
+    if resume:
+        keep_fixed_settings(cfg, workdir)  # the init checkpoint's step the run started from
     resolved = json.loads(cfg.to_json_best_effort())
     if resume:
         changed = check_resume_config(workdir, resolved, allow_config_changes, keep_old=process_index == 0)
@@ -244,12 +246,20 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
 def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer, allow_config_changes: bool,
               process_index: int, process_count: int) -> int:
     """`run_training` once the workdir is this run's."""
-    from aepo_jax.experiment import fit_model_to_tokenizer, save_run_files
+    from aepo_jax.experiment import (
+        fit_model_to_tokenizer,
+        pin_init_checkpoint,
+        save_run_files,
+    )
     from aepo_jax.training.checkpoint import cut_short_note
     from aepo_jax.training.preemption import Preempted
 
     prepare_workdir(cfg, workdir, resume=resume, process_index=process_index,
                     allow_config_changes=allow_config_changes)
+    try:
+        pin_init_checkpoint(cfg)  # saved in config.json below, before any step
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise SystemExit(f"error: {err}") from err
     env = process_environment(cfg, workdir, process_index)
     trainer = None
     try:

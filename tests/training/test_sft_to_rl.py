@@ -122,3 +122,34 @@ def test_a_sigterm_while_the_last_save_commits_does_not_kill_the_run(sft_run, tm
         rl.close()
     assert handlers and all(isinstance(getattr(h, "__self__", None), PreemptionWatch) for h in handlers), handlers
     assert signal.getsignal(signal.SIGTERM) == before  # and the previous handler is back after it
+
+
+def test_a_run_keeps_the_init_checkpoint_step_it_started_from(sft_run, tmp_path):
+    """The reference model is the init checkpoint's parameters: a resumed run rebuilt it from the newest step
+    of `model.init_checkpoint` at each start, so an SFT run extended meanwhile changed the reference. The
+    step is fixed when the run starts and kept in its config.json; a pinned step that is gone is an error."""
+    from aepo_jax.experiment import pin_init_checkpoint
+    from aepo_jax.training.checkpoint import step_folders
+    from launch.resume_check import keep_fixed_settings, may_change
+
+    cfg, root, sft_params = sft_run
+    assert step_folders(str(root / "checkpoints"))[0] == [2, 3]
+    cfg = cfg.copy_and_resolve_references()
+    cfg.model.init_checkpoint = str(root)
+    pin_init_checkpoint(cfg)
+    assert cfg.model.init_checkpoint_step == 3  # the newest, when the run starts
+    (tmp_path / "config.json").write_text(cfg.to_json_best_effort())
+    resumed = cfg.copy_and_resolve_references()
+    resumed.model.init_checkpoint_step = None  # the resumed run's config file, as the user wrote it
+    keep_fixed_settings(resumed, str(tmp_path))
+    assert resumed.model.init_checkpoint_step == 3
+    assert not may_change("model.init_checkpoint") and not may_change("model.init_checkpoint_step")
+
+    env = SimpleNamespace(pretrained=None, tokenizer=SimpleNamespace(vocab_size=64))
+    np.testing.assert_array_equal(_flat(model_from(resumed, env)[1]), sft_params)
+    older = cfg.copy_and_resolve_references()
+    older.model.init_checkpoint_step = 2  # a run that started before step 3 was saved reads step 2, not the newest
+    assert not np.array_equal(_flat(model_from(older, env)[1]), sft_params)
+    older.model.init_checkpoint_step = 1
+    with pytest.raises(FileNotFoundError, match=r"holds no complete step 1 \(it has \[2, 3\]\)"):
+        model_from(older, env)
