@@ -4,9 +4,8 @@ the environment and the run files it uses)."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ml_collections
@@ -19,6 +18,10 @@ from aepo_jax.experiment import (
     save_run_files,
 )
 from aepo_jax.experiment_checks import require_mesh_fits_model
+
+
+class SFTDataError(ValueError):
+    """A row of `sft.path` that cannot be trained on; the message names the file and line."""
 
 
 def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -40,15 +43,12 @@ def sft_config_from(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict
 
 
 def sft_records_from(cfg: ml_collections.ConfigDict, env: Environment) -> list[dict]:
-    """Token records (`tokens`, `mask`) for SFT from `sft.path`, or scripted solutions of the generated
-    task executed with the real tools (`envs.facts_sft`)."""
-    from aepo_jax.training.sft_trainer import text_record_to_tokens
-
+    """Token records (`tokens`, `mask`) for SFT from `sft.path` (JSONL of `{"question", "response"}`; a row
+    that cannot be read is refused naming path:line), or scripted solutions of the generated task executed
+    with the real tools (`envs.facts_sft`)."""
     if cfg.sft.path:
-        with open(cfg.sft.path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        return [text_record_to_tokens(env.encode_prompt(row), row["response"], env.tokenizer.encode,
-                                      env.tokenizer.eos_id) for row in rows]
+        return [_text_row_to_tokens(row, f"{cfg.sft.path}:{line_no}", env)
+                for line_no, row in _sft_rows(cfg.sft.path)]
     if env.task is None:
         raise ValueError("set sft.path: scripted SFT data exists only for the generated tasks")
     from aepo_jax.envs.facts_sft import build_sft_sequences
@@ -60,6 +60,47 @@ def sft_records_from(cfg: ml_collections.ConfigDict, env: Environment) -> list[d
         np.random.default_rng(int(cfg.seed)), float(cfg.sft.skip_python_prob),
         script=getattr(env.task, "script", None))
     return [s.as_row() for s in sequences]
+
+
+def _sft_rows(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number from 1, row) of each row of the JSONL file `path` (`data.records.iter_rows`: a line that
+    is not UTF-8, not JSON or not an object is refused naming `path:line`); a file with no rows is refused."""
+    from aepo_jax.data.records import iter_rows
+
+    count = 0
+    for line_no, row in iter_rows(path):
+        count += 1
+        yield line_no, row
+    if not count:
+        raise SFTDataError(f"{path}: no SFT rows (JSONL of {{\"question\", \"response\"}} objects)")
+
+
+def _sft_text(row: dict, key: str, where: str) -> str:
+    """`row[key]` as a non-blank string; otherwise an error naming `where` and the row's fields (a chat
+    `messages` row is not a layout SFT reads)."""
+    value = row.get(key)
+    if value is None:
+        layout = " (a chat `messages` row is not read: write it as question + response)" if "messages" in row else ""
+        raise SFTDataError(f"{where}: no {key!r} field{layout}; an SFT row is {{\"question\": str, "
+                           f"\"response\": str}}, this one has {sorted(row)}")
+    if not isinstance(value, str):
+        raise SFTDataError(f"{where}: {key!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        # a blank response trains only on EOS; a blank question is a prompt with no task
+        raise SFTDataError(f"{where}: {key!r} is blank")
+    return value
+
+
+def _text_row_to_tokens(row: dict, where: str, env: Environment) -> dict:
+    """One `sft.path` row -> a token record; every error names `where` (path:line)."""
+    from aepo_jax.training.sft_trainer import text_record_to_tokens
+
+    question, response = _sft_text(row, "question", where), _sft_text(row, "response", where)
+    try:
+        prompt_ids = env.encode_prompt({**row, "question": question})
+    except ValueError as exc:
+        raise SFTDataError(f"{where}: {exc}") from exc
+    return text_record_to_tokens(prompt_ids, response, env.tokenizer.encode, env.tokenizer.eos_id, where=where)
 
 
 def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,

@@ -11,8 +11,11 @@ tokens, tokenising each piece separately (token-in, token-out).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,23 +36,40 @@ from aepo_jax.training.step_loop import CheckpointedTrainer
 from aepo_jax.training.train_step import make_sft_train_step
 
 _RESULT_BLOCK = re.compile(r"(\s*" + re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE) + r")", re.DOTALL)
+# A result tag left in a trainable piece: an unclosed or mis-cased block whose tool output would be trained.
+_STRAY_RESULT_TAG = re.compile(re.escape(RESULT_OPEN) + "|" + re.escape(RESULT_CLOSE), re.IGNORECASE)
 
 
 def text_record_to_tokens(prompt_ids: Sequence[int], response: str, encode: Callable[[str], list[int]],
-                          eos_id: int | None) -> dict[str, np.ndarray]:
-    """Prompt ids + response text -> `tokens` and `mask` (0 on prompt and `<result>` blocks)."""
+                          eos_id: int | None, where: str = "SFT record") -> dict[str, np.ndarray]:
+    """Prompt ids + response text -> `tokens` and `mask` (0 on prompt and `<result>` blocks).
+
+    A `<result>` / `</result>` tag (any letter case) left outside a well-formed block is refused, naming
+    `where`: that block's tool output would otherwise be trained on as model output."""
     tokens, mask = list(map(int, prompt_ids)), [0] * len(prompt_ids)
     for piece in _RESULT_BLOCK.split(response):
         if not piece:
             continue
-        ids = encode(piece)
         is_result = bool(_RESULT_BLOCK.fullmatch(piece))
+        if not is_result:
+            _require_no_result_tag(piece, where)
+        ids = encode(piece)
         tokens += ids
         mask += [0 if is_result else 1] * len(ids)
     if eos_id is not None:
         tokens.append(int(eos_id))
         mask.append(1)
     return {"tokens": tokens, "mask": np.asarray(mask, np.float32)}
+
+
+def _require_no_result_tag(piece: str, where: str) -> None:
+    """Refuse a trainable piece holding a result tag (an unclosed or mis-cased `<result>` block)."""
+    found = _STRAY_RESULT_TAG.search(piece)
+    if found:
+        start = max(found.start() - 20, 0)
+        raise ValueError(f"{where}: the response has a {found.group()!r} tag outside a well-formed "
+                         f"{RESULT_OPEN}...{RESULT_CLOSE} block (unclosed or in another letter case), near "
+                         f"{piece[start:found.end() + 40]!r}; its tool output would be trained as model output")
 
 
 class SequenceBatches:
@@ -78,13 +98,51 @@ class SequenceBatches:
         self.position += 1
         return [self.records[i] for i in chosen]
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "num_records": len(self.records)}
+    @functools.cached_property
+    def records_digest(self) -> str:
+        """A hash of every record's tokens and mask, in order (computed once): a resume over other data
+        with the same record count is refused."""
+        digest = hashlib.blake2b(digest_size=8)
+        for record in self.records:
+            tokens, mask = np.asarray(record["tokens"], "<i8"), np.asarray(record["mask"], "<f4")
+            digest.update(np.asarray([tokens.size, mask.size], "<i8").tobytes())
+            digest.update(tokens.tobytes())
+            digest.update(mask.tobytes())
+        return digest.hexdigest()
 
-    def restore(self, state: dict[str, int]) -> None:
+    def state(self) -> dict[str, Any]:
+        """JSON-able position, with what the batch order depends on (checked by `restore`)."""
+        return {"epoch": self.epoch, "position": self.position, "num_records": len(self.records),
+                "seed": self.seed, "batch_size": self.batch_size, "records_digest": self.records_digest}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a `state()`; refuses one taken over other records, seed or batch size, or a
+        position this iterator never holds."""
+        self._require_same_order(state)
+        epoch, position = int(state["epoch"]), int(state["position"])
+        # position == steps_per_epoch is the state after an epoch's last batch (`__next__` wraps it);
+        # a larger one is never reached by an uninterrupted run, so it is refused rather than guessed at.
+        if epoch < 0 or not 0 <= position <= self.steps_per_epoch:
+            raise ValueError(f"SFT data state epoch={epoch}, position={position} is out of range "
+                             f"({self.steps_per_epoch} steps per epoch of {len(self.records)} records in "
+                             f"batches of {self.batch_size})")
+        self.epoch, self.position = epoch, position
+
+    def _require_same_order(self, state: dict[str, Any]) -> None:
+        """Refuse a state saved over another record set, seed or batch size; warn when an older state
+        lacks a key, so that it cannot be fully checked."""
         if state.get("num_records") != len(self.records):
             raise ValueError(f"checkpoint was taken over {state.get('num_records')} records, now {len(self.records)}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        expected = {"seed": self.seed, "batch_size": self.batch_size, "records_digest": self.records_digest}
+        differ = [f"{key} {state[key]!r} (now {value!r})" for key, value in expected.items()
+                  if key in state and state[key] != value]
+        if differ:
+            raise ValueError(f"the SFT data state was saved with another batch order: {', '.join(differ)}; "
+                             f"resume with the same sft.path records, seed and sft.batch_size, or start afresh")
+        missing = [key for key in expected if key not in state]
+        if missing:
+            warnings.warn(f"the SFT data state has no {', '.join(missing)} (saved by an older version): "
+                          f"only its record count can be checked against this run", stacklevel=3)
 
 
 class SFTTrainer(CheckpointedTrainer):

@@ -1,5 +1,6 @@
 """SFT: the text-to-token mask (tool results are context) and a short training run."""
 
+import itertools
 import json
 
 import jax
@@ -29,6 +30,30 @@ def test_result_blocks_are_masked_and_pieces_tokenised_separately():
     assert mask[2:start].all() and mask[start + len(result_ids):].all()
     assert tokens[-1] == tok.eos_id
     assert tok.decode(tokens[2:-1]) == response
+
+
+def test_well_formed_blocks_train_only_the_generated_text_and_eos():
+    tok = ByteTokenizer()
+    generated = ["<search>a</search>", "<python>1</python>", "<answer>\\boxed{1}</answer>"]
+    results = ["\n<result>one</result>", " <result>\ntwo\n</result>"]
+    response = generated[0] + results[0] + generated[1] + results[1] + generated[2]
+    record = text_record_to_tokens([5], response, tok.encode, eos_id=tok.eos_id, where="data.jsonl:1")
+    trained = [t for t, m in zip(record["tokens"], record["mask"]) if m == 1]
+    assert trained == tok.encode("".join(generated)) + [tok.eos_id]
+    assert tok.decode([t for t, m in zip(record["tokens"][1:], record["mask"][1:]) if m == 0]) == "".join(results)
+
+
+@pytest.mark.parametrize("response", [
+    "<search>q</search> <result>\nfound (truncated, never closed)<answer>\\boxed{1}</answer>",
+    "<search>q</search> <RESULT>\nfound\n</RESULT><answer>\\boxed{1}</answer>",
+    "<search>q</search> <Result>found</result><answer>\\boxed{1}</answer>",
+    "<search>q</search> found</result><answer>\\boxed{1}</answer>",
+], ids=["unclosed", "upper_case", "mixed_case_open", "stray_close"])
+def test_malformed_result_blocks_are_refused_naming_the_record(response):
+    tok = ByteTokenizer()
+    with pytest.raises(ValueError, match=r"^data\.jsonl:3: the response has a (?i:'</?result>') tag outside a "
+                                         r"well-formed .*trained as model output"):
+        text_record_to_tokens([5, 6], response, tok.encode, eos_id=tok.eos_id, where="data.jsonl:3")
 
 
 def test_sft_loss_falls_on_a_repeated_batch_and_checkpoints(tmp_path):
@@ -110,3 +135,55 @@ def test_records_longer_than_max_seq_len_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"1 of 2 SFT records are longer than train.max_seq_len=16 \(longest 29"):
         SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
                    params=params)
+
+
+def _token_records(n: int, offset: int = 0) -> list[dict]:
+    return [{"tokens": [i + 1 + offset], "mask": np.ones(1, np.float32)} for i in range(n)]
+
+
+def _ids(batch: list[dict]) -> list[int]:
+    return [r["tokens"][0] for r in batch]
+
+
+def test_sequence_batches_resume_from_every_step_continues_the_same_order():
+    records = _token_records(11)
+    reference = [_ids(b) for b in itertools.islice(SequenceBatches(records, 3, seed=4), 12)]
+    for stop in range(12):
+        first = SequenceBatches(records, 3, seed=4)
+        for _ in range(stop):
+            next(first)
+        resumed = SequenceBatches(records, 3, seed=4)
+        resumed.restore(json.loads(json.dumps(first.state())))  # as a checkpoint saves it
+        assert [_ids(next(resumed)) for _ in range(12 - stop)] == reference[stop:]
+
+
+@pytest.mark.parametrize(("other", "differs"), [
+    (lambda recs: SequenceBatches(recs, 3, seed=5), r"seed 4 \(now 5\)"),
+    (lambda recs: SequenceBatches(recs, 2, seed=4), r"batch_size 3 \(now 2\)"),
+    (lambda recs: SequenceBatches(_token_records(11, offset=100), 3, seed=4), r"records_digest '[0-9a-f]+' \(now"),
+], ids=["seed", "batch_size", "same_count_other_records"])
+def test_sequence_batches_refuse_a_state_of_another_batch_order(other, differs):
+    saved = SequenceBatches(_token_records(11), 3, seed=4)
+    next(saved)
+    with pytest.raises(ValueError, match=r"saved with another batch order: " + differs):
+        other(_token_records(11)).restore(json.loads(json.dumps(saved.state())))
+
+
+@pytest.mark.parametrize("position", [4, 99, -1])
+def test_sequence_batches_refuse_a_position_outside_the_epoch(position):
+    batches = SequenceBatches(_token_records(11), 3, seed=4)  # 3 steps per epoch
+    state = {**batches.state(), "position": position}
+    with pytest.raises(ValueError, match=rf"epoch=0, position={position} is out of range \(3 steps per epoch"):
+        batches.restore(state)
+
+
+def test_sequence_batches_restore_an_old_state_with_a_warning():
+    records = _token_records(11)
+    first = SequenceBatches(records, 3, seed=4)
+    for _ in range(3):  # the end of epoch 0: the next batch starts epoch 1
+        next(first)
+    old = {k: v for k, v in first.state().items() if k in ("epoch", "position", "num_records")}
+    resumed = SequenceBatches(records, 3, seed=4)
+    with pytest.warns(UserWarning, match="no seed, batch_size, records_digest .*only its record count"):
+        resumed.restore(old)
+    assert _ids(next(resumed)) == _ids(next(first))
