@@ -5,30 +5,36 @@ An example is `{"id": str, "question": str, "answers": list[str],
 
 - `arpo`: the released ARPO/AEPO training files. The question is `question`,
   `problem` or `prompt` (a string, or a chat message list as exported from
-  verl parquet files: the last user message is used); the gold answer(s) are
+  verl parquet files: the last user message is used, its content a string or
+  OpenAI-style text parts `[{"type": "text", "text": ...}]`); the gold answer(s) are
   `answer`, `answers`, `golden_answers` or `reward_model.ground_truth`
   (a string, a list, or `{"target": ...}`); `data_source` tags the source.
-- `gsm8k`: `question`, `answer` whose final line is `#### N`.
+- `gsm8k`: `question`, `answer` whose final line is `#### N` (the last `####` line).
 - `math`: `problem`, `solution` with the answer in the last `\\boxed{}`
-  (or an explicit `answer` field).
+  (or an explicit `answer` field; a null one, as parquet writes, counts as absent).
 - `multihop`: `question`, `answer`, optional `aliases` (more gold answers).
 - `auto`: pick one of the above from the keys of each row.
 
 Files are JSONL (one object per line, also what a parquet export writes) or
 `.parquet` (read with pyarrow if installed). Errors name the file and line.
+
+`PARSER_VERSION` is bumped whenever a change here changes the examples a file
+gives: prepared tfds copies are keyed on it (`tfds_builder.load_local_examples`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 Example = dict[str, Any]
 LAYOUTS = ("auto", "arpo", "gsm8k", "math", "multihop")
-_GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+# 2: chat content parts joined (not their repr), the last `####` line of GSM8K, a null MATH `answer` absent.
+PARSER_VERSION = 2
+# Joins the text parts of one chat message, as vLLM's OpenAI server flattens them for string-content templates.
+_TEXT_PART_SEPARATOR = "\n"
 
 
 class DatasetFormatError(ValueError):
@@ -71,8 +77,9 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for index, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield index, row
         return
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            line = _decode_line(raw, f"{path}:{line_no}")
             if not line.strip():
                 continue
             try:
@@ -88,9 +95,33 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield line_no, row
 
 
+def _decode_line(raw: bytes, where: str) -> str:
+    """One JSONL line as text; a byte that is not UTF-8 is an error naming the line (not a bare codec error)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetFormatError(
+            f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+            f"re-encode the file as UTF-8"
+        ) from exc
+
+
+def is_empty(path: str | Path) -> bool:
+    """Whether a JSONL/parquet file has no rows (parquet: from its footer, without reading the table)."""
+    path = Path(path)
+    if path.suffix == ".parquet" and path.is_file():
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            pass  # iter_rows says what to install
+        else:
+            return pq.ParquetFile(path).metadata.num_rows == 0
+    return next(iter_rows(path), None) is None
+
+
 def detect_layout(row: Mapping[str, Any]) -> str:
-    """Guess the layout of one row from its keys."""
-    if "problem" in row and "solution" in row and "answer" not in row:
+    """Guess the layout of one row from its keys (a null field, as parquet writes, counts as absent)."""
+    if "problem" in row and "solution" in row and row.get("answer") is None:
         return "math"
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return "gsm8k"
@@ -100,6 +131,7 @@ def detect_layout(row: Mapping[str, Any]) -> str:
 
 
 def _prompt_text(prompt: Any) -> str:
+    """The question of a `prompt` field: a string, or the last user message of a chat."""
     if isinstance(prompt, str):
         return prompt
     if (
@@ -108,10 +140,32 @@ def _prompt_text(prompt: Any) -> str:
         and all(isinstance(m, Mapping) for m in prompt)
     ):
         users = [m for m in prompt if m.get("role") == "user"] or prompt
-        return str(users[-1].get("content", ""))
+        return _message_text(users[-1].get("content"))
     raise TypeError(
         f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
     )
+
+
+def _message_text(content: Any) -> str:
+    """A chat message's text: a string, or its `text` parts in order (OpenAI/verl content parts).
+
+    Parts are joined with a newline, as vLLM's OpenAI server flattens them; any other part (an image,
+    audio, ...) is refused: a text-only policy would silently train on the question without it.
+    """
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not all(isinstance(p, Mapping) for p in content):
+        raise TypeError(
+            f"chat message content must be a string or a list of content parts, got {content!r:.80}"
+        )
+    for part in content:
+        if part.get("type") != "text":
+            raise ValueError(
+                f"chat message has a content part of type {part.get('type')!r}; only 'text' parts are supported"
+            )
+        if not isinstance(part.get("text"), str):
+            raise TypeError(f"chat message text part has no string 'text': {dict(part)!r:.80}")
+    return _TEXT_PART_SEPARATOR.join(part["text"] for part in content)
 
 
 def _answer_list(value: Any) -> list[str]:
@@ -139,12 +193,15 @@ def _non_blank(answers: list[str]) -> list[str]:
 
 
 def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    """The first of `keys` with a value; a null one (parquet's missing value) counts as absent."""
     for key in keys:
         value = row.get(key)
         if value is not None:
             return value
+    nulls = [key for key in keys if key in row]
+    null_note = f"; {nulls} present but null" if nulls else ""
     raise KeyError(
-        f"none of the fields {list(keys)} is present (row has {sorted(row)})"
+        f"none of the fields {list(keys)} has a value{null_note} (row has {sorted(row)})"
     )
 
 
@@ -152,8 +209,8 @@ def _arpo(row: Mapping[str, Any]) -> tuple[str, list[str]]:
     question = _prompt_text(_first(row, ("question", "problem", "prompt")))
     reward_model = row.get("reward_model")
     nested = (
-        {"ground_truth": reward_model.get("ground_truth")}
-        if isinstance(reward_model, Mapping)
+        {"ground_truth": reward_model["ground_truth"]}
+        if isinstance(reward_model, Mapping) and "ground_truth" in reward_model
         else {}
     )
     answers = _answer_list(
@@ -166,10 +223,16 @@ def _arpo(row: Mapping[str, Any]) -> tuple[str, list[str]]:
 
 def _gsm8k(row: Mapping[str, Any]) -> tuple[str, list[str]]:
     solution = str(_first(row, ("answer",)))
-    match = _GSM8K_FINAL.search(solution)
-    if not match:
+    return str(_first(row, ("question",))), [_gsm8k_final(solution)]
+
+
+def _gsm8k_final(solution: str) -> str:
+    """The number after `####` on the last line that has one (an earlier `####` is working, not the answer)."""
+    marked = [line for line in solution.splitlines() if "####" in line]
+    final = marked[-1].rsplit("####", 1)[1].replace(",", "").strip() if marked else ""
+    if not final:
         raise ValueError("GSM8K-style answer has no '#### N' final line")
-    return str(_first(row, ("question",))), [match.group(1).replace(",", "").strip()]
+    return final
 
 
 def _math(row: Mapping[str, Any]) -> tuple[str, list[str]]:

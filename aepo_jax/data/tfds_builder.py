@@ -19,11 +19,13 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
+from aepo_jax.data import records
 from aepo_jax.data.records import (
     LAYOUTS,
     Example,
     decode_example,
     example_from_row,
+    is_empty,
     iter_rows,
 )
 
@@ -67,6 +69,8 @@ class LocalQaDataset(tfds.core.GeneratorBasedBuilder):
                 raise FileNotFoundError(
                     f"dataset file for split {split!r} not found: {path}"
                 )
+            if is_empty(path):  # tfds' own error ("No examples were yielded") names no file
+                raise ValueError(f"dataset file for split {split!r} has no rows: {path}")
         super().__init__(
             config=config, data_dir=str(data_dir), file_format="array_record", **kwargs
         )
@@ -176,8 +180,9 @@ def load_local_examples(
 ) -> list[Example]:
     """One-call path for configs: prepare a single-file dataset through tfds and read it back.
 
-    The prepared copy is named by the file's contents too (`<name>_<sha256 prefix>`), so an edited or
-    replaced file is prepared again instead of silently reading the old rows.
+    The prepared copy is named by everything its rows depend on (`prepared_name`): an edited or replaced
+    file, another layout or data source, or changed parsers prepare it again instead of silently reading
+    rows parsed before.
 
     Args:
       path: JSONL or parquet file.
@@ -188,11 +193,22 @@ def load_local_examples(
     """
     path = Path(path)
     base = name or path.stem
+    source = data_source or base
     builder = prepare_local_dataset(
-        f"{base}_{file_digest(path)}",
+        prepared_name(path, base, layout=layout, data_source=source),
         {"train": path},
         data_dir,
         layout=layout,
-        data_source=data_source or base,
+        data_source=source,
     )
     return load_prepared(builder.data_path, "train")
+
+
+def prepared_name(path: str | Path, base: str, *, layout: str, data_source: str) -> str:
+    """`<base>_<layout>_<digest>`: the config name of a file's prepared copy.
+
+    The digest covers the file's bytes, the data source and `records.PARSER_VERSION`, so a copy is
+    reused only when it holds the rows this call would parse now.
+    """
+    identity = f"{file_digest(path, length=64)}\0{data_source}\0parser-v{records.PARSER_VERSION}"
+    return f"{base}_{layout}_{hashlib.sha256(identity.encode('utf-8')).hexdigest()[:12]}"

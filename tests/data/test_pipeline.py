@@ -1,11 +1,14 @@
-"""PromptPipeline: determinism from a seed, per-epoch reshuffle, sharding, exact resume."""
+"""PromptPipeline: determinism from a seed, per-epoch reshuffle, the unshuffled stream, sharding, exact resume."""
 
 import itertools
 import json
+import warnings
 
+import numpy as np
 import pytest
 
 from aepo_jax.data.pipeline import PromptPipeline
+from aepo_jax.data.records import read_examples
 
 EXAMPLES = [
     {"id": str(i), "question": f"q{i}", "answers": [str(i)], "data_source": "t"}
@@ -89,3 +92,82 @@ def test_restore_refuses_a_foreign_state_and_bad_arguments():
         PromptPipeline(EXAMPLES, 3, process_count=2)
     with pytest.raises(ValueError, match="process_index"):
         PromptPipeline(EXAMPLES, 4, process_index=2, process_count=2)
+
+
+def test_no_shuffle_is_one_stream_so_every_row_is_seen():
+    """Restarting each epoch at row 0 dropped the same tail (rows 20-22 of 23 in batches of 4) forever."""
+    pipeline = PromptPipeline(EXAMPLES, 4, shuffle=False)
+    batches = take(pipeline, 50)
+    assert batches == [[str((p * 4 + i) % 23) for i in range(4)] for p in range(50)]
+    assert set(itertools.chain.from_iterable(batches)) == {e["id"] for e in EXAMPLES}
+    assert pipeline.epoch == 9  # epochs still count steps_per_epoch steps
+
+
+def test_shuffled_order_is_a_fresh_permutation_per_epoch():
+    """Pins the shuffled stream: epoch e, step s takes permutation([seed, e])[4s:4s+4]."""
+    batches = take(PromptPipeline(EXAMPLES, 4, seed=123), 12)
+    expected = []
+    for epoch in range(3):
+        order = np.random.default_rng([123, epoch]).permutation(23)
+        expected += [[str(i) for i in order[4 * s : 4 * s + 4]] for s in range(5)]
+    assert batches == expected[:12]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_resume_at_every_position_under_any_process_count(shuffle):
+    uninterrupted = take(PromptPipeline(EXAMPLES, 4, seed=5, shuffle=shuffle), 20)
+    for stop in range(16):
+        first = PromptPipeline(EXAMPLES, 4, seed=5, shuffle=shuffle)
+        take(first, stop)
+        saved = json.loads(json.dumps(first.state()))
+        for count in (1, 2, 4):
+            shards = [PromptPipeline(EXAMPLES, 4, seed=5, shuffle=shuffle, process_index=p, process_count=count)
+                      for p in range(count)]
+            for shard in shards:
+                shard.restore(saved)
+            resumed = [[i for s in shards for i in ids([next(s)])[0]] for _ in range(4)]
+            assert resumed == uninterrupted[stop : stop + 4], (stop, count)
+
+
+def test_restore_refuses_a_state_over_other_data_of_the_same_size():
+    first = PromptPipeline(EXAMPLES, 4, seed=9)
+    next(first)
+    other = [{**e, "question": e["question"] + "?"} for e in EXAMPLES]
+    with pytest.raises(ValueError, match="data_digest='[0-9a-f]+' but .* '[0-9a-f]+': the data changed"):
+        PromptPipeline(other, 4, seed=9).restore(first.state())
+    with pytest.raises(ValueError, match="the data changed"):
+        PromptPipeline(EXAMPLES[::-1], 4, seed=9).restore(first.state())
+
+
+def test_a_renamed_or_moved_file_restores(tmp_path):
+    """The digest is of the content: rows without ids get ids from the file name, which may change."""
+    rows = "".join(json.dumps({"question": f"q{i}?", "answer": str(i)}) + "\n" for i in range(9))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "train.jsonl").write_text(rows)
+    (tmp_path / "b" / "renamed.jsonl").write_text(rows)
+    first = PromptPipeline(read_examples(tmp_path / "a" / "train.jsonl"), 2, seed=1)
+    take(first, 3)
+    moved = PromptPipeline(read_examples(tmp_path / "b" / "renamed.jsonl"), 2, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        moved.restore(first.state())
+    assert [[e["question"] for e in batch] for batch in itertools.islice(moved, 2)] == [
+        [e["question"] for e in batch] for batch in itertools.islice(first, 2)
+    ]
+
+
+def test_an_old_state_without_digest_or_version():
+    """Unversioned states (before the digest and the unshuffled stream) restore where they mean the same."""
+    state = PromptPipeline(EXAMPLES, 4, seed=9).state()
+    old = {k: v for k, v in state.items() if k not in ("version", "data_digest")}
+    with pytest.warns(UserWarning, match="no data_digest .* cannot check"):
+        PromptPipeline(EXAMPLES, 4, seed=9).restore({**old, "epoch": 3, "position": 2})
+    unshuffled = PromptPipeline(EXAMPLES, 4, seed=9, shuffle=False)
+    with pytest.warns(UserWarning, match="no data_digest"):
+        unshuffled.restore({**old, "epoch": 0, "position": 2})  # epoch 0: the same rows either way
+    assert take(unshuffled, 1) == [["8", "9", "10", "11"]]
+    with pytest.raises(ValueError, match="version 1 .*restarted every epoch at row 0"), pytest.warns(UserWarning):
+        PromptPipeline(EXAMPLES, 4, seed=9, shuffle=False).restore({**old, "epoch": 1, "position": 2})
+    with pytest.raises(ValueError, match="newer"):
+        PromptPipeline(EXAMPLES, 4, seed=9).restore({**state, "version": 99})

@@ -151,3 +151,55 @@ def test_decode_example_turns_bytes_into_str():
         "answers": ["x", "y"],
         "data_source": "s",
     }
+
+
+def row_example(row, layout="auto"):
+    return example_from_row(row, layout=layout, data_source="s", where="f.jsonl:7")
+
+
+def test_chat_content_parts_give_their_text_not_the_list_repr():
+    """verl/OpenAI rows carry `content` as parts; the question was the Python repr of the list."""
+    row = {
+        "prompt": [
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"},
+                                         {"type": "text", "text": "Answer in digits."}]},
+        ],
+        "reward_model": {"ground_truth": "4"},
+    }
+    assert row_example(row)["question"] == "What is 2+2?\nAnswer in digits."
+    image = {"type": "image_url", "image_url": {"url": "x.png"}}
+    row["prompt"][1]["content"].append(image)
+    with pytest.raises(DatasetFormatError, match="f.jsonl:7: .*content part of type 'image_url'"):
+        row_example(row)
+
+
+def test_gsm8k_gold_is_the_last_marker_line():
+    """`a #### 3\\n#### 5` gave the gold `3\\n#### 5`: the final `####` line is the answer."""
+    assert row_example({"question": "q", "answer": "a #### 3\n#### 5"})["answers"] == ["5"]
+    assert row_example({"question": "q", "answer": "a #### 3\nmore\n#### 1,005\n"})["answers"] == ["1005"]
+    with pytest.raises(DatasetFormatError, match="#### N"):
+        row_example({"question": "q", "answer": "a\n#### "}, layout="gsm8k")
+
+
+def test_null_math_answer_counts_as_absent_and_the_error_says_null(tmp_path):
+    """A parquet file with an `answer` column writes null for MATH rows without one."""
+    row = {"problem": "p", "solution": "so \\boxed{5}", "answer": None}
+    assert detect_layout(row) == "math"
+    assert row_example(row)["answers"] == ["5"]
+    with pytest.raises(DatasetFormatError, match=r"none of the fields .*\['answer'\] present but null"):
+        row_example({"question": "q", "answer": None}, layout="arpo")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"problem": "p1", "solution": "\\boxed{1}", "answer": "1"},
+                                         {"problem": "p2", "solution": "\\boxed{2}", "answer": None}]),
+                   tmp_path / "math.parquet")
+    assert [e["answers"] for e in read_examples(tmp_path / "math.parquet")] == [["1"], ["2"]]
+
+
+def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "a"}\n\n{"question": "caf\xe9", "answer": "x"}\n')
+    with pytest.raises(DatasetFormatError, match="latin1.jsonl:3: not valid UTF-8 .*0xe9"):
+        read_examples(path)

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from aepo_jax.data import records
 from aepo_jax.data.demo_datasets import DEMO_DIR
 from aepo_jax.data.records import DatasetFormatError, read_examples
 from aepo_jax.data.tfds_builder import (
     LocalQaDataset,
-    file_digest,
     load_local_examples,
     load_prepared,
     prepare_local_dataset,
+    prepared_name,
 )
 
 READ_BACK = """
@@ -82,7 +83,7 @@ def test_load_local_examples_one_call(tmp_path):
         tmp_path
         / "tfds"
         / "local_qa_dataset"
-        / f"multihop_qa_{file_digest(DEMO_DIR / 'multihop_qa.jsonl')}"
+        / prepared_name(DEMO_DIR / "multihop_qa.jsonl", "multihop_qa", layout="multihop", data_source="multihop_qa")
         / str(LocalQaDataset.VERSION)
         / "dataset_info.json"
     ).is_file()
@@ -110,3 +111,25 @@ def test_examples_come_back_in_file_order(tmp_path):
     ids = [f"q-{i:03d}" for i in range(60)]
     source.write_text("".join(json.dumps({"id": i, "question": f"question {i}", "answer": "a"}) + "\n" for i in ids))
     assert [e["id"] for e in load_local_examples(source, tmp_path / "tfds")] == ids
+
+
+def test_an_empty_file_is_refused_naming_it_before_tfds_sees_it(tmp_path):
+    """tfds' own error ("No examples were yielded") names no file."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match="split 'train' has no rows: .*empty.jsonl"):
+        load_local_examples(empty, tmp_path / "tfds")
+    assert not (tmp_path / "tfds").exists()  # refused before the builder was made
+
+
+def test_layout_data_source_and_parser_version_are_part_of_the_prepared_copy(tmp_path, monkeypatch):
+    """The copy was named by the file alone: a second call with another layout read rows parsed before."""
+    source = tmp_path / "g.jsonl"
+    source.write_text(json.dumps({"question": "q", "answer": "steps\n#### 42"}) + "\n")
+    data_dir = tmp_path / "tfds"
+    assert load_local_examples(source, data_dir, layout="arpo")[0]["answers"] == ["steps\n#### 42"]
+    assert load_local_examples(source, data_dir, layout="gsm8k")[0]["answers"] == ["42"]
+    assert load_local_examples(source, data_dir, data_source="x")[0]["data_source"] == "x"
+    name = prepared_name(source, "g", layout="gsm8k", data_source="g")
+    monkeypatch.setattr(records, "PARSER_VERSION", records.PARSER_VERSION + 1)
+    assert prepared_name(source, "g", layout="gsm8k", data_source="g") != name
