@@ -246,11 +246,8 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
 def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer, allow_config_changes: bool,
               process_index: int, process_count: int) -> int:
     """`run_training` once the workdir is this run's."""
-    from aepo_jax.experiment import (
-        fit_model_to_tokenizer,
-        pin_init_checkpoint,
-        save_run_files,
-    )
+    from aepo_jax.experiment import fit_model_to_tokenizer, save_run_files
+    from aepo_jax.experiment_init import pin_init_checkpoint
     from aepo_jax.training.checkpoint import cut_short_note
     from aepo_jax.training.preemption import Preempted
 

@@ -128,7 +128,7 @@ def test_a_run_keeps_the_init_checkpoint_step_it_started_from(sft_run, tmp_path)
     """The reference model is the init checkpoint's parameters: a resumed run rebuilt it from the newest step
     of `model.init_checkpoint` at each start, so an SFT run extended meanwhile changed the reference. The
     step is fixed when the run starts and kept in its config.json; a pinned step that is gone is an error."""
-    from aepo_jax.experiment import pin_init_checkpoint
+    from aepo_jax.experiment_init import pin_init_checkpoint
     from aepo_jax.training.checkpoint import step_folders
     from launch.resume_check import keep_fixed_settings, may_change
 
