@@ -211,6 +211,11 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.sft.max_seq_len = config_dict.placeholder(int)  # None: train.max_seq_len
     c.sft.length_bucket = config_dict.placeholder(int)  # None: train.length_bucket
 
+    # Held-out validation during RL (spec §6: greedy): after every `every` steps (0: off) and the run's last,
+    # one greedy sample of each of the first `questions` held-out questions (`data_path`, else the generated
+    # task's held-out split), `batch_questions` at a time (0: data.prompts_per_step); val/* in metrics.jsonl.
+    c.validation = ml_collections.ConfigDict({"every": 0, "data_path": "", "questions": 64, "batch_questions": 0})
+
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
     # The console shows the progress bar (headline metrics as its postfix) and a plain metrics line
     # every `console_every` steps and at the last one; metrics.jsonl gets every step. TensorBoard

@@ -23,7 +23,7 @@ RUN_LENGTH_KEYS: tuple[str, ...] = ("total_steps", "train.total_steps")
 # Dotted keys (a trailing "." covers a whole section) a resumed run may set differently.
 RESUME_MAY_CHANGE: tuple[str, ...] = (
     *RUN_LENGTH_KEYS,  # run longer (a decaying lr schedule refuses it: `check_resume_config`)
-    "log.", "checkpoint.", "verbose_logs",  # logging and saving
+    "log.", "checkpoint.", "verbose_logs", "validation.",  # logging, saving and held-out validation
     "distributed.", "mesh.",  # the layout: orbax reshards the state, the data position is global
     "train.micro_batch_size", "train.compilation_cache_dir",  # the same update, in pieces / compiled once
     "model.attention", "model.remat", "model.logits_chunk_size",  # the same maths, other kernels or memory

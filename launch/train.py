@@ -23,10 +23,19 @@ _CONFIG, _WORKDIR, _RESUME, _ALLOW_CONFIG_CHANGES = define_run_flags()
 
 
 def make_rl_trainer(cfg, env, process_index: int, process_count: int):
-    """An `RLTrainer` over the environment's real rollout (`aepo_jax.experiment.rl_trainer_from`)."""
+    """An `RLTrainer` over the environment's real rollout (`aepo_jax.experiment.rl_trainer_from`), with its
+    held-out validation (`aepo_jax.experiment_validation.validation_from`, `validation.every`)."""
     from aepo_jax.experiment import rl_trainer_from
+    from aepo_jax.experiment_validation import validation_from
 
-    return rl_trainer_from(cfg, env, _WORKDIR.value, process_index=process_index, process_count=process_count)
+    trainer = rl_trainer_from(cfg, env, _WORKDIR.value, process_index=process_index, process_count=process_count)
+    try:
+        trainer.validation = validation_from(cfg, env, trainer.run.graphdef, trainer.rollout_fn.placement,
+                                             _WORKDIR.value)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ DEFAULT_CONSOLE_EVERY = 10  # steps between console lines; the progress bar show
 # runs of one seeded config may differ in.
 WALL_CLOCK_METRICS = frozenset({
     "rollout_s", "rollout_wait_s", "prepare_s", "train_s", "step_time_s", "tokens_per_s", "tools_s", "rollout/tool_seconds",
-    "rollout/tool_call_seconds",
+    "rollout/tool_call_seconds", "val_s",
 })
 
 

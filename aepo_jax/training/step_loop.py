@@ -13,6 +13,7 @@ data position (`_data_position` / `_restore_data_position`).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ml_collections
@@ -21,6 +22,7 @@ from aepo_jax.training.build import RunParts
 from aepo_jax.training.checkpoint import Checkpointer
 from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
 from aepo_jax.training.preemption import Preempted, PreemptionWatch
+from aepo_jax.training.validation import Validation
 
 # The key of a checkpoint's data position that names the stage which wrote it (`progress_name`).
 STAGE_KEY = "stage"
@@ -33,6 +35,7 @@ class CheckpointedTrainer:
     state: Any  # TrainState; `state.rounds` counts finished steps
     run: RunParts
     progress_name: str = "train"  # the stage: the progress bar's label, saved with each checkpoint
+    validation: Validation | None = None  # held-out validation after some steps (the composition root sets it)
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
@@ -111,11 +114,15 @@ class CheckpointedTrainer:
             for _ in range(start, end):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
-                every_or_last = step % self.logger.console_every == 0 or step == end
-                records.append(self.logger.log(step, metrics, console=every_or_last))
                 preempted = watch.reached(step)
                 if step % every == 0 or step == end or preempted:
-                    self.save(force=True)
+                    self.save(force=True)  # before validating: a validation that fails loses no step
+                if self.validation is not None and self.validation.due(step, end) and not preempted:
+                    started = time.perf_counter()
+                    metrics.update(self.validation(self.state.params))
+                    metrics["val_s"] = time.perf_counter() - started
+                every_or_last = step % self.logger.console_every == 0 or step == end
+                records.append(self.logger.log(step, metrics, console=every_or_last))
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(self._progress_postfix(metrics))
