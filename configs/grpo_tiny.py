@@ -1,5 +1,6 @@
 """GRPO (spec §2.1, §3.2): k independent samples, PPO clipping, group-normalised
-advantages, per-sequence token mean.
+advantages, token mean (ARPO's machinery, spec §2.3; the GRPO paper's per-sequence token mean is
+objective.loss_agg="seq_mean_token_mean").
 
 Tiny scale (hardware: any CPU; mesh data=-1 over whatever devices exist): the
 `tiny` model, 4 prompts x k=4 trajectories per step, short sequences, so a

@@ -192,7 +192,7 @@ def compute_advantages(
             preset.entropy_advantage_coef, preset.entropy_advantage_scope, group_ids, batch_total)
         metrics.update(entropy_metrics)
     count = jnp.maximum(jnp.sum(mask), 1.0)
-    metrics["advantage_mean"] = jnp.sum(advantages * mask) / count
+    metrics["advantage_mean"] = jnp.sum(jnp.where(mask > 0, advantages, 0.0)) / count
     # Padding rows (no valid token) must not dilute the logged mean reward.
     real_rows = (jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)  # [B]
     metrics["reward_mean"] = jnp.sum(rewards * real_rows) / jnp.maximum(jnp.sum(real_rows), 1.0)

@@ -13,6 +13,13 @@ each holding its own groups, `batch_total` sums a vector of this part's sums
 over every part (`parallel.multihost.process_sum`), so every process uses the
 statistics of the whole batch; None (the default) means this part is the
 whole batch.
+
+Every sum runs over `mask == 1` only, through `jnp.where` (not `values * mask`), so NaN or inf
+at masked positions cannot leak in (`NaN * 0` is NaN). A scope whose valid values are all equal
+(max == min) gets exactly that value as its mean and a variance of exactly 0: in float32 the
+computed mean of, say, twelve 0.3s is a few ulps off, which made a constant group's GRPO
+advantage nonzero and AEPO's entropy std ~1e-8 instead of 0 (so z ~ +-1 where the spec's
+"std 0 counts as 1" gives z = 0).
 """
 
 from __future__ import annotations
@@ -37,6 +44,46 @@ def _float(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32)
 
 
+def _masked(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """`values` where `mask == 1`, exactly 0 elsewhere, whatever is there (NaN and inf included)."""
+    return jnp.where(mask > 0, values, jnp.zeros((), values.dtype))
+
+
+def _valid_range(values: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Min and max of `values` over `mask == 1` along the last axis (+inf and -inf where none)."""
+    valid = mask > 0
+    return (jnp.min(jnp.where(valid, values, jnp.inf), axis=-1),
+            jnp.max(jnp.where(valid, values, -jnp.inf), axis=-1))
+
+
+def _group_range(lo: jax.Array, hi: jax.Array, same: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per row, the min of `lo [B]` and the max of `hi [B]` over the rows of its group."""
+    in_group = same > 0  # [B, B]
+    return (jnp.min(jnp.where(in_group, lo[None, :], jnp.inf), axis=1),
+            jnp.max(jnp.where(in_group, hi[None, :], -jnp.inf), axis=1))
+
+
+def _constant_vote(lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """One part's say on "all valid values of the batch are equal", as a vector to sum over parts.
+
+    `[its values differ, it has a value, each bit of its value if it has one]`. Parts exchange only
+    sums (`batch_total`), and a max / min does not add up; these do: see `_votes_agree`.
+    """
+    has = lo <= hi
+    value = jnp.where(lo == 0, jnp.zeros((), lo.dtype), lo)  # -0.0 and 0.0 are equal; their bits not
+    nbits = 8 * lo.dtype.itemsize
+    code = jax.lax.bitcast_convert_type(jnp.where(has, value, 0), jnp.dtype(f"uint{nbits}"))
+    bits = (code >> jnp.arange(nbits, dtype=code.dtype)) & 1  # [nbits]
+    return jnp.concatenate([jnp.stack([lo < hi, has]), bits * has]).astype(lo.dtype)
+
+
+def _votes_agree(votes: jax.Array) -> jax.Array:
+    """True when no part's values differ and every bit is set in none or all of the parts with a
+    value, i.e. every valid value of the whole batch is the same (True also when there is none)."""
+    differ, has, bits = votes[0], votes[1], votes[2:]
+    return (differ == 0) & jnp.all((bits == 0) | (bits == has))
+
+
 def same_group_matrix(group_ids: jax.Array) -> jax.Array:
     """`[B, B]` float, 1 where rows i and j belong to the same prompt group."""
     group_ids = jnp.asarray(group_ids)
@@ -53,7 +100,8 @@ def group_mean_std(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array,
                          f"{jnp.shape(group_ids)}")
     same = same_group_matrix(group_ids).astype(rewards.dtype)  # [B, B]
     size = jnp.sum(same, axis=1)  # [B]
-    mean = same @ rewards / size
+    lo, hi = _group_range(rewards, rewards, same)
+    mean = jnp.where(lo == hi, lo, same @ rewards / size)  # all-equal group: exact mean, std 0
     sq_dev = same * jnp.square(rewards[None, :] - mean[:, None])  # [B, B]
     var = jnp.sum(sq_dev, axis=1) / jnp.maximum(size - 1.0, 1.0)
     return mean, jnp.sqrt(var), size
@@ -95,25 +143,31 @@ def masked_mean_var(values: jax.Array, mask: jax.Array,
                     batch_total: BatchTotal | None = None) -> tuple[jax.Array, jax.Array]:
     """Mean and unbiased variance of `values` over the valid tokens of the whole batch (scalars).
 
-    No valid token gives mean 0, one gives variance 0. `batch_total`: see the module doc; the mean
-    is the whole batch's before the squared deviations from it are summed (two exchanges, the
-    single-batch formula exactly)."""
+    No valid token gives mean 0, one gives variance 0; all valid values equal give exactly that
+    value and variance 0 (module doc). `batch_total`: see the module doc; the mean is the whole
+    batch's before the squared deviations from it are summed (two exchanges, the single-batch
+    formula exactly)."""
     values, mask = _float(values), _float(mask)
-    count, total = _total(jnp.stack([jnp.sum(mask), jnp.sum(values * mask)]), batch_total)
-    count = jnp.maximum(count, 1.0)
-    mean = total / count
-    sq_dev_sum = _total(jnp.sum(jnp.square(values - mean) * mask)[None], batch_total)[0]
+    row_lo, row_hi = _valid_range(values, mask)
+    lo, hi = jnp.min(row_lo), jnp.max(row_hi)  # this part's
+    local = jnp.stack([jnp.sum(mask), jnp.sum(_masked(values, mask))])
+    sums = _total(jnp.concatenate([local, _constant_vote(lo, hi)]), batch_total)
+    count = jnp.maximum(sums[0], 1.0)
+    # All valid values equal: they are this part's `lo` (a part without one keeps total / count).
+    mean = jnp.where(_votes_agree(sums[2:]) & (lo <= hi), lo, sums[1] / count)
+    sq_dev_sum = _total(jnp.sum(_masked(jnp.square(values - mean), mask))[None], batch_total)[0]
     return mean, sq_dev_sum / jnp.maximum(count - 1.0, 1.0)
 
 
 def masked_whiten(values: jax.Array, mask: jax.Array, batch_total: BatchTotal | None = None) -> jax.Array:
     """Whiten over valid tokens of the whole batch: `(x - mean) / sqrt(var + 1e-8)`, unbiased var.
 
-    Returns `[B, T]`, zero where masked. `batch_total`: see the module doc.
+    Returns `[B, T]`, zero where masked; exactly zero when all valid values are equal.
+    `batch_total`: see the module doc.
     """
     values, mask = _float(values), _float(mask)
     mean, var = masked_mean_var(values, mask, batch_total)
-    return (values - mean) * jax.lax.rsqrt(var + WHITEN_EPS) * mask
+    return _masked((values - mean) * jax.lax.rsqrt(var + WHITEN_EPS), mask)
 
 
 def last_valid_token_onehot(mask: jax.Array) -> jax.Array:
@@ -146,7 +200,7 @@ def reinforce_pp_advantages(
     mask = _float(mask)
     token_rewards = _float(rewards)[:, None] * last_valid_token_onehot(mask)  # [B, T]
     if kl is not None:
-        token_rewards = token_rewards - kl_coef * jax.lax.stop_gradient(_float(kl)) * mask
+        token_rewards = token_rewards - kl_coef * _masked(jax.lax.stop_gradient(_float(kl)), mask)
     returns = jnp.flip(jnp.cumsum(jnp.flip(token_rewards, -1), axis=-1), -1)  # [B, T]
     return masked_whiten(returns, mask, batch_total)
 
@@ -171,7 +225,9 @@ def entropy_aware_advantages(
     `z_t = (H_t - mean H) / std H` over valid tokens of the batch
     (`scope="batch"`; the whole update batch's with `batch_total`, module doc)
     or of the token's prompt group (`scope="group"`, always on one process); std
-    is unbiased, and a std of 0 (or a single token) counts as 1. `H` is detached.
+    is unbiased, and a std of 0 (or a single token) counts as 1. Std 0 is decided exactly:
+    all valid `H` of the scope equal (max == min), not a float32 std that rounds to ~1e-8
+    (module doc). `H` is detached.
 
     Returns:
       `([B, T] advantages, metrics)` with the batch entropy mean and std used.
@@ -188,9 +244,11 @@ def entropy_aware_advantages(
             raise ValueError("entropy_adv_scope='group' needs group_ids")
         same = same_group_matrix(group_ids).astype(mask.dtype)  # [B, B]
         count = same @ jnp.sum(mask, -1)  # [B], valid tokens in each row's group
-        mean = same @ jnp.sum(entropy * mask, -1) / jnp.maximum(count, 1.0)  # [B]
+        lo, hi = _group_range(*_valid_range(entropy, mask), same)  # [B] each
+        mean = same @ jnp.sum(_masked(entropy, mask), -1) / jnp.maximum(count, 1.0)  # [B]
+        mean = jnp.where(lo == hi, lo, mean)  # all-equal group: exact mean, std exactly 0
         # rows of one group share one mean, so per-row squared deviations add up
-        sq_dev_sum = same @ jnp.sum(jnp.square(entropy - mean[:, None]) * mask, -1)  # [B]
+        sq_dev_sum = same @ jnp.sum(_masked(jnp.square(entropy - mean[:, None]), mask), -1)  # [B]
         std = jnp.sqrt(sq_dev_sum / jnp.maximum(count - 1.0, 1.0))
     std = jnp.where(std > 0, std, 1.0)
     if scope == "group":
@@ -199,9 +257,9 @@ def entropy_aware_advantages(
     metrics = {
         "entropy_adv_h_mean": jnp.mean(mean),
         "entropy_adv_h_std": jnp.mean(std),
-        "entropy_adv_z_abs_mean": jnp.sum(jnp.abs(z) * mask) / jnp.maximum(jnp.sum(mask), 1.0),
+        "entropy_adv_z_abs_mean": jnp.sum(_masked(jnp.abs(z), mask)) / jnp.maximum(jnp.sum(mask), 1.0),
     }
-    return advantages * (1.0 + coef * z) * mask, metrics
+    return _masked(advantages * (1.0 + coef * z), mask), metrics
 
 
 def overlong_penalty(

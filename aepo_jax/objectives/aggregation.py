@@ -54,7 +54,7 @@ def loss_denominator(mask: jax.Array, mode: str) -> jax.Array:
 
 
 def _numerator(token_values: jax.Array, mask: jax.Array, mode: str, max_len: int | None) -> jax.Array:
-    per_seq_sum = jnp.sum(token_values * mask, axis=-1)  # [B]
+    per_seq_sum = jnp.sum(jnp.where(mask > 0, token_values, 0.0), axis=-1)  # [B]; NaN * 0 would be NaN
     if mode == "token_mean":
         return jnp.sum(per_seq_sum)
     if mode == "seq_mean_token_mean":
@@ -115,4 +115,4 @@ def seq_mean_token_sum_norm(token_values: jax.Array, mask: jax.Array, **kwargs) 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean of `values` over `mask == 1` (0 when the mask is empty); for metrics."""
     mask = mask.astype(values.dtype)
-    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.sum(jnp.where(mask > 0, values, 0.0)) / jnp.maximum(jnp.sum(mask), 1.0)

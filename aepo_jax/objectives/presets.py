@@ -149,8 +149,9 @@ def make_preset(name: str, surrogate: str, advantage: str, **fields) -> Algorith
 
 _P = make_preset
 PRESETS: dict[str, AlgorithmPreset] = {
-    # GRPO paper: per-sequence token mean; std-normalised group advantages.
-    "grpo": _P("grpo", "ppo", "grpo", loss_agg="seq_mean_token_mean"),
+    # The paper's GRPO baseline: ARPO's machinery (spec §2.3), so ARPO's token_mean (the spec's
+    # default, §3); the GRPO paper's seq_mean_token_mean is the override loss_agg="seq_mean_token_mean".
+    "grpo": _P("grpo", "ppo", "grpo"),
     # Dr. GRPO: no std division, token sum over a constant max_len.
     "dr_grpo": _P("dr_grpo", "ppo", "dr_grpo", loss_agg="seq_mean_token_sum_norm"),
     # Reinforce++: k1 KL inside the token reward. 0.01 is OpenRLHF's usual

@@ -31,7 +31,8 @@ underflows to 0, never to NaN, and CISPO's clip region reaches down to 0.
 
 All inputs are `[B, T]` arrays already cast to a float type of at least 32
 bits; `mask` is the float 0/1 policy-token mask. Tokens with `mask == 0` get
-log-ratio 0 through `jnp.where`, so garbage there cannot leak NaN gradients.
+log-ratio 0 and surrogate 0 through `jnp.where`, so garbage there cannot leak NaN values or
+gradients.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ class SurrogateOutput(NamedTuple):
     clipped_lower: jax.Array
     clipped_dual: jax.Array
     preserved: jax.Array
+
+
+def masked(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """`values` on policy tokens, exactly 0 elsewhere even where they are NaN or inf (`NaN * 0` is NaN)."""
+    return jnp.where(mask > 0, values, jnp.zeros((), values.dtype))
 
 
 def masked_log_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
@@ -129,7 +135,7 @@ def ppo_surrogate(
     s = jnp.minimum(ratio * advantages, clipped * advantages)
     s = _apply_dual_clip(s, advantages, dual_clip_c)
     upper, lower, dual = _regions(ratio, advantages, mask, clip_low, clip_high, dual_clip_c)
-    return SurrogateOutput(s * mask, ratio, upper, lower & ~dual, dual, jnp.zeros_like(upper))
+    return SurrogateOutput(masked(s, mask), ratio, upper, lower & ~dual, dual, jnp.zeros_like(upper))
 
 
 def gppo_surrogate(
@@ -155,7 +161,7 @@ def gppo_surrogate(
     s = _apply_dual_clip(s, advantages, dual_clip_c)
     upper, lower, dual = _regions(ratio, advantages, mask, clip_low, clip_high, dual_clip_c)
     lower = lower & ~dual
-    return SurrogateOutput(s * mask, ratio, upper, lower, dual, upper | lower)
+    return SurrogateOutput(masked(s, mask), ratio, upper, lower, dual, upper | lower)
 
 
 def aepo_surrogate(
@@ -180,7 +186,7 @@ def aepo_surrogate(
     s = jnp.minimum(ratio * advantages, clipped * advantages)
     s = _apply_dual_clip(s, advantages, dual_clip_c)
     upper, lower, dual = _regions(ratio, advantages, mask, clip_low, clip_high, dual_clip_c)
-    return SurrogateOutput(s * mask, ratio, upper, lower & ~dual, dual, upper)
+    return SurrogateOutput(masked(s, mask), ratio, upper, lower & ~dual, dual, upper)
 
 
 def cispo_surrogate(
@@ -208,7 +214,7 @@ def cispo_surrogate(
     upper = valid & (ratio > 1.0 + clip_high)
     lower = valid & (ratio < 1.0 - clip_low)
     preserved = (upper & (advantages > 0)) | (lower & (advantages < 0))
-    return SurrogateOutput(s * mask, ratio, upper, lower, jnp.zeros_like(valid), preserved)
+    return SurrogateOutput(masked(s, mask), ratio, upper, lower, jnp.zeros_like(valid), preserved)
 
 
 def sequence_log_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
@@ -243,7 +249,7 @@ def gspo_surrogate(
     s = _apply_dual_clip(s, advantages, dual_clip_c)
     ratio = jnp.broadcast_to(seq_ratio, mask.shape)
     upper, lower, dual = _regions(ratio, advantages, mask, clip_low, clip_high, dual_clip_c)
-    return SurrogateOutput(s * mask, ratio, upper, lower & ~dual, dual, jnp.zeros_like(upper))
+    return SurrogateOutput(masked(s, mask), ratio, upper, lower & ~dual, dual, jnp.zeros_like(upper))
 
 
 SURROGATES = {

@@ -1,9 +1,11 @@
 """Advantages that look at shared prefixes: GiGPO anchor-state steps and ARPO hard attribution.
 
-Spec §3.2. Both take the trainer's `[B, T]` layout in which column 0 is the
-first response token of every row, so rows of one prompt group (same prompt)
-are column-aligned and "the same prefix" means "the same tokens in columns
-`[0, n)`". Tool-result tokens sit in these rows with `mask == 0`.
+Spec §3.2. Both take the trainer's `[B, T]` layout (`training.rollout_batch`): each row is its
+prompt followed by its response from column 0, right-padded, so rows of one prompt group (same
+prompt) are column-aligned and "the same prefix" means "the same tokens in columns `[0, n)`",
+prompt included. Prompt and tool-result tokens sit in these rows with `mask == 0`; a row's first
+policy token is at column `len(prompt)`, and its own prefix length (the diagonal of
+`shared_prefix_len`) is prompt plus response length.
 
 Identical prefixes are identical states whether they come from a fork (a
 tree branch point) or arise by chance in independent samples; both estimators
@@ -33,9 +35,9 @@ def shared_prefix_lengths(tokens: np.ndarray, group_ids: np.ndarray, lengths: np
     """Host-side: `int32[B, B]`, the number of leading columns rows i and j share.
 
     Args:
-      tokens: `int[B, T]` token ids in the trainer layout (response from column 0).
+      tokens: `int[B, T]` token ids in the trainer layout (prompt, then response, from column 0).
       group_ids: `int[B]` prompt group of each row.
-      lengths: `int[B]` real length of each row (columns beyond are padding).
+      lengths: `int[B]` real length of each row, prompt included (columns beyond are padding).
 
     Returns:
       `shared[i, j]` = length of the common prefix of rows i and j within
@@ -58,6 +60,29 @@ def shared_prefix_lengths(tokens: np.ndarray, group_ids: np.ndarray, lengths: np
     return shared
 
 
+def check_prefix_layout(shared_prefix_len: jax.Array, mask: jax.Array) -> None:
+    """Raise a ValueError if a row's own prefix length ends before its last policy token.
+
+    `shared_prefix_len[b, b]` is row b's length in the mask's layout (prompt plus response), so it
+    is at least the row's last `mask == 1` column + 1. A matrix counted from the first response
+    token (response only) fails this and would silently shift every attribution by the prompt
+    length. Skipped under `jax.jit` (traced values have no value to check).
+    """
+    if isinstance(shared_prefix_len, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+        return
+    own = np.diagonal(np.asarray(shared_prefix_len))
+    mask = np.asarray(mask)
+    last_end = np.where(mask > 0, np.arange(mask.shape[-1]) + 1, 0).max(axis=-1)  # [B]
+    short = np.flatnonzero(own < last_end)
+    if short.size:
+        raise ValueError(
+            f"shared_prefix_len does not match the mask's layout: rows {short[:5].tolist()} have own prefix "
+            f"length (diagonal) {own[short[:5]].tolist()} but policy tokens up to column "
+            f"{(last_end[short[:5]] - 1).tolist()}. Rows are prompt-first (column 0 is the first prompt "
+            f"token), so the diagonal must be prompt + response length; a response-only count "
+            f"(e.g. `agent.trajectory.tree_shared_prefixes` without the prompt) is off by the prompt length")
+
+
 def hard_attribution_advantages(
     sequence_advantages: jax.Array,
     shared_prefix_len: jax.Array,
@@ -70,11 +95,13 @@ def hard_attribution_advantages(
     `shared_prefix_len[i, j] > t` (row i itself when `t < shared_prefix_len[i, i]`);
     it gets the mean of their `sequence_advantages`. A row's own tokens beyond
     every shared prefix keep its own advantage. Jit-compatible; memory `[B, T]`
-    per row step (`lax.map` over rows).
+    per row step (`lax.map` over rows). A `shared_prefix_len` whose diagonal ends before a row's
+    last policy token raises (`check_prefix_layout`; eager calls only).
 
     Args:
       sequence_advantages: `[B]` per-trajectory advantages (e.g. GRPO's).
-      shared_prefix_len: `int[B, B]` from `shared_prefix_lengths` or the rollout tree.
+      shared_prefix_len: `int[B, B]` from `shared_prefix_lengths` or the rollout tree, counted in
+        the columns of `mask` (prompt-first rows: prompt included).
       group_ids: `int[B]`.
       mask: `[B, T]` policy-token mask.
 
@@ -88,6 +115,7 @@ def hard_attribution_advantages(
     if shared.shape != (batch, batch) or adv.shape != (batch,):
         raise ValueError(f"need sequence_advantages [B={batch}] and shared_prefix_len [B, B], got "
                          f"{adv.shape} and {shared.shape}")
+    check_prefix_layout(shared_prefix_len, mask)
     same = same_group_matrix(group_ids) > 0  # [B, B]
     positions = jnp.arange(width)
 
@@ -172,7 +200,8 @@ def gigpo_advantages(
     step_adv = [np.zeros(len(starts)) for starts in step_starts]
     for members in step_groups.values():
         returns = np.array([ret for _, _, ret in members])
-        centered = returns - returns.mean()
+        # all-equal returns: exactly 0 (np.mean of seven 1.1s is 1 ulp off)
+        centered = returns - returns.mean() if returns.max() > returns.min() else np.zeros_like(returns)
         if norm == "mean_std_norm":
             spread = returns.std(ddof=1) if len(returns) > 1 else 0.0
             centered = centered / (spread + GROUP_STD_EPS)

@@ -1,6 +1,9 @@
 """Advantage estimators of spec §3.2 on hand-made cases."""
 
+import concurrent.futures
+import itertools
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -96,13 +99,135 @@ def test_entropy_aware_batch_scope_hand_made():
     assert float(metrics["entropy_adv_h_std"]) == pytest.approx(1.0)
 
 
-def test_entropy_aware_std_zero_counts_as_one():
-    adv = np.array([[0.5, -2.0, 1.0]])
-    out, _ = entropy_aware_advantages(adv, np.full((1, 3), 0.7), np.ones((1, 3)), scope="batch")
-    np.testing.assert_allclose(np.asarray(out), adv, rtol=1e-7)
-    out, _ = entropy_aware_advantages(adv, np.array([[0.7, 9.0, 9.0]]), np.array([[1.0, 0, 0]]),
-                                      scope="batch")
+# Constants float32 cannot represent, at token counts whose float32 mean is a few ulps off (so a
+# computed std is ~1e-8, not 0): (0.3, 7), (1.1, 100), (0.7, 12) gave A (1 +- 0.2) before the fix.
+CONSTANTS = [(0.3, 7), (0.3, 12), (0.3, 100), (0.7, 3), (0.7, 7), (0.7, 12), (0.7, 100), (1.1, 7),
+             (1.1, 12), (1.1, 100)]
+
+
+@pytest.mark.parametrize("value, n", CONSTANTS)
+def test_entropy_aware_std_zero_counts_as_one(value, n):
+    # Spec §3.2 "Std 0 counts as 1": all-equal H gives z = 0, so the advantages come back exactly.
+    adv = np.linspace(-2.0, 1.5, 2 * n, dtype=np.float32).reshape(2, n)
+    entropy, mask = np.full((2, n), value, np.float32), np.ones((2, n), np.float32)
+    out, metrics = entropy_aware_advantages(adv, entropy, mask, scope="batch")
+    np.testing.assert_array_equal(np.asarray(out), adv)
+    assert float(metrics["entropy_adv_h_std"]) == 1.0
+    # group scope: group 3 is constant (two rows of `value`); group 5 is not, and keeps its z-scores
+    entropy = np.vstack([entropy, np.linspace(0.1, 2.0, n, dtype=np.float32)[None, :]])
+    adv3, mask3 = np.vstack([adv, adv[:1]]), np.ones((3, n), np.float32)
+    out, _ = entropy_aware_advantages(adv3, entropy, mask3, scope="group", group_ids=np.array([3, 3, 5]))
+    np.testing.assert_array_equal(np.asarray(out)[:2], adv)
+    h = entropy[2].astype(np.float64)
+    np.testing.assert_allclose(np.asarray(out)[2], adv[0] * (1 + 0.2 * (h - h.mean()) / h.std(ddof=1)),
+                               rtol=1e-5)
+    # one valid token, the rest masked garbage-free but different: still std 0 -> A unchanged
+    out, _ = entropy_aware_advantages(np.array([[0.5, -2.0, 1.0]]), np.array([[value, 9.0, 9.0]]),
+                                      np.array([[1.0, 0, 0]]), scope="batch")
     np.testing.assert_allclose(np.asarray(out), [[0.5, 0.0, 0.0]], rtol=1e-7)
+
+
+@pytest.mark.parametrize("value, n", CONSTANTS)
+def test_all_equal_rewards_give_exactly_zero_advantage(value, n):
+    # (R - mean_g R) is exactly 0 in an all-equal group (spec §3.2 GRPO, Dr. GRPO; DAPO's filter
+    # drops such groups because they carry no signal), and so are the whitened Reinforce++ returns
+    # (x - mean) / sqrt(var + 1e-8) of an all-equal batch. A float32 mean a few ulps off gave
+    # (R - mean) / (std + 1e-6) ~ 1e-2 and whitened values ~ 1e-4 instead.
+    rewards = np.full(n, value, np.float32)
+    groups, mask = np.zeros(n, np.int32), np.ones((n, 4), np.float32)
+    for name, adv in {"grpo": grpo_advantages(rewards, groups, mask),
+                      "dr_grpo": dr_grpo_advantages(rewards, groups, mask),
+                      "reinforce_pp_baseline": reinforce_pp_baseline_advantages(rewards, groups, mask),
+                      "reinforce_pp": reinforce_pp_advantages(rewards, mask),
+                      "whiten": masked_whiten(np.full((2, n), value, np.float32), np.ones((2, n)))}.items():
+        np.testing.assert_array_equal(np.asarray(adv), 0.0, err_msg=name)
+    # a constant group next to a varied one: the constant group's rows are exactly 0
+    mixed = np.concatenate([rewards, np.linspace(0.0, 1.0, n, dtype=np.float32)])
+    adv = np.asarray(grpo_advantages(mixed, np.repeat([0, 1], n), np.ones((2 * n, 4), np.float32)))
+    np.testing.assert_array_equal(adv[:n], 0.0)
+    assert np.all(adv[n:][[0, -1], 0] != 0.0)
+
+
+def test_garbage_at_masked_positions_does_not_leak():
+    # Spec §3: every mean, std and sum runs over mask == 1 only. NaN / inf where mask == 0 must give
+    # the advantages of zeros there (NaN * 0 is NaN, so `values * mask` poisoned every token).
+    mask = np.array([[1, 1, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 0]], np.float32)
+    garbage = np.where(mask > 0, 0.0, np.array([np.nan, np.inf, -np.inf, np.nan, np.inf])).astype(np.float32)
+    entropy = np.array([[0.2, 1.0, 0.5, 0.0, 0.0], [0.3, 0.0, 0.9, 1.4, 0.0], [0.7, 0.1, 0.0, 0.0, 0.0]],
+                       np.float32)
+    adv = np.array([[1.0, 1.0, 1.0, 0.0, 0.0], [-0.5, 0.0, -0.5, -0.5, 0.0], [2.0, 2.0, 0.0, 0.0, 0.0]],
+                   np.float32)
+    groups, rewards = np.array([0, 0, 1]), np.array([1.0, 0.0, 0.5])
+    kl = np.where(mask > 0, 0.05, 0.0).astype(np.float32)
+    for scope in ("batch", "group"):
+        clean, clean_metrics = entropy_aware_advantages(adv, entropy, mask, scope=scope, group_ids=groups)
+        dirty, dirty_metrics = entropy_aware_advantages(adv + garbage, entropy + garbage, mask, scope=scope,
+                                                        group_ids=groups)
+        assert np.all(np.isfinite(np.asarray(clean)))
+        np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean), err_msg=scope)
+        for key, value in clean_metrics.items():
+            assert float(dirty_metrics[key]) == float(value), (scope, key)
+    clean = reinforce_pp_advantages(rewards, mask, kl=kl, kl_coef=0.1)
+    dirty = reinforce_pp_advantages(rewards, mask, kl=kl + garbage, kl_coef=0.1)
+    assert np.all(np.isfinite(np.asarray(clean)))
+    np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean))
+    np.testing.assert_array_equal(np.asarray(masked_whiten(entropy + garbage, mask)),
+                                  np.asarray(masked_whiten(entropy, mask)))
+    preset = objectives.get_preset("aepo")
+    clean, _ = objectives.compute_advantages(preset, rewards, groups, mask, entropy=entropy)
+    dirty, metrics = objectives.compute_advantages(preset, rewards, groups, mask, entropy=entropy + garbage)
+    np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean))
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+
+
+def process_parts(count: int):
+    """`batch_total`s for `count` threads that each hold one part of a batch: like
+    `parallel.multihost.process_sum`, each call sums the vector of every part (a barrier per call)."""
+    barrier, slots = threading.Barrier(count), {}
+
+    def make(part: int):
+        calls = itertools.count()
+
+        def batch_total(sums):
+            call = next(calls)
+            slots[call, part] = np.asarray(sums, np.float64)
+            barrier.wait()
+            return sum(slots[call, p] for p in range(count))
+        return batch_total
+    return [make(p) for p in range(count)]
+
+
+def run_parts(fn, parts):
+    """`fn(*part, batch_total)` for every part in its own thread, as processes would."""
+    totals = process_parts(len(parts))
+    with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+        return list(pool.map(lambda i: fn(*parts[i], totals[i]), range(len(parts))))
+
+
+@pytest.mark.parametrize("values", [(0.3, 0.3), (1.1, 1.1), (0.3, 0.7), (0.7, None)])
+def test_batch_statistics_split_over_parts_decide_all_equal_exactly(values):
+    # A batch split over processes (batch_total) must decide "all valid H equal" for the whole
+    # batch: parts with equal constants -> A unchanged; different constants -> the whole batch's
+    # z-scores; a part without a valid token (None) follows the others.
+    n, parts = 7, []
+    for i, value in enumerate(values):
+        mask = np.ones((2, n), np.float32) if value is not None else np.zeros((2, n), np.float32)
+        entropy = np.full((2, n), 0.0 if value is None else value, np.float32)
+        parts.append((np.linspace(-1.0, 1.0 + i, 2 * n, dtype=np.float32).reshape(2, n), entropy, mask))
+
+    def aware(adv, entropy, mask, batch_total):
+        return np.asarray(objectives.entropy_aware_advantages(adv, entropy, mask, batch_total=batch_total)[0])
+
+    def whiten(adv, entropy, mask, batch_total):
+        return np.asarray(objectives.masked_whiten(entropy, mask, batch_total))
+
+    whole = [np.concatenate([p[k] for p in parts]) for k in range(3)]
+    for fn in (aware, whiten):
+        got = np.concatenate(run_parts(fn, parts))
+        want = fn(*whole, None)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=fn.__name__)
+        if len(set(values) - {None}) == 1:  # all valid H equal: exactly A, exactly 0
+            np.testing.assert_array_equal(got, whole[0] * whole[2] if fn is aware else 0.0)
 
 
 def test_entropy_aware_group_scope_uses_each_group_statistics():

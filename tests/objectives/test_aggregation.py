@@ -12,6 +12,7 @@ from aepo_jax.objectives import (
     loss_denominator,
     policy_loss,
 )
+from aepo_jax.objectives.surrogates import get_surrogate
 
 VALUES = np.array([[1.0, 2.0, 3.0, 4.0],
                    [5.0, 6.0, 7.0, 8.0],
@@ -144,3 +145,34 @@ def test_unknown_mode_and_bad_max_len_raise():
         aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "sum")
     with pytest.raises(ValueError, match="max_len must be positive"):
         aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "seq_mean_token_sum_norm", max_len=0)
+
+
+@pytest.mark.parametrize("surrogate", ["ppo", "gppo", "aepo", "cispo", "gspo"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_garbage_at_masked_positions_leaves_loss_and_metrics_as_with_zeros(surrogate, mode):
+    # Spec §3: sums run over mask == 1 only. NaN / inf advantages or entropy where mask == 0 (NaN * 0
+    # is NaN) must give the loss, gradient and metrics of zeros there.
+    garbage = np.where(MASK > 0, 0.0, np.array([np.nan, np.inf, -np.inf, np.nan])).astype(np.float32)
+    logp = np.array([[-1.0, -0.5, -2.0, -1.0], [-0.3, -1.2, -0.8, -1.0], [-1.0] * 4], np.float32)
+    adv = np.array([[1.0, -0.5, 0.0, 0.0], [0.3, 2.0, -1.0, 0.0], [0.0] * 4], np.float32)
+    entropy = np.array([[0.4, 1.1, 0.0, 0.0], [0.9, 0.2, 0.5, 0.0], [0.0] * 4], np.float32)
+    extra = {"dual_clip_c": None} if surrogate == "cispo" else {}
+    config = loss_config(surrogate, loss_agg=mode, entropy_coef=0.01, **extra)
+
+    def run(advantages, entropy):
+        def loss(x):
+            return policy_loss(config, logp=x, logp_old=logp - 0.1, advantages=advantages, mask=MASK,
+                               entropy=entropy)
+        (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(logp))
+        return float(value), {k: float(v) for k, v in metrics.items()}, np.asarray(grad)
+
+    dirty_agg = aggregate(jnp.asarray(VALUES + garbage), jnp.asarray(MASK), mode)
+    assert float(dirty_agg.loss) == float(aggregate(jnp.asarray(VALUES), jnp.asarray(MASK), mode).loss)
+    surrogate_fn, clips = get_surrogate(surrogate), (config.clip_low, config.clip_high, config.dual_clip_c)
+    clean_s = surrogate_fn(logp, logp - 0.1, adv, MASK, *clips).surrogate
+    np.testing.assert_array_equal(np.asarray(surrogate_fn(logp, logp - 0.1, adv + garbage, MASK, *clips).surrogate),
+                                  np.asarray(clean_s))
+    clean, dirty = run(adv, entropy), run(adv + garbage, entropy + garbage)
+    assert np.isfinite(clean[0]) and clean[0] == dirty[0]
+    assert dirty[1] == clean[1]
+    np.testing.assert_array_equal(dirty[2], clean[2])

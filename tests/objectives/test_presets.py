@@ -9,6 +9,7 @@ import pytest
 
 from aepo_jax.objectives import (
     PRESETS,
+    AlgorithmPreset,
     compute_advantages,
     get_preset,
     grpo_advantages,
@@ -26,25 +27,120 @@ def test_every_spec_algorithm_has_a_preset():
         assert get_preset(name).name == name
 
 
-@pytest.mark.parametrize(
-    "name, surrogate, advantage, clip_low, clip_high, dual_clip_c, loss_agg, rollout",
-    [
-        ("aepo", "aepo", "grpo", 0.2, 0.2, 3.0, "token_mean", "aepo"),
-        ("arpo", "ppo", "grpo", 0.2, 0.2, 3.0, "token_mean", "arpo"),
-        ("grpo", "ppo", "grpo", 0.2, 0.2, 3.0, "seq_mean_token_mean", "independent"),
-        ("dr_grpo", "ppo", "dr_grpo", 0.2, 0.2, 3.0, "seq_mean_token_sum_norm", "independent"),
-        ("dapo", "ppo", "grpo", 0.2, 0.28, 3.0, "token_mean", "independent"),
-        ("cispo", "cispo", "grpo", 1.0, 0.28, None, "token_mean", "independent"),
-        ("gppo", "gppo", "grpo", 0.2, 0.2, 3.0, "token_mean", "independent"),
-        ("gspo", "gspo", "grpo", 3e-4, 4e-4, 3.0, "seq_mean_token_mean", "independent"),
-    ],
-)
-def test_preset_values_follow_the_spec(name, surrogate, advantage, clip_low, clip_high,
-                                       dual_clip_c, loss_agg, rollout):
-    p = get_preset(name)
-    assert (p.surrogate, p.advantage, p.clip_low, p.clip_high, p.dual_clip_c, p.loss_agg,
-            p.rollout) == (surrogate, advantage, clip_low, clip_high, dual_clip_c, loss_agg,
-                           rollout)
+# Every AlgorithmPreset field, its value for a preset that does not set it, written from the spec
+# (the line quoted) and not read from presets.py. Fields the spec gives no value for carry the choice
+# docs/objectives.md documents (marked "open"), so a new field or a changed default fails here.
+SPEC_DEFAULTS = {
+    # §3.1 "Dual clip (`dual_clip_c`, default 3.0, set `None` to disable; not for CISPO)"
+    "dual_clip_c": 3.0,
+    # §3.1 "Clip defaults: `el = eh = 0.2` (AEPO, ARPO, GRPO, GPPO as released)"
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    # §3 "`token_mean` (sum over all valid tokens / number of valid tokens in the batch, the default)"
+    "loss_agg": "token_mean",
+    # §2.1 "Independent sampling (GRPO, DAPO, CISPO, GPPO, GSPO, Reinforce++)"
+    "rollout": "independent",
+    # §3.2 "AEPO entropy-aware: `A_t = A_i * (1 + a * z_t)`, `a = 0.2`" ... "(`entropy_adv_scope =
+    # "batch"`, or `"group"`)": AEPO only
+    "entropy_advantage": False,
+    "entropy_advantage_coef": 0.2,
+    "entropy_advantage_scope": "batch",
+    # §3.2 "DAPO: GRPO advantages; dynamic sampling drops groups ...; overlong shaping": DAPO only
+    "dynamic_sampling": False,
+    "overlong_shaping": False,
+    "overlong_buffer_len": None,  # open: Lc = 0.2 Lmax, the DAPO paper's 4096 of 20480
+    # §3.2 "`((Lmax - Lc) - |y|) / Lc` inside the buffer, `-1` beyond `Lmax`": penalty factor 1
+    "overlong_penalty_factor": 1.0,
+    # §3.2 "ARPO hard attribution (switch): ... default is soft (plain GRPO)"
+    "hard_attribution": False,
+    # §3.3 "`kl_coef` default 0.0 for AEPO"; §7 "KL coefficient 0"
+    "kl_coef": 0.0,
+    "kl_estimator": "k3",  # open: §3.3 lists k1, k2, k3 without a default
+    "kl_in_reward": False,  # §3.2 Reinforce++ "minus the per-token KL penalty if `kl_in_reward`"
+    # §3.3 "Optional entropy bonus `entropy_coef` (default 0)."
+    "entropy_coef": 0.0,
+    # §3.2 "GiGPO: `A = A_episode + omega * A_step`, `omega = 1`; `A_step` normalises the discounted
+    # return (gamma 0.95) ... `mean_norm` (no std) default."
+    "gigpo_gamma": 0.95,
+    "gigpo_omega": 1.0,
+    "gigpo_norm": "mean_norm",
+}
+
+SPEC_PRESETS = {
+    # §3.1 "PPO / GRPO / DAPO / ARPO | `min(r A, clip(r, 1-el, 1+eh) A)`"; §3.2 "GRPO: `A_i = (R_i -
+    # mean_g R) / (std_g R + 1e-6)`". Aggregation: §2.3 "The GRPO baseline in the paper is ARPO's
+    # machinery with `initial_rollouts = k` (no branching)", so ARPO's token_mean, which is also
+    # §3's "`token_mean` (..., the default)"; "`seq_mean_token_mean` (GRPO paper)" is an override.
+    "grpo": {"surrogate": "ppo", "advantage": "grpo", "loss_agg": "token_mean"},
+    # §3 "`seq_mean_token_sum_norm` (Dr. GRPO: token sum / constant `max_len`)"; §3.2 "Dr. GRPO: no
+    # std division." Surrogate open: GRPO's.
+    "dr_grpo": {"surrogate": "ppo", "advantage": "dr_grpo", "loss_agg": "seq_mean_token_sum_norm"},
+    # §3.2 "Reinforce++: return of the outcome reward at the last valid token (discount 1), minus the
+    # per-token KL penalty if `kl_in_reward`". Open: the KL on (k1, 0.01, OpenRLHF's), PPO surrogate.
+    "reinforce_pp": {"surrogate": "ppo", "advantage": "reinforce_pp", "kl_in_reward": True,
+                     "kl_coef": 0.01, "kl_estimator": "k1"},
+    # §3.2 "Reinforce++-baseline: `R_i - mean_g R`, then batch whitening." Surrogate open: PPO.
+    "reinforce_pp_baseline": {"surrogate": "ppo", "advantage": "reinforce_pp_baseline"},
+    # §3.1 "DAPO `el = 0.2, eh = 0.28`"; §3.2 "DAPO: GRPO advantages; dynamic sampling ...; overlong
+    # shaping"
+    "dapo": {"surrogate": "ppo", "advantage": "grpo", "clip_high": 0.28, "dynamic_sampling": True,
+             "overlong_shaping": True},
+    # §3.1 "CISPO `el` large (no lower bound), `eh = 0.28`"; "Dual clip (...; not for CISPO)".
+    # el = 1 puts the lower bound 1 - el at 0. Advantage open: GRPO's.
+    "cispo": {"surrogate": "cispo", "advantage": "grpo", "clip_low": 1.0, "clip_high": 0.28,
+              "dual_clip_c": None},
+    # §3.1 "GPPO | `min(r A, clip(r, (1-el) r/sg(r), (1+eh) r/sg(r)) A)`"; clips 0.2 / 0.2 (as
+    # released). Advantage open: GRPO's.
+    "gppo": {"surrogate": "gppo", "advantage": "grpo"},
+    # §3.2 "GiGPO: ... anchor-state group: trajectories of the prompt whose token prefix up to the end
+    # of a tool result is identical (branch points are exactly such states)". Open: the ARPO tree
+    # rollout (its branch points are the shared states), PPO surrogate.
+    "gigpo": {"surrogate": "ppo", "advantage": "gigpo", "rollout": "arpo"},
+    # §2.2 "ARPO: entropy-based adaptive branching"; §3.2 "ARPO hard attribution (switch): ...
+    # default is soft (plain GRPO)"
+    "arpo": {"surrogate": "ppo", "advantage": "grpo", "rollout": "arpo"},
+    # §3.1 "AEPO | `min(r A, clip(r, 1-el, (1+eh) r/sg(r)) A)`"; §2.3 "AEPO: dynamic entropy-balanced
+    # rollout"; §3.2 "It must be computed whenever enabled"; §3.3 "`kl_coef` default 0.0 for AEPO"
+    "aepo": {"surrogate": "aepo", "advantage": "grpo", "rollout": "aepo", "entropy_advantage": True},
+    # §3.1 "GSPO: sequence ratio `s_i = exp(mean_t(logp - logp_old))` clipped at `(1-3e-4, 1+4e-4)`".
+    # Open: the GSPO paper's sequence mean (seq_mean_token_mean), GRPO advantages.
+    "gspo": {"surrogate": "gspo", "advantage": "grpo", "clip_low": 3e-4, "clip_high": 4e-4,
+             "loss_agg": "seq_mean_token_mean"},
+}
+
+
+def test_spec_tables_cover_every_preset_and_field():
+    assert sorted(SPEC_PRESETS) == sorted(PRESETS)
+    fields = {f.name for f in dataclasses.fields(AlgorithmPreset)} - {"name", "surrogate", "advantage"}
+    assert sorted(SPEC_DEFAULTS) == sorted(fields)
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_PRESETS))
+def test_preset_values_follow_the_spec(name):
+    preset = get_preset(name)
+    expected = {"name": name} | SPEC_DEFAULTS | SPEC_PRESETS[name]
+    got = {field: getattr(preset, field) for field in expected}
+    wrong = {field: (got[field], value) for field, value in expected.items() if got[field] != value}
+    assert not wrong, f"{name}: field: (preset, spec) {wrong}"
+    loss = preset.loss_config()  # what policy_loss receives
+    assert (loss.surrogate, loss.clip_low, loss.clip_high, loss.dual_clip_c, loss.loss_agg, loss.entropy_coef) == (
+        expected["surrogate"], expected["clip_low"], expected["clip_high"], expected["dual_clip_c"],
+        expected["loss_agg"], expected["entropy_coef"])
+    assert loss.kl_coef == (0.0 if expected["kl_in_reward"] else expected["kl_coef"])
+
+
+def test_grpo_papers_aggregation_is_one_override_away():
+    # §3 "`seq_mean_token_mean` (GRPO paper)": reachable with dataclasses.replace (and with
+    # --config.objective.loss_agg=seq_mean_token_mean, which build.preset_from passes on).
+    from aepo_jax.training.build import preset_from
+    from configs.grpo_tiny import get_config
+
+    paper = dataclasses.replace(get_preset("grpo"), loss_agg="seq_mean_token_mean")
+    assert paper.loss_config().loss_agg == "seq_mean_token_mean"
+    cfg = get_config()
+    assert preset_from(cfg).loss_agg == "token_mean"
+    cfg.objective.loss_agg = "seq_mean_token_mean"
+    assert preset_from(cfg).loss_config().loss_agg == "seq_mean_token_mean"
 
 
 def test_switches_of_dapo_aepo_arpo_and_reinforce():

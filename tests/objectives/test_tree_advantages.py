@@ -1,5 +1,6 @@
 """GiGPO anchor-state steps and ARPO hard attribution on a hand-made tree (spec §3.2)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -9,8 +10,9 @@ from aepo_jax.objectives import (
     shared_prefix_lengths,
 )
 
-# One prompt group of three trajectories in the trainer layout (response from
-# column 0). Columns 0-1: first generated segment; column 2: a tool result
+# One prompt group of three trajectories in the trainer layout (prompt, then
+# response, from column 0) with an empty prompt, so the response starts at
+# column 0. Columns 0-1: first generated segment; column 2: a tool result
 # (mask 0, token 9); columns 3-4: second segment; 5-7: padding.
 # Rows 0 and 1 are a fork at the end of the tool result (shared prefix of 3
 # columns); row 2 is an independent sample that happens to end the same way.
@@ -97,3 +99,32 @@ def test_gigpo_rejects_bad_step_starts():
         gigpo_advantages(np.zeros(4), GROUPS, MASK, TOKENS, [[1, 3], [0], [0], [0]])
     with pytest.raises(ValueError, match="unknown GiGPO norm"):
         gigpo_advantages(np.zeros(4), GROUPS, MASK, TOKENS, STEP_STARTS, norm="std")
+
+
+def test_hard_attribution_rejects_a_response_only_prefix_matrix():
+    # The trainer's rows are prompt-first: here a 3-token prompt (mask 0), then rows 0 and 1 share
+    # their first 2 response tokens. Their shared_prefix_len counts the prompt (diagonal = prompt +
+    # response = 7); the response-only count (diagonal 4) ends before the rows' last policy token
+    # (column 6) and would silently shift every attribution by 3 columns.
+    mask = np.array([[0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1, 0]], np.float32)
+    adv, groups = np.array([1.0, -1.0]), np.zeros(2, int)
+    response_only = np.array([[4, 2], [2, 4]])
+    out = np.asarray(hard_attribution_advantages(adv, response_only + 3, groups, mask))
+    np.testing.assert_allclose(out[:, 3:7], [[0, 0, 1, 1], [0, 0, -1, -1]], atol=1e-7)
+    with pytest.raises(ValueError, match=r"shared_prefix_len does not match the mask's layout: rows \[0, 1\] "
+                                         r"have own prefix length \(diagonal\) \[4, 4\] but policy tokens up to "
+                                         r"column \[6, 6\]. Rows are prompt-first"):
+        hard_attribution_advantages(adv, response_only, groups, mask)
+    # under jit the values are traced and cannot be checked; the eager call above is the guard
+    jax.jit(hard_attribution_advantages)(adv, response_only + 3, groups, mask)
+
+
+@pytest.mark.parametrize("norm", ["mean_norm", "mean_std_norm"])
+@pytest.mark.parametrize("value, n", [(0.3, 7), (1.1, 7), (0.7, 12), (1.1, 100)])
+def test_gigpo_all_equal_returns_give_exactly_zero(norm, value, n):
+    # n identical trajectories with reward `value`: every episode and step group is all-equal, so
+    # A = 0 exactly (numpy's mean of seven 1.1s is 1 ulp off, which left ~1e-16 per step).
+    tokens = np.tile(TOKENS[:1], (n, 1))
+    adv, _ = gigpo_advantages(np.full(n, value), np.zeros(n, int), np.tile(MASK[:1], (n, 1)), tokens,
+                              [[0, 3]] * n, norm=norm)
+    np.testing.assert_array_equal(adv, 0.0)
