@@ -15,13 +15,22 @@ root takes every branch, r when r roots share them equally) and
 groups that branched (NaN when none did). `mean_lineage_branch_run` is the
 longest run of consecutive branchings along each trajectory's lineage,
 averaged over trajectories, and `longest_branch_run` its maximum.
+
+The statistics of the trees (`STRUCTURE_STATS`) are ratios of sums over the
+groups, and one maximum: `tree_parts` holds those sums, parts of disjoint
+batches add up (`+`) to the sums of all their groups, and `tree_stats` makes
+the statistics of them. So the statistics of groups held by several processes,
+or kept from several rollouts (DAPO), are those `compute_stats` gives on all
+of the groups together (`training/rollout_step_metrics.py`). The other
+numeric fields count the work of the rollout calls (`runs`): tokens computed,
+tool calls made, rounds.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -76,15 +85,17 @@ def top3_branch_fraction(groups: Sequence[Sequence[Trajectory]], by: str = "root
     `by="root"` credits a branch to the global trajectory whose tree it belongs
     to; `by="parent"` to the trajectory that forked it.
     """
+    top = sum(top3_branches(group, by) for group in groups)
+    total = sum(1 for group in groups for t in group if not t.is_global)
+    return top / total if total else float("nan")
+
+
+def top3_branches(group: Sequence[Trajectory], by: str = "root") -> int:
+    """Branches of `group` on its three most-branched trajectories (see `top3_branch_fraction`)."""
     if by not in ("parent", "root"):
         raise ValueError(f"by must be 'parent' or 'root', got {by!r}")
-    top, total = 0, 0
-    for group in groups:
-        per_parent = Counter(t.parent_id if by == "parent" else t.root_id for t in group if not t.is_global)
-        counts = sorted(per_parent.values(), reverse=True)
-        top += sum(counts[:3])
-        total += sum(counts)
-    return top / total if total else float("nan")
+    per_parent = Counter(t.parent_id if by == "parent" else t.root_id for t in group if not t.is_global)
+    return sum(sorted(per_parent.values(), reverse=True)[:3])
 
 
 def root_branch_shares(group: Sequence[Trajectory]) -> np.ndarray:
@@ -105,14 +116,8 @@ def root_branch_shares(group: Sequence[Trajectory]) -> np.ndarray:
 
 def root_concentration(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
     """`branch_roots`, `max_root_branch_share`, `effective_branch_roots`: means over groups that branched."""
-    shares = [root_branch_shares(g) for g in groups if any(not t.is_global for t in g)]
-    if not shares:
-        return dict.fromkeys(("branch_roots", "max_root_branch_share", "effective_branch_roots"), float("nan"))
-    return {
-        "branch_roots": float(np.mean([np.count_nonzero(s) for s in shares])),
-        "max_root_branch_share": float(np.mean([s[0] for s in shares])),
-        "effective_branch_roots": float(np.mean([1.0 / np.sum(s**2) for s in shares])),
-    }
+    stats = tree_stats(tree_parts(groups))
+    return {k: stats[k] for k in ("branch_roots", "max_root_branch_share", "effective_branch_roots")}
 
 
 def longest_run(flags: Sequence[bool]) -> int:
@@ -121,6 +126,84 @@ def longest_run(flags: Sequence[bool]) -> int:
         run = run + 1 if flag else 0
         best = max(best, run)
     return best
+
+
+@dataclass(frozen=True)
+class TreeParts:
+    """The sums over a batch's groups that its tree statistics are ratios of, and the longest run (a
+    maximum). `a + b` are the parts of both batches together; `TreeParts()` those of no groups."""
+
+    num_prompts: int = 0
+    num_trajectories: int = 0
+    num_branch: int = 0
+    top3_root_branches: int = 0  # over groups, branches on the three most-branched roots
+    top3_parent_branches: int = 0
+    branched_groups: int = 0  # groups with a branch: the concentration means' denominator
+    branch_roots_sum: float = 0.0
+    max_root_branch_share_sum: float = 0.0
+    effective_branch_roots_sum: float = 0.0
+    lineage_branch_run_sum: int = 0
+    longest_branch_run: int = 0  # a maximum, not a sum
+    tool_steps: int = 0  # tool steps of every trajectory (a branch's inherited ones included)
+    segment_entropy_sum: float = 0.0  # over each trajectory's own segments
+    segments: int = 0
+
+    def __add__(self, other: TreeParts) -> TreeParts:
+        combine = {f.name: (max if f.name == "longest_branch_run" else sum) for f in fields(self)}
+        return TreeParts(**{k: op((getattr(self, k), getattr(other, k))) for k, op in combine.items()})
+
+
+def tree_parts(groups: Sequence[Sequence[Trajectory]]) -> TreeParts:
+    """The sums of `groups` that `tree_stats` needs (no groups: all zero)."""
+    trajs = [t for g in groups for t in g]
+    shares = [root_branch_shares(g) for g in groups if any(not t.is_global for t in g)]
+    runs = [longest_run(t.lineage) for t in trajs]
+    own_entropy = [s.entropy for t in trajs for s in t.segments if t.branch_point is None or s.start >= t.branch_point]
+    return TreeParts(
+        num_prompts=len(groups),
+        num_trajectories=len(trajs),
+        num_branch=sum(1 for t in trajs if not t.is_global),
+        top3_root_branches=sum(top3_branches(g, by="root") for g in groups),
+        top3_parent_branches=sum(top3_branches(g, by="parent") for g in groups),
+        branched_groups=len(shares),
+        branch_roots_sum=float(np.sum([np.count_nonzero(s) for s in shares])),
+        max_root_branch_share_sum=float(np.sum([s[0] for s in shares])),
+        effective_branch_roots_sum=float(np.sum([1.0 / np.sum(s**2) for s in shares])),
+        lineage_branch_run_sum=sum(runs),
+        longest_branch_run=max(runs, default=0),
+        tool_steps=sum(t.num_tool_calls for t in trajs),
+        segment_entropy_sum=float(np.sum(own_entropy)),
+        segments=len(own_entropy),
+    )
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+def tree_stats(parts: TreeParts) -> dict[str, float | int]:
+    """The tree statistics (`STRUCTURE_STATS`) of the groups `parts` sums; NaN for a ratio over none."""
+    p = parts
+    return {
+        "num_prompts": p.num_prompts,
+        "trajectories_per_prompt": _ratio(p.num_trajectories, p.num_prompts),
+        "num_global": p.num_trajectories - p.num_branch,
+        "num_branch": p.num_branch,
+        "branches_per_trajectory": _ratio(p.num_branch, p.num_trajectories),
+        "top3_branch_fraction": _ratio(p.top3_root_branches, p.num_branch),
+        "top3_parent_branch_fraction": _ratio(p.top3_parent_branches, p.num_branch),
+        "branch_roots": _ratio(p.branch_roots_sum, p.branched_groups),
+        "max_root_branch_share": _ratio(p.max_root_branch_share_sum, p.branched_groups),
+        "effective_branch_roots": _ratio(p.effective_branch_roots_sum, p.branched_groups),
+        "longest_branch_run": p.longest_branch_run,
+        "mean_lineage_branch_run": _ratio(p.lineage_branch_run_sum, p.num_trajectories),
+        "tool_calls_per_trajectory": _ratio(p.tool_steps, p.num_trajectories),
+        "mean_segment_entropy": _ratio(p.segment_entropy_sum, p.segments),
+    }
+
+
+# Statistics of the groups themselves (spec 2.4), as opposed to counters of the work that produced them.
+STRUCTURE_STATS = frozenset(tree_stats(TreeParts())) | {"end_reasons", "global_budgets"}
 
 
 def compute_stats(
@@ -134,8 +217,6 @@ def compute_stats(
     if not trajs:
         raise ValueError("compute_stats needs at least one trajectory")
     branches = [t for t in trajs if not t.is_global]
-    runs_per_lineage = [longest_run(t.lineage) for t in trajs]
-    own_entropy = [s.entropy for t in trajs for s in t.segments if t.branch_point is None or s.start >= t.branch_point]
     counters: Counter = Counter()
     path = rollout_tool_path(runs)
     rounds = repacks = topups = 0
@@ -145,18 +226,7 @@ def compute_stats(
         repacks += run.repacks
         topups += sum(1 for e in run.events if e.kind == "topup")
     return RolloutStats(
-        num_prompts=len(groups),
-        trajectories_per_prompt=len(trajs) / len(groups),
-        num_global=len(trajs) - len(branches),
-        num_branch=len(branches),
-        branches_per_trajectory=len(branches) / len(trajs),
-        top3_branch_fraction=top3_branch_fraction(groups, by="root"),
-        top3_parent_branch_fraction=top3_branch_fraction(groups, by="parent"),
-        **root_concentration(groups),
-        longest_branch_run=max(runs_per_lineage),
-        mean_lineage_branch_run=float(np.mean(runs_per_lineage)),
-        tool_calls_per_trajectory=float(np.mean([t.num_tool_calls for t in trajs])),
-        mean_segment_entropy=float(np.mean(own_entropy)) if own_entropy else float("nan"),
+        **tree_stats(tree_parts(groups)),
         num_topups=topups,
         end_reasons=dict(Counter(str(t.stop_reason) for t in trajs)),
         global_budgets=list(global_budgets) if global_budgets is not None else None,

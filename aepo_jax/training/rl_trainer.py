@@ -20,7 +20,9 @@ sampled (recomputed, they would be the current parameters', one update newer).
 
 With several processes each holds its own groups; batch statistics of the
 advantages (REINFORCE++ whitening, AEPO's batch entropy z-score) are summed
-over the processes, so they are the whole step's, as with one process.
+over the processes, so they are the whole step's, as with one process; so are
+the `rollout/*` statistics (`training/rollout_step_metrics.py`: the trained
+groups' tree statistics, and the work counters of every rollout of the step).
 
 The rollout is a seam: `rollout_fn(prompts, k, params, key, rng) -> (groups,
 stats)` where `groups[i]` holds the `k` finished trajectories of prompt `i`
@@ -81,6 +83,10 @@ from aepo_jax.training.rollout_batch import (
     rollout_metrics,
     rollout_sequences,
 )
+from aepo_jax.training.rollout_step_metrics import (
+    rollout_step_metrics,
+    step_rollout_stats,
+)
 from aepo_jax.training.step_loop import CheckpointedTrainer
 
 
@@ -118,18 +124,6 @@ def check_rl_config(config: ml_collections.ConfigDict) -> None:
                          "samples with the parameters one update older than the ones that would recompute its "
                          "logp_old, so the policy ratio would have no correction for that staleness; set "
                          "train.recompute_logp_old=False (the sampler's log-probs are then the ratio's denominator)")
-
-
-def _stats_dict(stats: Any) -> dict[str, float]:
-    """Numeric entries of rollout stats, for the metrics line."""
-    if stats is None:
-        return {}
-    raw = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
-    out = {}
-    for key, value in raw.items():
-        if isinstance(value, (bool, int, float, np.integer, np.floating)):
-            out[key] = float(value)
-    return out
 
 
 class RLTrainer(CheckpointedTrainer):
@@ -255,13 +249,17 @@ class RLTrainer(CheckpointedTrainer):
 
     def _collect(self, key: jax.Array, rng: np.random.Generator, params: Any):
         """Rollouts for one step with `params`; DAPO dynamic sampling drops groups whose rewards
-        are all equal and rolls out more prompts, at most `max_resample_rounds` times."""
+        are all equal and rolls out more prompts, at most `max_resample_rounds` times. The stats are
+        this process's part (`StepRolloutStats`): tree sums of the kept groups, work of every rollout."""
         examples = next(self.pipeline)
         key, sub = jax.random.split(key)
         groups, rewards, stats = self._rollout(examples, sub, rng, params)
+        # Structural stats are of the groups kept and trained (made from `groups`); work counters (tokens,
+        # tool calls made, rounds, seconds) are summed over every rollout of the step, resample rounds included.
+        every_stats = [stats]
         info = {"resample_rounds": 0.0, "dropped_groups": 0.0}
         if not self.preset.dynamic_sampling:
-            return groups, rewards, stats, info
+            return groups, rewards, step_rollout_stats(groups, every_stats), info
         wanted = len(examples)
 
         def informative(gs, rs):
@@ -274,7 +272,8 @@ class RLTrainer(CheckpointedTrainer):
         while len(groups) < wanted and rounds < int(self.config.objective.max_resample_rounds):
             rounds += 1
             key, sub = jax.random.split(key)
-            more_groups, more_rewards, _ = self._rollout(next(self.pipeline), sub, rng, params)
+            more_groups, more_rewards, more_stats = self._rollout(next(self.pipeline), sub, rng, params)
+            every_stats.append(more_stats)
             more_groups, more_rewards = informative(more_groups, more_rewards)
             groups += more_groups[: wanted - len(groups)]
             rewards += more_rewards[: wanted - len(rewards)]
@@ -282,7 +281,7 @@ class RLTrainer(CheckpointedTrainer):
         info["kept_groups"] = float(len(groups))
         if not groups:  # nothing informative: train on nothing rather than on noise
             info["skipped_update"] = 1.0
-        return groups, rewards, stats, info
+        return groups, rewards, step_rollout_stats(groups, every_stats), info
 
     def _collect_step(self, step: int, key: jax.Array, params: Any, stale: bool) -> Collected:
         """Step `step`'s rollout with `params` (on the caller's thread), and the step's numpy generator."""
@@ -396,14 +395,11 @@ class RLTrainer(CheckpointedTrainer):
         if groups:
             metrics.update(rollout_metrics(groups, rewards))
         metrics.update(info)
-        metrics.update({f"rollout/{k}": v for k, v in _stats_dict(stats).items()})
-        if "rollout/top3_branch_fraction" in metrics:
-            metrics["branch_top3_fraction"] = metrics["rollout/top3_branch_fraction"]
-        if "rollout/tool_calls_per_trajectory" in metrics:
-            metrics["tool_calls_per_trajectory"] = metrics["rollout/tool_calls_per_trajectory"]
+        # Already the whole step's (a collective): merged after `gather_metrics`, which would average them.
+        step_stats = rollout_step_metrics(stats)
         if not groups:
             self.state = self.state.replace(rounds=self.state.rounds + 1)
-            return self._finish_step(metrics, t0, t_rollout, time.perf_counter(), train_tokens=0.0)
+            return self._finish_step({**metrics, **step_stats}, t0, t_rollout, time.perf_counter(), train_tokens=0.0)
 
         seqs = rollout_sequences(groups, rewards, max_len=int(cfg.train.max_seq_len),
                                  length_bucket=int(cfg.train.length_bucket))
@@ -440,7 +436,7 @@ class RLTrainer(CheckpointedTrainer):
                 self.state, m = self._train_step(self.state, device_batch)
                 update_metrics.append(m)
         metrics.update(tally.metrics())
-        metrics = gather_metrics(metrics, SUMMED_METRICS)
+        metrics = {**gather_metrics(metrics, SUMMED_METRICS), **step_stats}
         update_metrics = jax.device_get(update_metrics)  # replicated scalars: readable on every process
         for key_name in update_metrics[0]:
             values = [float(m[key_name]) for m in update_metrics]

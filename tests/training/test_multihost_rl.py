@@ -1,6 +1,7 @@
 """Two real CPU processes (`jax.distributed` on loopback, 4 fake devices each) train `aepo_tiny`
 for 2 RL steps on one mesh spanning both: global prompts split between the processes, global
-batches built from each process's part, metrics gathered; both end with identical parameters."""
+batches built from each process's part, metrics gathered (the rollout statistics those of both processes'
+groups together); both end with identical parameters."""
 
 import json
 
@@ -23,6 +24,9 @@ def test_two_processes_train_two_rl_steps_to_identical_parameters(tmp_path):
     assert first["local_micro_rows"] == second["local_micro_rows"] == 4
     # 2 global prompts x k = 2: the gathered metric counts both processes' trajectories
     assert first["trajectories"] == second["trajectories"] == [4.0, 4.0]
+    # every rollout statistic is the whole step's: compute_stats of both processes' groups (no mean of theirs)
+    assert first["rollout"] == second["rollout"] == first["expected_rollout"] == second["expected_rollout"]
+    assert [r["rollout/num_prompts"] for r in first["rollout"]] == [2.0, 2.0]
     assert first["loss"] == second["loss"]  # the update's metrics are the global step's
     assert first["initial"] == second["initial"]
     assert first["final"] == second["final"]  # each process's own shards hold the same parameters
