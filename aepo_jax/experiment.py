@@ -61,7 +61,7 @@ from aepo_jax.experiment_tools import (  # noqa: F401  (re-exported: callers bui
     tools_from,
 )
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement, sampler_replicas
-from aepo_jax.rewards import compute_reward, rewards_for
+from aepo_jax.rewards import rewards_for
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, require_counter_schedule, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
@@ -196,9 +196,13 @@ class Environment:
         return ids
 
     def reward_fn(self, example: dict, trajectory: Any) -> float:
+        """The spec §5 reward of `trajectory`; its evaluation correctness goes to `trajectory.correct`
+        (`evaluation.scoring.training_reward`: the bonus counts the calls the loop ran)."""
+        from aepo_jax.evaluation.scoring import training_reward
+
         text = response_text(self.tokenizer, trajectory.response_ids)
-        return compute_reward(self.reward_name, text, example["answers"], data_source=example.get("data_source", ""),
-                              judge=self.judge, question=example.get("question", ""))
+        reward, trajectory.correct = training_reward(self.reward_name, text, example, trajectory, judge=self.judge)
+        return reward
 
     def close(self) -> None:
         for close in reversed(self.closers):

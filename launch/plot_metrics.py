@@ -1,10 +1,11 @@
 """Draw a run's training curves to PNG: `python -m launch.plot_metrics WORKDIR`.
 
 Panels (`aepo_jax.training.metric_keys.PLOT_PANELS`): reward, policy entropy,
-tool calls, branch concentration (the share of branches on the top-3
-trajectories of each group, spec §2.4). A panel whose
-metrics a run did not log is drawn empty with a note, so the figure always
-has the same layout.
+tool calls made per trajectory, branch concentration (the share of branches on
+the top-3 trajectories of each group, spec §2.4). A key a run did not log is
+replaced by its `PLOT_FALLBACKS` key when the run has that (an older run's
+tool steps per trajectory), and a panel with neither is drawn empty with a
+note, so the figure always has the same layout.
 """
 
 from __future__ import annotations
@@ -18,8 +19,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from aepo_jax.training.metric_keys import PLOT_PANELS
+from aepo_jax.training.metric_keys import PLOT_FALLBACKS, PLOT_PANELS
 from aepo_jax.training.metrics_log import read_metrics
+
+
+def curve(records: list[dict], key: str) -> tuple[str, list[tuple[int, float]]]:
+    """The (step, value) points of `key`, or of its `PLOT_FALLBACKS` key when the run logged no `key`;
+    returns the key drawn with them."""
+    points = _points(records, key)
+    if not points and key in PLOT_FALLBACKS:
+        key = PLOT_FALLBACKS[key]
+        points = _points(records, key)
+    return key, points
+
+
+def _points(records: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
 
 
 def plot_run(workdir: str, out_path: str | None = None) -> str:
@@ -31,8 +46,8 @@ def plot_run(workdir: str, out_path: str | None = None) -> str:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     for ax, (title, keys) in zip(axes.ravel(), PLOT_PANELS):
         drawn = False
-        for key in keys:
-            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        for wanted in keys:
+            key, points = curve(records, wanted)
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, marker="." if len(points) < 50 else None, label=key)

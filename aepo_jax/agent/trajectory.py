@@ -79,6 +79,9 @@ class Trajectory:
     # A tool call that ran but whose result did not fit (the trajectory ended there, by length or
     # context): made, so counted as made (`rollout.critical_path`), though not a tool step.
     unappended_tool_calls: int = 0
+    # Whether its answer is correct as evaluation decides (`experiment.Environment.reward_fn` sets it while
+    # scoring; the trainer's `accuracy`); None: no reward recorded one.
+    correct: bool | None = None
 
     @property
     def finished(self) -> bool:

@@ -45,9 +45,11 @@ from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import INDEPENDENT, RolloutConfig, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 
-# RolloutStats fields that are counts over rollout calls: summed over batches.
+# RolloutStats fields that are counts over rollout calls: summed over batches (and processes).
 _SUMMED_STATS = ("branch_decisions", "rounds", "repacks", "prefill_tokens", "append_tokens", "decode_tokens",
-                 "forward_tokens", "num_topups")
+                 "forward_tokens", "num_topups", "tool_calls")
+# Fields that only the rollout calls know (groups alone give 0 or None): left out of the per-source rows.
+_RUN_STATS = (*_SUMMED_STATS, "serial_tool_calls", "forward_to_trajectory_ratio", "global_budgets")
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,8 @@ class EvalResult:
       reports: one `DatasetReport` per data source, plus `all` when there are several.
       questions: the scored `QuestionResult` of each question, in input order.
       samples: one JSON-able dict per sample (question id, text, correct, f1, ...).
-      tree_stats: per data source (and `all`), the spec §2.4 statistics as dicts;
-        None for the independent strategy.
+      tree_stats: per data source (and `all`), the spec §2.4 statistics as dicts; only `all` has
+        the rollout calls' counters (tokens, tool calls made, rounds). None for the independent strategy.
     """
 
     reports: list[DatasetReport]
@@ -150,19 +152,35 @@ def _sample_record(example: dict, index: int, traj: Trajectory, text: str, resul
 
 
 def _tree_stats(
-    examples: Sequence[dict], groups: Sequence[Sequence[Trajectory]], batch_stats: Sequence[RolloutStats]
+    examples: Sequence[dict], groups: Sequence[Sequence[Trajectory]],
+    batch_stats: Sequence[tuple[int, int, RolloutStats]],
 ) -> dict[str, dict[str, Any]]:
-    """Spec §2.4 statistics per data source (structure only) and over all questions (with token counters)."""
+    """Spec §2.4 statistics per data source (structure only: the rollout calls' counters are left out)
+    and over all questions (with the counters of every (batch index, process part, stats) of `batch_stats`)."""
     by_source: dict[str, list[Sequence[Trajectory]]] = {}
     for ex, group in zip(examples, groups, strict=True):
         by_source.setdefault(ex["data_source"], []).append(group)
-    out = {name: compute_stats(by_source[name]).as_dict() for name in sorted(by_source)}
-    budgets = [m for s in batch_stats for m in (s.global_budgets or [])]
+    out = {name: _structure_only(compute_stats(by_source[name]).as_dict()) for name in sorted(by_source)}
+    stats = [s for _, _, s in batch_stats]
+    budgets = [m for s in stats for m in (s.global_budgets or [])]
     overall = compute_stats(groups, global_budgets=budgets or None)
-    overall = dataclasses.replace(overall, **{name: sum(getattr(s, name) for s in batch_stats)
-                                              for name in _SUMMED_STATS})
+    overall = dataclasses.replace(overall, serial_tool_calls=_serial_tool_calls(batch_stats),
+                                  **{name: sum(getattr(s, name) for s in stats) for name in _SUMMED_STATS})
     out["all"] = overall.as_dict()
     return out
+
+
+def _structure_only(row: dict[str, Any]) -> dict[str, Any]:
+    """A per-source row without the counters of the rollout calls, which hold every source's questions."""
+    return {key: value for key, value in row.items() if key not in _RUN_STATS}
+
+
+def _serial_tool_calls(batch_stats: Sequence[tuple[int, int, RolloutStats]]) -> int:
+    """Calls that must run one after another: batches run in turn, the processes' parts of a batch at once."""
+    longest: dict[int, int] = {}
+    for batch, _, stats in batch_stats:
+        longest[batch] = max(longest.get(batch, 0), stats.serial_tool_calls)
+    return sum(longest.values())
 
 
 def evaluate(
@@ -243,8 +261,7 @@ def evaluate(
         scored, batch_stats = _exchange(scored, batch_stats, error, len(examples))
     questions = [result for _, result, _, _ in scored]
     samples = [record for _, _, records, _ in scored for record in records]
-    tree = (_tree_stats(examples, [group for *_, group in scored], [stats for *_, stats in batch_stats])
-            if config.tree_strategy else None)
+    tree = _tree_stats(examples, [group for *_, group in scored], batch_stats) if config.tree_strategy else None
     return EvalResult(build_reports(questions), questions, samples, tree)
 
 

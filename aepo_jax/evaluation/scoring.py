@@ -10,6 +10,7 @@ The evaluation driver calls this once per question.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from aepo_jax.data.records import Example
 from aepo_jax.evaluation.metrics import QuestionResult
@@ -30,6 +31,27 @@ def correctness_reward(example: Example, reward: str | None = None) -> str:
     `"auto"`: by the example's data source), with exact match standing in for QA F1."""
     family = reward_for_source(example["data_source"]) if reward in (None, "auto") else reward
     return _CORRECTNESS_REWARD.get(family, family)
+
+
+def training_reward(reward_name: str, text: str, example: Example, trajectory: Any,
+                    judge: Any = None) -> tuple[float, bool]:
+    """(spec §5 reward, correct as evaluation decides) of one training response.
+
+    The multi-tool bonus reads the calls the loop ran (`executed_tool_calls`: malformed closings and
+    tags only written do not count; a record without tool steps falls back to the text's tags).
+    Correct is exact match where the reward is QA F1 (`correctness_reward`), else the reward's own
+    result reaching 1, so no math or judge call is made twice.
+    """
+    from aepo_jax.rewards.answer_rewards import executed_tool_calls
+
+    answers, source = example["answers"], example.get("data_source", "")
+    calls = executed_tool_calls(trajectory)
+    reward = compute_reward(reward_name, text, answers, data_source=source, judge=judge,
+                            question=example.get("question", ""), **({} if calls is None else {"tool_calls": calls}))
+    family = reward_for_source(source) if reward_name == "auto" else reward_name
+    judged_by = correctness_reward({"data_source": source}, reward_name)
+    correct = reward >= 1.0 if judged_by == family else compute_reward(judged_by, text, answers) >= 1.0
+    return reward, correct
 
 
 def score_question(

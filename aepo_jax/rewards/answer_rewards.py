@@ -11,7 +11,9 @@ there is no box.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aepo_jax.agent.protocol import extract_boxed_answer, validate_format
 from aepo_jax.agent.tags import (
@@ -23,6 +25,7 @@ from aepo_jax.agent.tags import (
 )
 from aepo_jax.rewards.math_equiv import SympyWorkerPool, math_equal_any
 from aepo_jax.rewards.qa import exact_match, token_f1
+from aepo_jax.rollout.critical_path import NO_CALL_TAG
 
 FORMAT_PENALTY = -1.0
 MULTI_TOOL_BONUS = 0.1
@@ -48,11 +51,25 @@ def graded_answer(response_text: str, require_format: bool = True) -> str | None
 
 
 def count_tool_calls(response_text: str) -> dict[str, int]:
-    """Opening tool tags in the model's text (tool results excluded), by tag name."""
+    """Opening tool tags in the model's text (tool results excluded), by tag name.
+
+    Written, not necessarily run: a tag mentioned inside `<think>` or a call left unclosed counts too.
+    Rewards read it only for a text without a record of the calls the agent loop ran (`executed_tool_calls`).
+    """
     model_text = _RESULT_BLOCK.sub("", response_text)
     return {
         tag: model_text.count(open_tag(tag)) for tag in ("search", "python", "browse")
     }
+
+
+def executed_tool_calls(trajectory: Any) -> dict[str, int] | None:
+    """Tool calls the agent loop ran for `trajectory`, by tag: its tool steps (a branch's inherited ones
+    included, since its text holds them) less the malformed closings the loop answered itself
+    (`NO_CALL_TAG`, no tool ran). None when `trajectory` has no `tool_steps` record (text only)."""
+    steps = getattr(trajectory, "tool_steps", None)
+    if steps is None:
+        return None
+    return dict(Counter(step.tag for step in steps if step.tag != NO_CALL_TAG))
 
 
 def _as_answers(answers: str | Sequence[str]) -> list[str]:
@@ -72,8 +89,9 @@ def qa_f1_reward(
     """Default deep-research reward (spec §5): -1 bad format, else F1 (+0.1 if both search and python ran).
 
     Args:
-      tool_calls: calls per tool tag as counted by the agent loop; counted from
-        the text when omitted.
+      tool_calls: calls per tool tag that the agent loop ran (`executed_tool_calls`); the bonus
+        reads them whenever given. Only when omitted (a text without a record of its calls) are
+        the opening tags of the text counted instead (`count_tool_calls`), mentions included.
     """
     answer = graded_answer(response_text, require_format)
     if answer is None:

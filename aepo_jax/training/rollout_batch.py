@@ -2,7 +2,8 @@
 
 A trajectory (`aepo_jax.agent.trajectory.Trajectory` or anything with the same
 attributes: `prompt_ids`, `response_ids`, `mask`, `logp_old`, `entropy`,
-`tool_steps`, `stop_reason`) becomes one sequence `prompt + response` with
+`tool_steps`, `stop_reason`; the metrics also read `branch_point` and
+`unappended_tool_calls`) becomes one sequence `prompt + response` with
 per-token arrays aligned to its tokens (`mask` 0 on the prompt). Sequences of
 one prompt share a `group_id`. The batch builder (`packing.build_train_batch`)
 turns a selection of them into a flat or tree-packed batch; `padded` gives the
@@ -18,8 +19,15 @@ from typing import Any
 import numpy as np
 
 from aepo_jax.agent.trajectory import tree_shared_prefixes
+from aepo_jax.rollout.critical_path import NO_CALL_TAG, own_calls
 from aepo_jax.training.batch import pad_sequences, round_up
-from aepo_jax.training.metric_keys import TOOL_FAIL_RATE
+from aepo_jax.training.metric_keys import (
+    ACCURACY,
+    TOOL_CALLS_MADE,
+    TOOL_CALLS_MALFORMED,
+    TOOL_CALLS_MEAN,
+    TOOL_FAIL_RATE,
+)
 
 
 @dataclass
@@ -131,22 +139,47 @@ def _shared_prefix_matrix(groups: Sequence[Sequence[Any]]) -> np.ndarray:
 
 
 def rollout_metrics(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Reward, accuracy (reward >= 1), response length and tool-call means over all trajectories, and the
-    share of tool calls that failed (all, and per tag; `invalid` counts calls the model malformed), so a
-    search server that died mid-run shows on the console line instead of silently failing every call."""
+    """Reward, accuracy, response length and tool-call means over all trajectories, and the share of the
+    tool calls made that failed (all, and per tool), so a search server that died mid-run shows on the
+    console line instead of silently failing every call. `metric_keys` says what each key counts."""
     flat = [t for g in groups for t in g]
     r = np.asarray([x for g in rewards for x in g], np.float64)
-    steps = [step for t in flat for step in t.tool_steps]
-    failed = {f"{TOOL_FAIL_RATE}/{tag}": float(np.mean([not s.ok for s in steps if s.tag == tag]))
-              for tag in sorted({s.tag for s in steps})}
     return {
-        TOOL_FAIL_RATE: float(np.mean([not s.ok for s in steps])) if steps else 0.0,
-        **failed,
+        **tool_call_metrics(flat),
         "reward_mean": float(r.mean()),
         "reward_std": float(r.std()),
-        "accuracy": float(np.mean(r >= 1.0)),
+        ACCURACY: accuracy(flat, r),
         "response_length_mean": float(np.mean([len(t.response_ids) for t in flat])),
         "generated_tokens_mean": float(np.mean([float(np.sum(t.mask)) for t in flat])),
-        "tool_calls_mean": float(np.mean([len(t.tool_steps) for t in flat])),
         "trajectories": float(len(flat)),
+    }
+
+
+def accuracy(trajectories: Sequence[Any], rewards: np.ndarray) -> float:
+    """Share of correct trajectories: `correct` as the reward recorded it (`Environment.reward_fn`:
+    evaluation's correctness), else, for a reward function that records none, reward >= 1."""
+    correct = [getattr(t, "correct", None) for t in trajectories]
+    return float(np.mean([bool(c) if c is not None else x >= 1.0 for c, x in zip(correct, rewards, strict=True)]))
+
+
+def own_tool_steps(traj: Any) -> list[Any]:
+    """The tool steps `traj` made itself: after its branch point (inherited ones were its ancestors')."""
+    point = traj.branch_point or 0
+    return [s for s in traj.tool_steps if s.result_start >= point]
+
+
+def tool_call_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """Tool steps and tool calls made per trajectory, malformed closings per trajectory, and the failure
+    share of the calls made (a malformed closing, `NO_CALL_TAG`, ran no tool: not a failed call)."""
+    n = len(trajectories)
+    own = [s for t in trajectories for s in own_tool_steps(t)]
+    made = [s for s in own if s.tag != NO_CALL_TAG]
+    failed = {f"{TOOL_FAIL_RATE}/{tag}": float(np.mean([not s.ok for s in made if s.tag == tag]))
+              for tag in sorted({s.tag for s in made})}
+    return {
+        TOOL_FAIL_RATE: float(np.mean([not s.ok for s in made])) if made else 0.0,
+        **failed,
+        TOOL_CALLS_MEAN: float(np.mean([len(t.tool_steps) for t in trajectories])),
+        TOOL_CALLS_MADE: sum(own_calls(t) for t in trajectories) / n,  # `rollout.critical_path`'s count
+        TOOL_CALLS_MALFORMED: (len(own) - len(made)) / n,
     }

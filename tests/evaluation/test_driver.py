@@ -147,6 +147,8 @@ def test_tree_strategy_reports_tree_statistics(setup):
     overall = result.tree_stats["all"]
     assert overall["trajectories_per_prompt"] == 4 and overall["num_global"] + overall["num_branch"] == 8
     assert overall["num_branch"] > 0 and overall["forward_tokens"] > 0
+    assert overall["tool_calls"] > 0 and overall["serial_tool_calls"] > 0  # the calls the rollouts made
+    assert "tool_calls" not in result.tree_stats["towns"]  # a per-source row has no rollout counters
     # One global per question: every branch is credited to that root, whichever trajectory forked it.
     assert overall["branch_roots"] == 1.0 and overall["max_root_branch_share"] == 1.0
     assert overall["effective_branch_roots"] == 1.0 and overall["top3_branch_fraction"] == 1.0
