@@ -114,15 +114,17 @@ class CheckpointedTrainer:
             for _ in range(start, end):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
-                preempted = watch.reached(step)
-                if step % every == 0 or step == end or preempted:
-                    self.save(force=True)  # before validating: a validation that fails loses no step
-                if self.validation is not None and self.validation.due(step, end) and not preempted:
-                    started = time.perf_counter()
-                    metrics.update(self.validation(self.state.params))
-                    metrics["val_s"] = time.perf_counter() - started
                 every_or_last = step % self.logger.console_every == 0 or step == end
                 records.append(self.logger.log(step, metrics, console=every_or_last))
+                preempted = watch.reached(step)
+                saved = step % every == 0 or step == end or preempted
+                if saved:
+                    self.save(force=True)
+                if self.validation is not None and self.validation.due(step, total) and not preempted:
+                    records[-1].update(self._validate(step))
+                    preempted = watch.reached(step)  # a notice that came while validating
+                    if preempted and not saved:
+                        self.save(force=True)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(self._progress_postfix(metrics))
@@ -140,6 +142,14 @@ class CheckpointedTrainer:
         if preempted_at is not None:
             raise Preempted(preempted_at, self.checkpointer.directory)
         return records
+
+    def _validate(self, step: int) -> dict[str, Any]:
+        """Validate the step's parameters, after its metrics line and checkpoint are written (a validation
+        that fails or is killed loses neither), and log the scores as a second line of the step."""
+        started = time.perf_counter()
+        scores = self.validation(self.state.params)
+        scores["val_s"] = time.perf_counter() - started
+        return self.logger.log(step, scores, console=False)
 
     def close(self) -> None:
         self.checkpointer.close()

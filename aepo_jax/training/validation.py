@@ -13,10 +13,13 @@ VALIDATION_PREFIX = "val/"
 
 @dataclass(frozen=True)
 class Validation:
-    """Run `score(params) -> {name: value}` after every `every`-th step and after a run's last one.
+    """Run `score(params) -> {name: value}` after every `every`-th step and after the run's last one
+    (`train.total_steps`).
 
-    The names it returns are logged under `VALIDATION_PREFIX` with that step's metrics; the parameters are
-    the step's updated ones (what its checkpoint saves)."""
+    The names it returns are logged under `VALIDATION_PREFIX` as a second metrics line of that step
+    (`step_loop`: written after the step's own line and checkpoint); the parameters are the step's
+    updated ones (what its checkpoint saves). A step that a preemption notice stops is not validated,
+    and the resumed run does not go back to it."""
 
     every: int
     score: Callable[[Any], dict[str, float]]

@@ -15,6 +15,7 @@ from aepo_jax.experiment_validation import (
     validation_from,
 )
 from aepo_jax.training.build import model_config_from
+from aepo_jax.training.metrics_log import read_metrics
 from aepo_jax.training.validation import Validation
 from configs.aepo_tiny import get_config
 from tests.training.param_digest import value_digest
@@ -74,6 +75,9 @@ def test_logged_validation_equals_an_evaluation_of_the_steps_checkpoint(tmp_path
         assert len(validated) == 2 and validated[0] != validated[1]
         for record in records:
             assert {"val/pass@1", "val/mean_f1", "val/tool_calls", "val/response_length", "val_s"} <= set(record)
+        # metrics.jsonl: the step's own line first (written before validating), then its val/* line
+        lines = [(r["step"], any(k.startswith("val") for k in r)) for r in read_metrics(workdir)]
+        assert lines == [(1, False), (1, True), (2, False), (2, True)]
         examples = validation_examples(cfg, env, workdir)
         assert len(examples) == 3
         config = eval_config_from(cfg, n=1, greedy=True, temperature=1.0, seed=int(cfg.seed), questions_per_batch=2)
