@@ -36,10 +36,11 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
 )
 
 
-# Settings a run fixes when it starts (`experiment.pin_init_checkpoint`): a resumed run whose config leaves
-# one unset takes the saved value. `model.init_checkpoint` itself may not change either: its parameters
-# are the run's reference model.
-FIXED_AT_START: tuple[str, ...] = ("model.init_checkpoint_step",)
+# Settings a run fixes when it starts (`experiment_init.pin_init_checkpoint`), each with the setting it was
+# fixed for: a resumed run whose config leaves one unset takes the saved value while that other setting is
+# the saved one too. `model.init_checkpoint` itself may not change either: its parameters are the run's
+# reference model (with --allow_config_changes and another one, the step is chosen again).
+FIXED_AT_START: dict[str, str] = {"model.init_checkpoint_step": "model.init_checkpoint"}
 
 
 def keep_fixed_settings(cfg: Any, run_dir: str) -> None:
@@ -49,14 +50,16 @@ def keep_fixed_settings(cfg: Any, run_dir: str) -> None:
         return
     with open(path, encoding="utf-8") as f:
         saved = flatten(json.load(f))
-    for key in FIXED_AT_START:
+    current = flatten(json.loads(cfg.to_json_best_effort()))
+    for key, fixed_for in FIXED_AT_START.items():
+        if current.get(key) is not None or saved.get(key) is None or current.get(fixed_for) != saved.get(fixed_for):
+            continue
         section, name = key.rsplit(".", 1)
         node = cfg
         for part in section.split("."):
-            node = node.get(part) if node is not None else None
-        if node is not None and node.get(name) is None and saved.get(key) is not None:
-            with cfg.unlocked():
-                node[name] = saved[key]
+            node = node[part]
+        with cfg.unlocked():
+            node[name] = saved[key]
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -143,6 +143,10 @@ def test_a_run_keeps_the_init_checkpoint_step_it_started_from(sft_run, tmp_path)
     resumed.model.init_checkpoint_step = None  # the resumed run's config file, as the user wrote it
     keep_fixed_settings(resumed, str(tmp_path))
     assert resumed.model.init_checkpoint_step == 3
+    elsewhere = resumed.copy_and_resolve_references()  # another init run (--allow_config_changes): chosen again
+    elsewhere.model.init_checkpoint, elsewhere.model.init_checkpoint_step = str(tmp_path / "other_sft"), None
+    keep_fixed_settings(elsewhere, str(tmp_path))
+    assert elsewhere.model.init_checkpoint_step is None
     assert not may_change("model.init_checkpoint") and not may_change("model.init_checkpoint_step")
 
     env = SimpleNamespace(pretrained=None, tokenizer=SimpleNamespace(vocab_size=64))
