@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from aepo_jax.agent.prompts import render_prompt
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models.gguf import find_smollm2_gguf
 from aepo_jax.tokenizers import (
@@ -241,6 +242,44 @@ def test_a_processors_chat_template_json_is_read_when_the_config_has_none(hf_dir
     (folder / "chat_template.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"chat_template.json: expected a JSON object"):
         HFTokenizer.from_file(folder)
+
+
+def test_no_readable_template_and_no_chatml_tokens_is_refused_not_rendered_as_chatml(tmp_path):
+    """A Llama-3 base checkpoint's tokenizer (no chat template, no <|im_start|>) was given ChatML: made-up
+    role markers spelled as ordinary pieces, and an <|im_end|> the model cannot write. transformers refuses."""
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = RustTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    backend.train_from_iterator(["what is two plus two"] * 20, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(tmp_path)  # loads (a base model needs no chat), but renders no chat
+    assert tokenizer.decode(tokenizer.encode("what is two plus two")) == "what is two plus two"
+    with pytest.raises(ValueError, match=r"no chat template .*'<\|im_start\|>', '<\|im_end\|>'.*chat_format="):
+        render_prompt(tokenizer, "what is two plus two")
+    # its instruct model's template beside it: read as Llama-3
+    template = "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>' }}<|eot_id|>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    assert load_tokenizer(tmp_path).chat_format == chat_format_from_template(template)
+
+
+def test_a_template_of_an_unknown_shape_warns_that_chatml_is_used(hf_dir, tmp_path):
+    import json
+
+    folder = _tokenizer_without_template(hf_dir, tmp_path / "tok")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    with pytest.warns(UserWarning, match="neither ChatML- nor Llama-3-shaped"):
+        assert HFTokenizer.from_file(folder).chat_format == CHATML
 
 
 def test_chat_format_from_template_reads_known_shapes():

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aepo_jax.tokenizers.chat import CHATML, ChatFormat, chat_format_from_template
-from aepo_jax.tokenizers.hf_tokenizer import HFTokenizer
+from aepo_jax.tokenizers.chat import ChatFormat
+from aepo_jax.tokenizers.hf_tokenizer import HFTokenizer, _known_format
 
 # llama.cpp token types (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -111,6 +111,6 @@ class GGUFTokenizer(HFTokenizer):
             eos_token=eos,
             bos_token=special("bos") if add_bos else None,
             pad_token=special("padding"),
-            chat_format=chat_format or chat_format_from_template(self.chat_template) or CHATML,
+            chat_format=chat_format or _known_format(self.chat_template, self.path),
             add_agent_tokens=add_agent_tokens,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from aepo_jax.tokenizers.chat import (
     chat_format_from_template,
 )
 
+CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")  # must be single tokens for the ChatML default
 # Tried in order when tokenizer_config.json names no EOS token.
 _EOS_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<eos>")
 
@@ -30,7 +32,8 @@ class HFTokenizer:
       backend: the `tokenizers.Tokenizer`.
       eos_token / bos_token / pad_token: special token strings (must be in the
         vocabulary); pad defaults to EOS, BOS may be None.
-      chat_format: how chats render; defaults to ChatML.
+      chat_format: how chats render; defaults to ChatML where its markers are tokens of the vocabulary
+        (else None: rendering a chat is refused).
       add_agent_tokens: register the agent tags (spec section 4) as special
         tokens; see `add_special_tokens` for what that does to the vocabulary.
       extra_eos_ids: more ids that end a generation besides EOS (`generation_config.json`'s
@@ -58,7 +61,7 @@ class HFTokenizer:
         if bad:
             raise ValueError(f"end-of-generation ids {bad} are outside the tokenizer's {vocab} ids")
         self.eos_ids: list[int] = list(dict.fromkeys([self.eos_id, *(int(i) for i in extra_eos_ids)]))
-        self.chat_format = chat_format or CHATML
+        self.chat_format = chat_format or self._chatml_default()
         self.num_added = 0
         if add_agent_tokens:
             self.add_special_tokens(AGENT_SPECIAL_TOKENS)
@@ -102,7 +105,7 @@ class HFTokenizer:
             eos_token=eos,
             bos_token=_token_string(config.get("bos_token")),
             pad_token=_token_string(config.get("pad_token")),
-            chat_format=chat_format or chat_format_from_template(template),
+            chat_format=chat_format or _known_format(template, json_path.parent),
             add_agent_tokens=add_agent_tokens,
             extra_eos_ids=_generation_eos_ids(json_path.parent / "generation_config.json"),
         )
@@ -111,6 +114,15 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         """Number of ids, including added special tokens."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def _chatml_default(self) -> ChatFormat | None:
+        """ChatML, the default chat format, only where its markers are single tokens of this vocabulary;
+        None otherwise (a tokenizer without a chat, e.g. a base model's), and rendering a chat is refused.
+
+        Without them ChatML would spell made-up role markers as ordinary pieces the model never
+        learnt, and it could never write the `<|im_end|>` that ends its turn."""
+        missing = [t for t in CHATML_MARKERS if self.backend.token_to_id(t) is None]
+        return None if missing else CHATML
 
     def _require_id(self, token: str, what: str) -> int:
         idx = self.backend.token_to_id(token)
@@ -168,6 +180,12 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the chat rendered with `self.chat_format`."""
+        if self.chat_format is None:
+            raise ValueError(
+                "this tokenizer has no chat template that aepo_jax reads (a ChatML or Llama-3 one), and the "
+                f"ChatML default's markers {list(CHATML_MARKERS)} are not tokens of its vocabulary: a base "
+                "checkpoint without tokenizer_config.json's chat_template, or a tokenizer.json copied without "
+                "that file. Copy the instruct model's tokenizer_config.json beside it, or pass chat_format=")
         return self.chat_format.render_ids(messages, add_generation_prompt, self.encode, self.eos_id)
 
 
@@ -238,3 +256,14 @@ def _token_string(value) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+def _known_format(template: str | None, where: object) -> ChatFormat | None:
+    """The `ChatFormat` of a template of a shape this library reads; None (the ChatML default) otherwise,
+    with a warning when there is a template it cannot read, since prompts then differ from the model's."""
+    known = chat_format_from_template(template)
+    if known is None and template:
+        warnings.warn(f"{where}: the chat template is neither ChatML- nor Llama-3-shaped; chats are rendered "
+                      "as ChatML, which may not be what the model was trained on (pass chat_format= to choose)",
+                      stacklevel=3)
+    return known
