@@ -155,8 +155,9 @@ def agent_tags_registered(cfg: ml_collections.ConfigDict) -> bool:
 
 def check_tokenizer_fits_checkpoint(tokenizer: Any, checkpoint_dir: str) -> None:
     """A ValueError, before any weight is read, when the tokenizer has ids (the agent tags appended past
-    its base vocabulary, say) beyond the checkpoint's embedding rows: the embedding lookup would clamp
-    them to the last row and the policy could never sample them."""
+    its base vocabulary, say) beyond the checkpoint's embedding rows: the embedding lookup would read NaN
+    for them (`jnp.take` fills out-of-range rows), which spreads to every later position of the row, and the
+    policy could never sample them."""
     from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
     from aepo_jax.models.hf_checkpoint import checkpoint_config
 
@@ -165,6 +166,7 @@ def check_tokenizer_fits_checkpoint(tokenizer: Any, checkpoint_dir: str) -> None
     ids = max([tokenizer.vocab_size] + [i + 1 for i in tag_ids if i is not None])  # a count, or past the last tag
     if ids > rows:
         raise ValueError(f"the tokenizer has {ids} ids (the agent tags included) but the checkpoint "
-                         f"{checkpoint_dir} has {rows} vocabulary rows: ids {rows} and up would be clamped to its "
-                         "last row and could never be sampled; use a checkpoint whose vocabulary has room for the "
-                         "tags (Qwen's pads past its tokenizer) or a tokenizer whose ids fit")
+                         f"{checkpoint_dir} has {rows} vocabulary rows: ids {rows} and up have no embedding (they "
+                         "would read NaN into the rest of their row) and could never be sampled; use a checkpoint "
+                         "whose vocabulary has room for the tags (Qwen's pads past its tokenizer) or a tokenizer "
+                         "whose ids fit")

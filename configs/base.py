@@ -47,7 +47,7 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict({"shape": {"data": -1, "fsdp": 1, "tensor": 1}})
 
     c.model = ml_collections.ConfigDict()
-    c.model.preset = "tiny"  # aepo_jax.models.get_preset name
+    c.model.preset = "tiny"  # aepo_jax.models.get_preset name, or "checkpoint": checkpoint_dir's config.json
     c.model.vocab_size = config_dict.placeholder(int)  # override the preset's vocabulary (demo tokenizer)
     c.model.checkpoint_dir = ""  # HF safetensors directory to start from ("" = random init)
     # A run's workdir (or its checkpoints/ or one step folder) whose parameters this run starts from, as

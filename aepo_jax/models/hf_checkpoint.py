@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +371,14 @@ def checkpoint_config(path: str | Path) -> ModelConfig:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in checkpoint directory {directory}")
-    return config_from_hf(json.loads(config_path.read_text()))
+    try:
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+    if not isinstance(hf_config, dict):
+        raise ValueError(  # noqa: TRY004 - a bad file, like the JSON error above
+            f"{config_path} holds a {type(hf_config).__name__}, not a JSON object")
+    return config_from_hf(hf_config)
 
 
 def load_hf_checkpoint(
@@ -399,9 +406,24 @@ def load_hf_checkpoint(
                                  attention=attention, source=str(directory))
 
 
-def save_hf_checkpoint(model: Decoder, path: str | Path) -> None:
-    """Writes `config.json` and `model.safetensors` that `transformers.AutoModelForCausalLM` loads."""
+def save_hf_checkpoint(model: Decoder, path: str | Path, *, bos_id: int | None = None,
+                       eos_ids: Sequence[int] = ()) -> None:
+    """Writes `config.json`, `generation_config.json` and `model.safetensors` that
+    `transformers.AutoModelForCausalLM` loads.
+
+    Args:
+      bos_id / eos_ids: the tokenizer's BOS id and the ids that end a generation (`eos_ids` of the
+        project's tokenizers). Written to both JSON files so that transformers' `generate` stops where
+        ours does; unknown ones are written as null, not left to transformers' class defaults
+        (Llama's 1 and 2, wrong for Llama-3's vocabulary, where 2 is an ordinary token).
+    """
+    eos = [int(i) for i in eos_ids]
+    bad = [i for i in [*eos, *([] if bos_id is None else [bos_id])] if not 0 <= i < model.config.vocab_size]
+    if bad:
+        raise ValueError(f"special token ids {bad} are outside the model's {model.config.vocab_size} ids")
+    special = {"bos_token_id": bos_id, "eos_token_id": (eos[0] if len(eos) == 1 else eos) or None}
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
+    (directory / "config.json").write_text(json.dumps({**config_to_hf(model.config), **special}, indent=2) + "\n")
+    (directory / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
     save_file(hf_tensors_from_model(model), str(directory / "model.safetensors"), metadata={"format": "pt"})

@@ -25,6 +25,8 @@ from aepo_jax.training.train_state import (
 from aepo_jax.training.train_step import StepConfig
 
 CONFIG_ONLY_OBJECTIVE_KEYS = ("log_kl", "max_resample_rounds")
+# `model.preset` value that takes the architecture from `model.checkpoint_dir`'s config.json.
+CHECKPOINT_PRESET = "checkpoint"
 # `config.model` keys that override the preset's sizes (the demo's tiny decoder states them all).
 MODEL_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim", "max_seq_len")
 
@@ -40,11 +42,25 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> ModelConfig:
     if cfg.model.get("attention"):
         overrides["attention"] = cfg.model.attention
     overrides["remat"] = cfg.model.get("remat", "none")
-    model_config = get_preset(cfg.model.preset, **overrides)
+    if cfg.model.preset == CHECKPOINT_PRESET:
+        model_config = checkpoint_architecture(cfg).replace(**overrides)
+    else:
+        model_config = get_preset(cfg.model.preset, **overrides)
     # (A path that is not there yet, such as the paper configs' placeholders, fails when the weights load.)
     if cfg.model.get("checkpoint_dir") and os.path.isdir(cfg.model.checkpoint_dir):
         require_checkpoint_matches(model_config, cfg.model.checkpoint_dir, f"model.preset={cfg.model.preset!r}")
     return model_config
+
+
+def checkpoint_architecture(cfg: ml_collections.ConfigDict) -> ModelConfig:
+    """The architecture `model.checkpoint_dir`'s config.json describes, for `model.preset="checkpoint"`:
+    a checkpoint no preset matches (a tied Llama-3.2 with its own rope scaling, say)."""
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+
+    if not cfg.model.get("checkpoint_dir"):
+        raise ValueError(f"model.preset={CHECKPOINT_PRESET!r} takes the architecture from model.checkpoint_dir's "
+                         "config.json; set model.checkpoint_dir")
+    return checkpoint_config(cfg.model.checkpoint_dir)
 
 
 # What a checkpoint's config.json must agree with the configured model on: the weights' shapes and the maths.
@@ -65,7 +81,8 @@ def require_checkpoint_matches(model_config: ModelConfig, checkpoint_dir: str, n
               for field in CHECKPOINT_FIELDS if getattr(model_config, field) != getattr(found, field)]
     if differ:
         raise ValueError(f"{name} does not describe the checkpoint in {checkpoint_dir} (configured vs config.json): "
-                         + "; ".join(differ) + ". Choose the preset (or model.* sizes) of that checkpoint")
+                         + "; ".join(differ) + ". Choose the preset (or model.* sizes) of that checkpoint, or "
+                         f"model.preset={CHECKPOINT_PRESET!r} to take its architecture from its config.json")
 
 
 def init_model(cfg: ml_collections.ConfigDict, model_config: ModelConfig | None = None,

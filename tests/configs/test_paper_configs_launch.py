@@ -132,7 +132,7 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
                                                                                                tmp_path):
     """With `agent_tags="special"` a checkpoint is paired with its tokenizer.json plus the agent tags, whose ids follow
     the tokenizer's own. Qwen's embedding has rows to spare past its tokenizer; a checkpoint without
-    them would get the last tag ids clamped to its last row. One row short: refused by name; 32 rows
+    them would give the last tag ids no embedding (NaN). One row short: refused by name; 32 rows
     to spare: the model loads with the checkpoint's rows."""
     from flax import nnx
 
@@ -208,3 +208,31 @@ def test_a_checkpoint_of_another_model_than_the_configured_one_is_refused_by_fie
         model_config_from(cfg)
     cfg.model.preset, cfg.model.n_layers, cfg.model.mlp_dim = "tiny", 3, 96
     assert model_config_from(cfg).n_layers == 3  # the same model: accepted
+
+
+def test_preset_checkpoint_takes_an_architecture_no_preset_has_from_config_json(tmp_path):
+    """A tied Llama with llama3 rope scaling of factor 32 (Llama-3.2's shape): no preset and no model.* key
+    can state its tie or its scaling, so `require_checkpoint_matches` refused every config for it."""
+    from flax import nnx
+
+    from aepo_jax.models import Decoder, get_preset
+    from aepo_jax.models.hf_checkpoint import checkpoint_config, save_hf_checkpoint
+    from aepo_jax.training.build import model_config_from
+
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    saved = get_preset("tiny", tie_embeddings=True, rope_scaling=scaling, rope_theta=5e5)
+    save_hf_checkpoint(Decoder(saved, rngs=nnx.Rngs(0)), tmp_path / "hf")
+    cfg = aepo_qwen3_14b.get_config()
+    cfg.model.checkpoint_dir = str(tmp_path / "hf")
+    cfg.model.preset = "checkpoint"
+    got = model_config_from(cfg)
+    assert got == checkpoint_config(tmp_path / "hf").replace(
+        param_dtype="float32", remat=cfg.model.remat, dtype=cfg.model.compute_dtype, attention=cfg.model.attention)
+    assert (got.tie_embeddings, got.rope_scaling["factor"], got.n_layers) == (True, 32.0, saved.n_layers)
+    cfg.model.n_layers = saved.n_layers + 1  # a size override that contradicts the checkpoint is still refused
+    with pytest.raises(ValueError, match=r"model.preset='checkpoint' does not describe .*n_layers"):
+        model_config_from(cfg)
+    cfg.model.n_layers, cfg.model.checkpoint_dir = None, ""
+    with pytest.raises(ValueError, match=r"model.preset='checkpoint' takes the architecture .* set model.checkpoint_dir"):
+        model_config_from(cfg)

@@ -146,6 +146,30 @@ def test_saved_checkpoint_loads_in_transformers_with_same_logits(overrides, tmp_
     np.testing.assert_array_equal(np.asarray(reloaded(jnp.asarray(input_ids))), got)
 
 
+def test_a_saved_checkpoint_stops_transformers_generate_on_our_eos_ids(tmp_path):
+    """An export carried no BOS/EOS: transformers filled in Llama's class defaults (1, 2) and its
+    `generate` never stopped on the tokenizer's end-of-turn ids."""
+    model = Decoder(get_preset("tiny", vocab_size=97), rngs=nnx.Rngs(0))
+    save_hf_checkpoint(model, tmp_path / "ids", bos_id=95, eos_ids=[96, 94])
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ids")
+    assert (hf_model.config.bos_token_id, hf_model.config.eos_token_id) == (95, [96, 94])
+    assert (hf_model.generation_config.bos_token_id, hf_model.generation_config.eos_token_id) == (95, [96, 94])
+    save_hf_checkpoint(model, tmp_path / "none")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "none")
+    assert (hf_model.config.bos_token_id, hf_model.config.eos_token_id) == (None, None)  # not Llama's 1 and 2
+    with pytest.raises(ValueError, match=r"special token ids \[97\] are outside the model's 97 ids"):
+        save_hf_checkpoint(model, tmp_path / "bad", eos_ids=[97])
+
+
+def test_a_config_json_that_is_not_json_is_an_error_naming_it(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, model_type: "llama"}')
+    with pytest.raises(ValueError, match=f"{tmp_path / 'config.json'} is not valid JSON"):
+        load_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a list, not a JSON object"):
+        load_hf_checkpoint(tmp_path)
+
+
 def test_a_file_instead_of_the_directory_raises_naming_both(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"not read")
