@@ -12,6 +12,17 @@ import ml_collections
 
 # `deterministic` runs: the python tool's wall-clock backstop, in multiples of its CPU-time limit.
 DETERMINISTIC_WALL_FACTOR = 10
+# The python sandbox keeps an idle worker per tool call the registry runs at once, up to this many (each
+# holds an interpreter and the preload modules: about 7 MiB bare, 50 MiB with numpy and sympy).
+MAX_PYTHON_POOL = 32
+
+
+def python_pool_size(cfg: ml_collections.ConfigDict) -> int:
+    """Idle python workers: one per call in flight (`rollout.tool_concurrency`), at most `MAX_PYTHON_POOL`.
+    A call that finds no idle worker waits for one to start (with numpy and sympy preloaded, about a second)."""
+    from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
+
+    return max(1, min(int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)), MAX_PYTHON_POOL))
 
 
 def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
@@ -31,7 +42,9 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     else none) with browse over the same server, and the python sandbox, with the config's timeout, result size and search top-k.
     `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
     than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
-    `rollout.tool_concurrency` is how many calls the registry runs at once."""
+    `rollout.tool_concurrency` is how many calls the registry runs at once (and sizes the python pool,
+    `python_pool_size`); `rollout.python_preload` (default none) names modules every python worker imports
+    before it gets code. Search and browse end by `rollout.tool_timeout_s`, retries included."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         BrowseTool,
@@ -40,6 +53,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
         SearchTool,
         ToolRegistry,
     )
+    from aepo_jax.tools.http_client import budget_within
     from aepo_jax.tools.registry import DEADLINE_GRACE_S, DEFAULT_MAX_WORKERS
 
     closers: list[Callable[[], None]] = []
@@ -51,14 +65,19 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
         closers.append(server.stop)
         search_url = server.url
     if search_url:
+        http = budget_within(float(cfg.rollout.tool_timeout_s))
         tools["search"] = SearchTool(search_url, topk=int(cfg.rollout.search_topk),
-                                     max_result_chars=int(cfg.rollout.max_result_chars))
+                                     max_result_chars=int(cfg.rollout.max_result_chars), timeout=http.timeout,
+                                     retries=http.retries, total_seconds=http.total_seconds)
         # A search result's document, read whole by its id from the same server (`GET /doc/{id}`), and with
         # `rollout.browse_urls` any http(s) page (that needs internet).
         result_chars = int(cfg.rollout.max_result_chars)  # the window shown is the whole result, not its start
         tools["browse"] = BrowseTool(search_url, window_chars=result_chars, max_result_chars=result_chars,
-                                     allow_urls=bool(cfg.rollout.get("browse_urls", False)))
-    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=2, latency_seconds=latency_ms / 1000.0)
+                                     allow_urls=bool(cfg.rollout.get("browse_urls", False)), timeout=http.timeout,
+                                     retries=http.retries, deadline_seconds=http.total_seconds)
+    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=python_pool_size(cfg),
+                            preload=tuple(cfg.rollout.get("python_preload", ())),
+                            latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))
     # The tools' own limits come first (the sandbox's wall clock, search's read timeouts); the registry's

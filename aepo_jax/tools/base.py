@@ -63,3 +63,17 @@ def truncate(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     return text[:max_chars] + f"... [truncated, {len(text) - max_chars} more characters]"
+
+
+def truncate_within(text: str, max_chars: int) -> str:
+    """`text` cut so that it and its cut marker together are at most `max_chars` characters
+    (`truncate` keeps `max_chars` of the text and adds the marker beyond: a per-passage size, not a cap)."""
+    if len(text) <= max_chars:
+        return text
+    keep = max_chars
+    while keep > 0:  # the marker's number shrinks as `keep` grows; a few steps settle it
+        marker = f"... [truncated, {len(text) - keep} more characters]"
+        if keep + len(marker) <= max_chars:
+            return text[:keep] + marker
+        keep = max_chars - len(marker)
+    return text[:max_chars]

@@ -4,6 +4,12 @@
 whitespace) is an http(s) URL or a corpus document id (fetched from the search
 server's `GET /doc/{id}`). HTML becomes text with BeautifulSoup.
 
+A page is decoded from its bytes: the charset of its Content-Type header,
+else (HTML) its `<meta charset>`, else UTF-8, else a detected encoding (never
+`requests`' ISO-8859-1 default for `text/*`, which garbled UTF-8 pages). Only
+text is read: a content type that is not text, HTML, XML or JSON (an image, a
+PDF) is refused before its body is read.
+
 A URL is fetched (with `allow_urls`) within bounds, since the model picks it:
 - the body is streamed and only its first `max_page_bytes` are read;
 - the whole fetch, redirects included, ends by `deadline_seconds` (a server
@@ -26,12 +32,47 @@ import urllib.parse
 
 import requests
 import urllib3
-from bs4 import BeautifulSoup
+from bs4 import BeautifulSoup, UnicodeDammit
 
-from aepo_jax.tools.base import ToolResult, truncate
-from aepo_jax.tools.http_client import HttpError, pooled_session, request_with_retries
+from aepo_jax.tools.base import ToolResult, truncate_within
+from aepo_jax.tools.http_client import (
+    BadServerAnswer,
+    HttpError,
+    pooled_session,
+    request_with_retries,
+)
 
 _WORD = re.compile(r"\w+")
+_TEXT_TYPES = ("application/json", "application/xml", "application/xhtml+xml", "application/javascript")
+
+
+class DocumentNotFound(ValueError):
+    """The corpus has no document with that id: the call's mistake (status `bad_call`)."""
+
+
+def content_type(header: str) -> tuple[str, str]:
+    """(media type lower-cased, charset) of a Content-Type header; '' for what it does not say."""
+    media, *params = header.split(";")
+    charset = ""
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset":
+            charset = value.strip().strip("'\"")
+    return media.strip().lower(), charset
+
+
+def is_text(media: str) -> bool:
+    """Whether a page of media type `media` ('' when the server did not say) is read as text."""
+    return (not media or media.startswith("text/") or media in _TEXT_TYPES
+            or media.endswith(("+xml", "+json")))
+
+
+def decode_page(body: bytes, charset: str, html: bool) -> str:
+    """`body` as text: in `charset` (the header's) when given and known, else (HTML) in its `<meta charset>`,
+    else UTF-8, else a detected encoding, else UTF-8 with replacement characters."""
+    dammit = UnicodeDammit(body, known_definite_encodings=[charset] if charset else [], user_encodings=["utf-8"],
+                           is_html=html)
+    return dammit.unicode_markup if dammit.unicode_markup is not None else body.decode("utf-8", "replace")
 
 
 def html_to_text(html: str) -> str:
@@ -98,7 +139,8 @@ class BrowseTool:
       deadline_seconds: the most a URL fetch may take in all, redirects included.
       max_redirects: redirects followed, each target checked like the first URL.
       timeout: (connect, read) seconds per request. retries / backoff_seconds: for the document
-        server (`request_with_retries`); a URL is fetched once, within its deadline.
+        server (`request_with_retries`, all attempts within `deadline_seconds` too); a URL is fetched once,
+        within its deadline.
     """
 
     def __init__(self, search_url: str | None = None, window_chars: int = 2000, max_result_chars: int = 3000,
@@ -160,12 +202,15 @@ class BrowseTool:
                     continue
                 if response.status_code != 200:
                     raise HttpError(f"{url} answered HTTP {response.status_code}")
+                media, charset = content_type(response.headers.get("Content-Type", ""))
+                if not is_text(media):
+                    raise ValueError(f"{url} is {media}, not a text or HTML page; browse reads text only")
                 body = self._read_body(url, response, deadline)
-                try:
-                    text = body.decode(response.encoding or "utf-8", errors="replace")
-                except LookupError:  # a charset Python does not know
-                    text = body.decode("utf-8", errors="replace")
-                return html_to_text(text) if "html" in response.headers.get("Content-Type", "html") else text
+                if not media and b"\0" in body[:4096]:
+                    raise ValueError(f"{url} is binary (no content type, NUL bytes); browse reads text only")
+                html = not media or "html" in media
+                text = decode_page(body, charset, html)
+                return html_to_text(text) if html else text
         raise HttpError(f"{url}: more than {self.max_redirects} redirects")
 
     def fetch_text(self, target: str) -> str:
@@ -178,12 +223,20 @@ class BrowseTool:
             raise ValueError(f"{target!r} is not a URL and no search server is configured for document ids")
         response = request_with_retries(self.session, "GET", f"{self.search_url}/doc/{urllib.parse.quote(target, safe='')}",
                                         timeout=self.timeout, retries=self.retries,
-                                        backoff_seconds=self.backoff_seconds)
+                                        backoff_seconds=self.backoff_seconds, total_seconds=self.deadline_seconds)
         if response.status_code == 404:
-            raise ValueError(f"no document with id {target!r}")
+            raise DocumentNotFound(f"no document with id {target!r}")
         if response.status_code != 200:
             raise HttpError(f"document server answered HTTP {response.status_code}")
-        contents = response.json()["document"]["contents"]
+        try:
+            document = response.json()["document"]
+            contents = document["contents"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise BadServerAnswer(f"bad server answer (not {{'document': {{'contents': ...}}}}): "
+                                  f"{response.text[:200]}") from error
+        if not isinstance(contents, str):
+            raise BadServerAnswer(f"bad server answer: document {target!r} has {type(contents).__name__} contents, "
+                                  "not text")
         return html_to_text(contents) if "<html" in contents.lower() else contents
 
     def run(self, content: str) -> ToolResult:
@@ -195,7 +248,11 @@ class BrowseTool:
                               "bad_call")
         try:
             text = self.fetch_text(target)
+        except DocumentNotFound as error:
+            return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "bad_call")
+        except BadServerAnswer as error:
+            return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "failed")
         except (HttpError, ValueError, KeyError, TypeError, OSError) as error:
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "unavailable")
         window = best_window(text, query, self.window_chars)
-        return ToolResult(truncate(window, self.max_result_chars), True, time.monotonic() - start, "ok")
+        return ToolResult(truncate_within(window, self.max_result_chars), True, time.monotonic() - start, "ok")

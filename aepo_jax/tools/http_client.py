@@ -1,12 +1,16 @@
 """HTTP requests with connect/read timeouts and bounded retries with exponential backoff.
 
 Retries on connection errors, timeouts and 5xx responses; a 4xx is the
-caller's mistake and is returned at once. Used by the search, browse and
-LLM-judge clients.
+caller's mistake and is returned at once. A read timeout is retried at most
+once (a server too slow once is likely too slow again). With `total_seconds`
+every attempt's timeouts and every pause fit in that budget, so a tool call
+ends by its time limit (`budget_within` derives the timeouts from it).
+Used by the search, browse and LLM-judge clients.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -31,6 +35,27 @@ class HttpError(RuntimeError):
     """A request that failed after all retries; the message says why."""
 
 
+class BadServerAnswer(HttpError):
+    """The server answered, but not in the shape its protocol promises (a bug there, not a network failure)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpBudget:
+    """(connect, read) timeouts and retries for requests that must end, retries included, by `total_seconds`."""
+
+    timeout: tuple[float, float]
+    retries: int
+    total_seconds: float
+
+
+def budget_within(total_seconds: float, retries: int = 2) -> HttpBudget:
+    """Timeouts for a tool call limited to `total_seconds` (`rollout.tool_timeout_s`): connecting takes at
+    most a tenth of it (2 s at most), and a read timeout and its one retry fit in it together."""
+    connect = min(2.0, total_seconds / 10)
+    read = max(total_seconds / 2 - connect, 0.05)
+    return HttpBudget(timeout=(connect, read), retries=retries, total_seconds=float(total_seconds))
+
+
 def request_with_retries(
     session: requests.Session,
     method: str,
@@ -39,19 +64,40 @@ def request_with_retries(
     timeout: tuple[float, float] = (2.0, 30.0),
     retries: int = 2,
     backoff_seconds: float = 0.2,
+    total_seconds: float | None = None,
     **kwargs: Any,
 ) -> requests.Response:
-    """`session.request(...)`, retried `retries` times on transient failures.
+    """`session.request(...)`, retried `retries` times on transient failures, a read timeout once at most;
+    with `total_seconds`, no attempt or pause runs past that many seconds from now (each attempt's
+    timeouts are cut to the time left).
 
     Returns the response (2xx..4xx). Raises HttpError naming the last failure
     (status code with a snippet of the body, or the connection error).
     """
-    last = ""
+    deadline = None if total_seconds is None else time.monotonic() + total_seconds
+    last, attempts, read_timeouts = "", 0, 0
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(backoff_seconds * 2 ** (attempt - 1))
+            pause = backoff_seconds * 2 ** (attempt - 1)
+            if deadline is not None and time.monotonic() + pause >= deadline:
+                break
+            time.sleep(pause)
+        attempt_timeout = timeout
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            connect = min(timeout[0], remaining / 2)
+            attempt_timeout = (connect, min(timeout[1], remaining - connect))
+        attempts += 1
         try:
-            response = session.request(method, url, timeout=timeout, **kwargs)
+            response = session.request(method, url, timeout=attempt_timeout, **kwargs)
+        except requests.ReadTimeout as error:
+            last = f"timed out ({error.__class__.__name__})"
+            read_timeouts += 1
+            if read_timeouts > 1:
+                break
+            continue
         except requests.Timeout as error:
             last = f"timed out ({error.__class__.__name__})"
             continue
@@ -64,4 +110,6 @@ def request_with_retries(
             last = f"HTTP {response.status_code}: {response.text[:200]}"
             continue
         return response
-    raise HttpError(f"{method} {url} failed after {retries + 1} attempts: {last}")
+    within = f" within {total_seconds:g} s" if deadline is not None else ""
+    raise HttpError(f"{method} {url} failed after {attempts} attempt{'s' if attempts != 1 else ''}{within}: "
+                    f"{last or 'no time left'}")

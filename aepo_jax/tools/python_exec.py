@@ -8,7 +8,9 @@ reports. The worker never runs model code itself, so calls share no state;
 it is replaced after `calls_per_worker` calls (1 = a new worker per call).
 
 Limits per call: wall clock (the parent kills the worker's whole session),
-CPU time, address space, file size and process count, a fresh working
+CPU time, address space (per process), memory of all the call's processes
+together (a memory cgroup per worker, where the controller is usable), file
+size and process count, a fresh working
 directory (a size-limited tmpfs, or a temporary directory removed
 afterwards without file-system isolation), a minimal environment, output
 kept up to `max_output_bytes` per stream.
@@ -30,6 +32,11 @@ Isolation (probed once; every result says what applied in `isolation`,
 - A pids cgroup per worker (where /sys/fs/cgroup/pids is writable) bounds a
   fork bomb even as root, where RLIMIT_NPROC does not apply; the rlimit is
   still set for non-root callers.
+- A memory cgroup per worker, inside the caller's own (where one can be made
+  with a limit): RLIMIT_AS bounds each process, so a call that forks could
+  use it many times over; the cgroup bounds them together (see
+  `SandboxLimits.worker_memory_bytes`). Without it, only RLIMIT_AS applies.
+- Workers die with the parent, even a SIGKILLed one (they watch their stdin).
 - Where `unshare` does not work, code runs without network isolation and
   `network_isolated` is False.
 """
@@ -54,8 +61,12 @@ from aepo_jax.tools.sandbox_process import (
     Worker,
     dispose_worker,
     kill_worker,
+    make_cgroup,
+    memory_limit_files,
+    oom_kills,
     probe_filesystem,
     probe_isolation,
+    probe_memory_cgroup,
     probe_pids_cgroup,
     send_call,
     spawn_worker,
@@ -70,7 +81,11 @@ class SandboxLimits:
 
     wall_seconds: float = 10.0
     cpu_seconds: int = 10
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = 1 << 30  # RLIMIT_AS of each process of a call
+    # With a memory cgroup, a worker and all its call's processes together get memory_bytes + workdir_bytes
+    # (the tmpfs's pages are charged to it) + this, the share of the idle worker itself (its interpreter and
+    # preload modules: about 7 MiB bare, 50 MiB with numpy and sympy), so a call gets at least memory_bytes.
+    worker_memory_bytes: int = 256 << 20
     file_bytes: int = 16 << 20
     workdir_bytes: int = 64 << 20  # the working directory's tmpfs, all files together (file-system isolation only)
     workdir_files: int = 10_000  # inodes in that tmpfs
@@ -85,7 +100,7 @@ class SandboxResult:
 
     status: "ok" (ran to the end), "error" (raised, syntax error or non-zero
     sys.exit; `traceback` has the last lines), "timeout" (wall or CPU limit),
-    "killed" (died from a signal), "failed" (the sandbox could not run it).
+    "killed" (died from a signal), "failed" (the sandbox could not run it, or could not read its status).
     """
 
     status: str
@@ -144,6 +159,8 @@ class PythonSandbox:
       preload: modules each worker imports before it gets code (e.g. "numpy", "sympy").
       cgroup_root: a pids-cgroup directory for per-worker cgroups; None probes
         /sys/fs/cgroup/pids, "" disables them.
+      memory_cgroup_root: a memory-cgroup directory for per-worker cgroups; None probes the caller's own
+        memory cgroup (v1 or v2), "" disables them.
       workdir_root: where per-call temporary directories are made when the file system is not isolated.
       isolate_filesystem: give each worker a private read-only root (where mount namespaces work);
         False runs code with the caller's view of the file system, and every result says so.
@@ -154,7 +171,8 @@ class PythonSandbox:
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), pool_size: int = 4, calls_per_worker: int = 64,
                  preload: tuple[str, ...] = (), cgroup_root: str | None = None, workdir_root: str | None = None,
-                 isolate_filesystem: bool = True, latency_seconds: float = 0.0):
+                 isolate_filesystem: bool = True, latency_seconds: float = 0.0,
+                 memory_cgroup_root: str | None = None):
         if pool_size < 0 or calls_per_worker < 1:
             raise ValueError(f"need pool_size >= 0 and calls_per_worker >= 1, got {pool_size}, {calls_per_worker}")
         if latency_seconds < 0:
@@ -176,9 +194,14 @@ class PythonSandbox:
         self.root_plan: dict | None = self._config.get("root")  # what the workers see (sandbox_root.plan_root)
         self.visible_paths: tuple[str, ...] = tuple(self.root_plan["binds"]) if self.root_plan else ()
         self.cgroup_root = probe_pids_cgroup() if cgroup_root is None else cgroup_root
+        self.memory_cgroup_root = probe_memory_cgroup() if memory_cgroup_root is None else memory_cgroup_root
+        # All of a call's processes together, with the worker they were forked from and the working directory.
+        self.call_memory_bytes = limits.memory_bytes + limits.workdir_bytes + limits.worker_memory_bytes
         namespaces = "net+pid+mount namespaces" if self.filesystem_isolated else "net+pid namespaces"
         parts = ([namespaces] if self.namespace_command else ["rlimits only (no network isolation on this platform)"])
         parts += ["pids cgroup"] if self.cgroup_root else []
+        parts += [f"memory cgroup ({self.call_memory_bytes >> 20} MiB per call)" if self.memory_cgroup_root
+                  else "memory bounded per process only (no memory cgroup)"]
         parts += ["private read-only root, tmpfs working directory" if self.filesystem_isolated
                   else f"file system NOT isolated ({filesystem})"]
         self.isolation = ", ".join(parts)
@@ -187,6 +210,7 @@ class PythonSandbox:
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
+        self._spawning = 0  # replacements being started: counted with the idle workers against pool_size
         self._background: list[threading.Thread] = []  # retirements and directory removals in flight
         for _ in range(pool_size):
             self._idle.put(self._spawn())
@@ -208,10 +232,15 @@ class PythonSandbox:
 
     # -- workers -----------------------------------------------------------
     def _spawn(self) -> Worker:
-        cgroup = ""
+        name = f"{self._cgroup_prefix}{next(self._serial)}"
+        pids = memory = ""
         if self.cgroup_root:
-            cgroup = os.path.join(self.cgroup_root, f"{self._cgroup_prefix}{next(self._serial)}")
-        return spawn_worker(self._config, self.namespace_command, cgroup, self.calls_per_worker)
+            pids = make_cgroup(os.path.join(self.cgroup_root, name), {"pids.max": str(self.limits.max_processes)})
+        if self.memory_cgroup_root:
+            memory = make_cgroup(os.path.join(self.memory_cgroup_root, name),
+                                 memory_limit_files(self.memory_cgroup_root, self.call_memory_bytes))
+        cgroups = tuple(path for path in (pids, memory) if path)
+        return spawn_worker(self._config, self.namespace_command, cgroups, self.calls_per_worker, memory)
 
     def _take(self) -> Worker:
         try:
@@ -223,7 +252,8 @@ class PythonSandbox:
         """Return a worker to the pool, or retire it (in the background) and start a replacement."""
         worker.calls_left -= 1
         with self._lock:
-            keep = healthy and worker.calls_left > 0 and not self._closed and self._idle.qsize() < self.pool_size
+            keep = (healthy and worker.calls_left > 0 and not self._closed
+                    and self._idle.qsize() + self._spawning < self.pool_size)
             if keep:
                 self._idle.put(worker)
                 return
@@ -238,19 +268,23 @@ class PythonSandbox:
         thread.start()
 
     def _retire(self, worker: Worker) -> None:
+        """Dispose of `worker`; start a replacement if the pool, counting replacements under way, has room."""
         dispose_worker(worker)
-        with self._lock:
-            if self._closed or self._idle.qsize() >= self.pool_size:
+        with self._lock:  # decided and counted at once: retirements together cannot all see the same room
+            if self._closed or self._idle.qsize() + self._spawning >= self.pool_size:
                 return
+            self._spawning += 1
         try:
             fresh = self._spawn()
         except OSError:
-            return
+            fresh = None
         with self._lock:
-            if not self._closed:
+            self._spawning -= 1
+            if fresh is not None and not self._closed:
                 self._idle.put(fresh)
                 return
-        dispose_worker(fresh)
+        if fresh is not None:
+            dispose_worker(fresh)
 
     # -- calls -------------------------------------------------------------
     def run(self, code: str) -> SandboxResult:
@@ -278,6 +312,7 @@ class PythonSandbox:
         limits = self.limits
         stdout, stderr = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
         deadline = start + limits.wall_seconds
+        kills_before = oom_kills(worker.memory_cgroup) if worker.memory_cgroup else 0
         try:
             send_call(worker, code, workdir)
         except OSError:
@@ -314,11 +349,21 @@ class PythonSandbox:
         _drain(worker.process.stderr.fileno(), stderr)
         if status_line is None:
             returncode = worker.process.poll()
-            return self._result("killed", stdout, stderr,
-                                f"the sandbox worker died (exit status {returncode})", returncode, start), False
+            trace = "\n".join(filter(None, [f"the sandbox worker died (exit status {returncode})",
+                                             self._memory_note(worker, kills_before)]))
+            return self._result("killed", stdout, stderr, trace, returncode, start), False
         status = _parse_status(status_line)
-        return self._result(status["status"], stdout, stderr, status.get("traceback", ""), status.get("exit_code"),
-                            start), True
+        trace = status.get("traceback", "") or ""
+        if status["status"] != "ok":
+            trace = "\n".join(filter(None, [trace, self._memory_note(worker, kills_before)]))
+        return self._result(status["status"], stdout, stderr, trace, status.get("exit_code"), start), True
+
+    def _memory_note(self, worker: Worker, kills_before: int) -> str:
+        """A last traceback line when the kernel killed some process of the call at the memory cgroup's limit."""
+        if not worker.memory_cgroup or oom_kills(worker.memory_cgroup) <= kills_before:
+            return ""
+        return (f"memory limit exceeded: the call's processes together reached {self.call_memory_bytes >> 20} MiB"
+                " and the kernel killed one")
 
     def _result(self, status: str, stdout: _Capture, stderr: _Capture, trace: str, exit_code: int | None,
                 start: float) -> SandboxResult:

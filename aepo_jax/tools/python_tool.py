@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import time
 
-from aepo_jax.tools.base import ToolResult, truncate
+from aepo_jax.tools.base import ToolResult, truncate_within
 from aepo_jax.tools.python_exec import PythonSandbox, SandboxResult
+
+_EARLIER_LINES_CUT = "[earlier lines cut]"
 
 
 def _last_lines(text: str, max_chars: int) -> str:
-    """The last whole lines of `text` that fit in `max_chars` (the exception is on the last line);
-    if even the last line does not fit, its beginning (the exception's name)."""
+    """The last whole lines of `text` that fit, with a line saying earlier ones were cut, in `max_chars`
+    (the exception is on the last line); if even the last line does not fit, its beginning (the exception's
+    name). At most `max_chars` characters in all."""
     if len(text) <= max_chars:
         return text
     lines = text.splitlines()
-    kept, size = [], 0
+    kept, size = [], len(_EARLIER_LINES_CUT)
     for line in reversed(lines):
         if size + len(line) + 1 > max_chars:
             break
         kept.append(line)
         size += len(line) + 1
     if not kept:
-        return truncate(lines[-1], max_chars) if lines else ""
-    return "[earlier lines cut]\n" + "\n".join(reversed(kept))
+        return truncate_within(lines[-1], max_chars) if lines else ""
+    return "\n".join([_EARLIER_LINES_CUT, *reversed(kept)])
 
 
 def format_sandbox_result(result: SandboxResult, max_result_chars: int) -> str:
@@ -30,7 +33,7 @@ def format_sandbox_result(result: SandboxResult, max_result_chars: int) -> str:
 
     What went wrong is never what gets cut: the traceback tail (at most half of
     `max_result_chars`) and the `[execution ...]` line are placed first, and stdout
-    is cut to the room left, marked when cut.
+    is cut to the room left, marked when cut: the whole text is at most `max_result_chars` characters.
     """
     failure = []
     if result.status != "ok":
@@ -46,7 +49,7 @@ def format_sandbox_result(result: SandboxResult, max_result_chars: int) -> str:
         output.append("stderr:\n" + result.stderr.rstrip("\n"))
     failure_text = "\n".join(failure)
     room = max(0, max_result_chars - len(failure_text) - (1 if failure_text else 0))
-    parts = ([truncate("\n".join(output), room)] if output else []) + ([failure_text] if failure_text else [])
+    parts = ([truncate_within("\n".join(output), room)] if output else []) + ([failure_text] if failure_text else [])
     return "\n".join(parts) or "[no output]"
 
 

@@ -2,8 +2,13 @@
 
 Isolation is probed here: which `unshare` namespace command works on this
 machine, whether a worker can build its private root file system in a mount
-namespace, and whether per-worker pids cgroups can be made. See
+namespace, and whether per-worker pids and memory cgroups can be made. See
 `python_exec.PythonSandbox` for what the pieces add up to.
+
+A worker's life is tied to the parent's: it watches its stdin (the parent's
+pipe) while a call runs and exits when the parent is gone (`sandbox_worker`).
+Not `PR_SET_PDEATHSIG`: it fires when the *thread* that started the process
+exits, and replacements are started from short-lived background threads.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import struct
@@ -74,10 +80,66 @@ def probe_filesystem(command: tuple[str, ...], root_plan: dict, preload: list[st
 
 def probe_pids_cgroup(root: str = "/sys/fs/cgroup/pids") -> str:
     """`root` if per-worker pids cgroups can be made under it, else ''."""
+    return _probe_cgroup_root(root, "pids.max")
+
+
+def own_memory_cgroup(proc_cgroup: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup") -> str:
+    """This process's memory cgroup directory (cgroup v1's memory hierarchy, or v2 alone), or ''.
+
+    Worker cgroups are made inside it, not at the hierarchy's root: the workers stay within the limit
+    and the accounting of the job that runs the trainer."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = [line.split(":", 2) for line in f.read().splitlines() if line.count(":") >= 2]
+    except OSError:
+        return ""
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            return os.path.normpath(os.path.join(mount, "memory", path.lstrip("/")))
+    if os.path.exists(os.path.join(mount, "cgroup.controllers")):  # the v2 hierarchy mounted alone
+        for number, controllers, path in lines:
+            if number == "0" and not controllers:
+                return os.path.normpath(os.path.join(mount, path.lstrip("/")))
+    return ""
+
+
+def probe_memory_cgroup(root: str | None = None) -> str:
+    """A directory (`root`, default this process's memory cgroup) under which per-worker memory cgroups
+    with a limit can be made, else '' (no memory controller here, or not writable, or not delegated)."""
+    root = own_memory_cgroup() if root is None else root
+    if not root:
+        return ""
+    return _probe_cgroup_root(root, "memory.max") or _probe_cgroup_root(root, "memory.limit_in_bytes")
+
+
+def memory_limit_files(root: str, limit_bytes: int) -> dict[str, str]:
+    """The files that set the limit of a memory cgroup made under `root` to `limit_bytes`, swap included
+    (v1: every memory cgroup has `memory.limit_in_bytes`; v2: the limit is `memory.max`, swap apart)."""
+    if os.path.exists(os.path.join(root, "memory.limit_in_bytes")):
+        return {"memory.limit_in_bytes": str(limit_bytes), "memory.memsw.limit_in_bytes": str(limit_bytes)}
+    return {"memory.max": str(limit_bytes), "memory.swap.max": "0"}
+
+
+def oom_kills(cgroup: str) -> int:
+    """Processes the kernel killed for reaching the memory cgroup's limit so far (0 when it cannot tell)."""
+    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+        try:
+            with open(os.path.join(cgroup, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _probe_cgroup_root(root: str, limit_file: str) -> str:
+    """`root` if a cgroup with `limit_file` can be made under it (stale worker cgroups there removed), else ''."""
     probe = os.path.join(root, f"aepo-sandbox-probe-{os.getpid()}")
     try:
         os.makedirs(probe, exist_ok=True)
-        ok = os.path.exists(os.path.join(probe, "pids.max"))
+        ok = os.path.exists(os.path.join(probe, limit_file))
         os.rmdir(probe)
     except OSError:
         return ""
@@ -119,29 +181,42 @@ def remove_cgroup(path: str) -> None:
 
 @dataclasses.dataclass
 class Worker:
-    """A started worker: its process (stdin = call frames), the status pipe, its cgroup, calls left."""
+    """A started worker: its process (stdin = call frames), the status pipe, its cgroups, calls left."""
 
     process: subprocess.Popen
     result_read: int
-    cgroup: str
+    cgroups: tuple[str, ...]
     calls_left: int
+    memory_cgroup: str = ""  # one of `cgroups`, where its out-of-memory kills are counted
     status_buffer: bytes = b""
 
 
-def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroup: str, calls: int) -> Worker:
-    """Start `sandbox_worker.py` in its own session (and namespaces and cgroup, when given)."""
+def make_cgroup(path: str, limits: dict[str, str]) -> str:
+    """Make cgroup `path` with `limits` (file -> value; the first one required, the others where the kernel
+    has them); `path` when made, else '' (nothing left behind)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        for number, (name, value) in enumerate(limits.items()):
+            target = os.path.join(path, name)
+            if number == 0 or os.path.exists(target):
+                with open(target, "w") as f:
+                    f.write(value)
+        return path
+    except OSError:
+        remove_cgroup(path)
+        return ""
+
+
+def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroups: tuple[str, ...], calls: int,
+                 memory_cgroup: str = "") -> Worker:
+    """Start `sandbox_worker.py` in its own session (and namespaces, and the made `cgroups`, when given)."""
     result_read, result_write = os.pipe()
     config = {**config, "result_fd": result_write}
     command = [*namespace_command, sys.executable, "-I", _WORKER_SCRIPT, json.dumps(config)]
-    if cgroup:
-        try:
-            os.makedirs(cgroup, exist_ok=True)
-            with open(os.path.join(cgroup, "pids.max"), "w") as f:
-                f.write(str(config["max_processes"]))
-            # The shell joins the cgroup, then execs, so every descendant is inside it.
-            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(cgroup, "cgroup.procs"), *command]
-        except OSError:
-            cgroup = ""
+    if cgroups:
+        # The shell joins the cgroups, then execs, so every descendant is inside them.
+        joins = " && ".join(f"echo $$ > {shlex.quote(os.path.join(path, 'cgroup.procs'))}" for path in cgroups)
+        command = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sandbox-worker", *command]
     try:
         process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
@@ -149,14 +224,15 @@ def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroup: str, 
         )
     except BaseException:
         os.close(result_read)
-        if cgroup:
-            remove_cgroup(cgroup)
+        for path in cgroups:
+            remove_cgroup(path)
         raise
     finally:
         os.close(result_write)
     for stream in (process.stdout, process.stderr):
         os.set_blocking(stream.fileno(), False)
-    return Worker(process=process, result_read=result_read, cgroup=cgroup, calls_left=calls)
+    return Worker(process=process, result_read=result_read, cgroups=cgroups, calls_left=calls,
+                  memory_cgroup=memory_cgroup)
 
 
 def send_call(worker: Worker, code: str, workdir: str | None) -> None:
@@ -191,5 +267,5 @@ def dispose_worker(worker: Worker) -> None:
         os.close(worker.result_read)
     except OSError:
         pass
-    if worker.cgroup:
-        remove_cgroup(worker.cgroup)
+    for path in worker.cgroups:
+        remove_cgroup(path)

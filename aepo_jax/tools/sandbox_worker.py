@@ -8,7 +8,7 @@ first adds its preload modules' locations to the plan
 stdout and exits). It imports the
 preload modules once (that makes it "warm"), then serves calls read from
 stdin as frames (4-byte big-endian length + JSON `{"code", "workdir"}`), one
-at a time, until EOF:
+at a time, until EOF (the parent closed it, or died):
 
 1. with a root: mount a fresh size-limited tmpfs as the call's working
    directory (the call's `workdir` is then ignored);
@@ -17,7 +17,13 @@ at a time, until EOF:
    (with a root), runs the code with the worker's stdout/stderr (stdout made
    line-buffered, so what it printed before a kill is in the pipe), and
    writes its status to a private pipe, which the worker reads while it waits
-   (a status bigger than the pipe's buffer must not block the child);
+   (a status bigger than the pipe's buffer must not block the child); the
+   status is the pipe's last line, so bytes the code wrote to the pipe
+   before it do not change it;
+   while it waits, the worker also watches its stdin: when the parent dies
+   (its end of stdin closes, even by SIGKILL) it kills the child and exits
+   at once, and with it everything in the namespace, so no call outlives
+   the trainer that made it (the wall-clock limit is the parent's);
 3. after the child exits, kill every other process left in the namespace
    (`kill(-1)` from the namespace init reaches exactly those) and reap them;
 4. write one status line (JSON) to the result fd named in the config, then
@@ -33,10 +39,10 @@ import importlib.util
 import json
 import os
 import resource
+import select
 import signal
 import struct
 import sys
-import threading
 import traceback
 
 
@@ -48,6 +54,11 @@ def _apply_limits(config: dict, status_fd: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (config["file_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_NPROC, (config["max_processes"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:  # at a memory cgroup's limit, the kernel kills the call's processes before the worker
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     # Writing past RLIMIT_FSIZE raises OSError(EFBIG) instead of killing silently.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGXCPU, lambda *_: _finish(status_fd, {
@@ -55,17 +66,18 @@ def _apply_limits(config: dict, status_fd: int) -> None:
 
 
 def _finish(status_fd: int, status: dict) -> None:
-    """Flush output, write the status, exit without running the code's cleanup handlers."""
+    """Flush output, write the status as the pipe's last line, exit without running the code's cleanup
+    handlers; the exit code (0 only for "ok") tells the worker what happened if the code closed the pipe."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:  # noqa: BLE001, S110 - a broken stream must not hide the status
             pass
-    try:
-        os.write(status_fd, json.dumps(status, default=str).encode())
+    try:  # the leading newline ends whatever the code itself wrote to this fd
+        os.write(status_fd, b"\n" + json.dumps(status, default=str).encode())
     except OSError:
         pass
-    os._exit(0)
+    os._exit(0 if status["status"] == "ok" else 1)
 
 
 def _bounded(text: str, config: dict) -> str:
@@ -121,7 +133,8 @@ def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None
     status = {"status": "ok", "exit_code": 0, "traceback": ""}
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
-        exec(compile(call["code"], "<python>", "exec"), namespace)  # noqa: S102 - running it is the point
+        # "<code>", not "<python>": an agent tag in a traceback would come back as "&lt;python>".
+        exec(compile(call["code"], "<code>", "exec"), namespace)  # noqa: S102 - running it is the point
     except SystemExit as error:
         if error.code not in (None, 0):
             exit_code = error.code if isinstance(error.code, int) else 1
@@ -159,28 +172,82 @@ def _kill_the_rest() -> None:
                 return
 
 
-def _serve_one(call: dict, config: dict, mounts: object) -> dict:
-    if mounts:
-        mounts.mount_workdir(config["root"]["workdir"], config["workdir_bytes"], config["workdir_files"])
-    status_read, status_write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(status_read)
-        _run_child(call, config, status_write, mounts)
-    os.close(status_write)
-    # Read the status while the child runs: a write bigger than the pipe's buffer blocks until read.
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(status_read, 65536), b"")))
-    reader.start()
-    _, wait_status = os.waitpid(pid, 0)
-    _kill_the_rest()  # and every other holder of the pipe's write end: the reader sees EOF
-    reader.join()
-    raw = b"".join(chunks)
-    os.close(status_read)
+def _kill_call_and_exit(child: int) -> None:
+    """The parent is gone: kill the call and exit (as the namespace's init, that kills everything it started)."""
+    for kill in (os.killpg, os.kill):  # its process group, and itself should it not have one yet
+        try:
+            kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(1)
+
+
+def _wait_for_child(child: int, status_read: int) -> tuple[int, list[bytes]]:
+    """(wait status, what it has written to its status pipe so far) once `child` has exited.
+
+    One thread, one poll: the status pipe is read as it fills (a status over the pipe's buffer must not
+    block the child), and stdin is watched: when its writer, the parent, is gone (even SIGKILLed: its end
+    closes by itself) the call is killed and the worker exits. No helper threads: each one left the worker,
+    and so every later call's child, a 64 MiB malloc arena of address space, counted against RLIMIT_AS.
+    """
+    poller = select.poll()
+    poller.register(status_read, select.POLLIN)
+    poller.register(0, 0)  # no events asked: POLLHUP (every writer gone) is reported regardless
     try:
-        return json.loads(raw)
-    except ValueError:
-        pass
+        exited = os.pidfd_open(child)  # readable when the child exits
+        poller.register(exited, select.POLLIN)
+        timeout_ms = None
+    except (AttributeError, OSError):  # kernels before 5.3: look every 10 ms
+        exited, timeout_ms = -1, 10
+    chunks: list[bytes] = []
+    try:
+        while True:
+            for fd, _ in poller.poll(timeout_ms):
+                if fd == 0:
+                    _kill_call_and_exit(child)
+                if fd == status_read:
+                    chunk = os.read(status_read, 65536)
+                    if chunk:
+                        chunks.append(chunk)
+                    else:
+                        poller.unregister(status_read)
+            done, wait_status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+    finally:
+        if exited >= 0:
+            os.close(exited)
+    return wait_status, chunks
+
+
+def _read_available(fd: int) -> list[bytes]:
+    """What is in pipe `fd` now, without waiting for an EOF that a process left behind (no pid namespace)
+    could hold off."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return chunks
+        if not chunk:
+            return chunks
+        chunks.append(chunk)
+
+
+def _status_of(raw: bytes, wait_status: int, config: dict) -> dict:
+    """The child's status from its pipe (the last line), else from how it ended."""
+    if raw.strip():
+        try:
+            status = json.loads(raw.rsplit(b"\n", 1)[-1])
+            if isinstance(status, dict) and isinstance(status.get("status"), str):
+                return status
+        except ValueError:
+            pass
+        # Not the exit code's guess (0 for an exception whose status the code overwrote): say what happened.
+        return {"status": "failed", "exit_code": None,
+                "traceback": f"the call's status was unreadable (the code wrote to the sandbox's status pipe): "
+                             f"{raw[-200:]!r}"}
     if os.WIFSIGNALED(wait_status):
         signum = os.WTERMSIG(wait_status)
         if signum == signal.SIGXCPU:
@@ -189,8 +256,29 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
         return {"status": "killed", "exit_code": -signum,
                 "traceback": f"process killed by signal {signal.Signals(signum).name}"}
     code = os.WEXITSTATUS(wait_status)
-    return {"status": "killed" if code else "ok", "exit_code": code,
-            "traceback": f"process exited with code {code} without reporting" if code else ""}
+    return {"status": "error" if code else "ok", "exit_code": code,
+            "traceback": f"the code exited with code {code} without a status (os._exit, or it closed the "
+                         "sandbox's status pipe)" if code else ""}
+
+
+def _serve_one(call: dict, config: dict, mounts: object) -> dict:
+    if mounts:
+        mounts.mount_workdir(config["root"]["workdir"], config["workdir_bytes"], config["workdir_files"])
+    status_read, status_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(status_read)
+        _run_child(call, config, status_write, mounts)
+    try:
+        os.setpgid(pid, pid)  # as the child does first: a kill of its group cannot miss it
+    except OSError:
+        pass
+    os.close(status_write)
+    wait_status, chunks = _wait_for_child(pid, status_read)
+    _kill_the_rest()
+    chunks += _read_available(status_read)  # the child's writes are all in the pipe once it has exited
+    os.close(status_read)
+    return _status_of(b"".join(chunks), wait_status, config)
 
 
 def main() -> None:

@@ -254,3 +254,35 @@ def test_python_tool_keeps_the_error_and_status_when_stdout_is_long(sandbox):
     assert slow.status == "timeout" and slow.text.startswith("row 0 value 0\n")
     assert slow.text.endswith("wall-clock limit of 2 s exceeded\n[execution timeout]")
     assert "... [truncated," in slow.text
+
+
+@pytest.mark.parametrize("code, status, last_line", [
+    # Bytes written to every fd, the status pipe among them, before the status: it once read as unparseable,
+    # and the exit code (always 0) made the exception an "ok".
+    (("import os\nfor fd in range(3, 1024):\n    try:\n        os.write(fd, b'x')\n    except OSError:\n"
+      "        pass\nraise ZeroDivisionError('the real error')"), "error", "ZeroDivisionError: the real error"),
+    # The status pipe closed: no status at all, and the exit code says the code did not end well.
+    ("import os\nos.closerange(3, 1024)\nraise ValueError('the real error')", "error", "without a status"),
+    # Junk in the pipe and then closed: what is there cannot be read; that is said, not taken for "ok".
+    (("import os\nfor fd in range(3, 1024):\n    try:\n        os.write(fd, b'{')\n    except OSError:\n"
+      "        pass\nos.closerange(3, 1024)\nraise ValueError('the real error')"), "failed", "unreadable"),
+])
+def test_code_that_writes_to_or_closes_the_status_pipe_is_not_reported_ok(sandbox, code, status, last_line):
+    result = sandbox.run(code)
+    assert result.status == status, result
+    assert last_line in result.traceback.splitlines()[-1], result.traceback
+
+
+def test_tracebacks_name_the_code_without_an_agent_tag(sandbox):
+    """The code's file was "<python>", which the registry makes inert as "&lt;python>" in every traceback."""
+    result = sandbox.run("x = 1\n1 / 0")
+    assert 'File "<code>", line 2' in result.traceback and "<python>" not in result.traceback, result.traceback
+
+
+def test_every_call_of_a_worker_starts_with_the_same_address_space(sandbox):
+    """The worker's helper threads (status reader) left it a malloc arena of 64 MiB of address space; every
+    later call's child inherited it against RLIMIT_AS: the first call of a worker could allocate ~75 MiB more
+    than the next ones (and with two threads, 150 MiB), so one program passed or hit MemoryError by chance."""
+    code = "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmSize')))"
+    sizes = [int(sandbox.run(code).stdout) for _ in range(3)]
+    assert max(sizes) - min(sizes) < 4096, sizes  # kB

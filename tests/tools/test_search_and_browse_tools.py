@@ -73,7 +73,7 @@ def test_search_failures_become_text_not_exceptions():
     assert not late.ok and "timed out" in late.text
     with StubServer(lambda *a: json_reply({"unexpected": 1})) as stub:
         odd = SearchTool(stub.url).run("q")
-    assert not odd.ok and "unexpected response" in odd.text
+    assert not odd.ok and odd.status == "failed" and "bad server answer" in odd.text
     with StubServer(lambda *a: json_reply({"error": "bad"}, 400)) as stub:
         refused = SearchTool(stub.url, retries=3).run("q")
     assert not refused.ok and "HTTP 400" in refused.text and len(stub.requests) == 1  # 4xx is not retried
@@ -100,6 +100,7 @@ def test_browse_a_url_turns_html_into_text():
 def test_browse_failures_become_text(server):
     missing = BrowseTool(search_url=server.url).run("no-such-doc")
     assert not missing.ok and "no document with id 'no-such-doc'" in missing.text
+    assert missing.status == "bad_call"  # the call named a document that is not there; the server is fine
     no_server = BrowseTool().run("some-doc")
     assert not no_server.ok and "no search server" in no_server.text
     refused = BrowseTool(allow_urls=False).run("http://127.0.0.1:1/x")
