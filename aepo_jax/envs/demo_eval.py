@@ -21,13 +21,12 @@ def policy_metrics(result: Any, samples: int, questions: int, tree: Any = None,
                    tree_questions: int = 0) -> dict[str, float]:
     """The demo's report of one policy from the driver's `EvalResult`s (`tree`: the tree rollout's, or None).
 
-    Every value is a plain float: `pass@1..n`, `tool_calls` (per answer),
-    `python_rate` and `answer_rate` (shares of answers), `response_length`
-    (generated tokens), and from the tree rollout `branch_top3` (NaN when
-    nothing branched) and `entropy` (mean segment entropy, spec §1).
+    Every value is a plain float: `pass@1..n`, `tool_calls` (calls the loop ran, per answer),
+    `python_rate` (answers in which a python call ran) and `answer_rate` (shares of answers),
+    `response_length` (generated tokens), and from the tree rollout `branch_top3` (NaN when
+    nothing branched) and `entropy` (mean segment entropy, spec §1: the first K tokens after each
+    tool result, not a token-weighted mean).
     """
-    from aepo_jax.rewards import count_tool_calls
-
     report = result.reports[-1]
     metrics = {f"pass@{k}": float(v) for k, v in report.pass_at_k.items()}
     metrics.update({
@@ -35,7 +34,7 @@ def policy_metrics(result: Any, samples: int, questions: int, tree: Any = None,
         "samples": float(samples),
         "tool_calls": float(report.tool_calls_per_question),
         "response_length": float(report.mean_response_length),
-        "python_rate": float(np.mean([count_tool_calls(s["response"])["python"] > 0 for s in result.samples])),
+        "python_rate": float(np.mean([_python_calls(s) > 0 for s in result.samples])),
         "answer_rate": float(np.mean([s["stop_reason"] == "answer" for s in result.samples])),
         "branch_top3": math.nan,
         "entropy": math.nan,
@@ -76,3 +75,14 @@ def format_rollout_tree(group: Sequence[Any], tokenizer: Any, width: int = 100) 
 
 def _calls_before(traj: Any) -> int:
     return sum(1 for step in traj.tool_steps if step.result_end <= (traj.branch_point or 0))
+
+
+def _python_calls(sample: dict) -> int:
+    """Python calls the loop ran for one evaluation sample; from its text for samples written before
+    the driver recorded them (a tag inside <think> or a malformed closing counted there too)."""
+    from aepo_jax.rewards import count_tool_calls
+
+    if "python_calls" in sample:
+        return int(sample["python_calls"])
+    return count_tool_calls(sample["response"])["python"]
+

@@ -40,6 +40,7 @@ from aepo_jax.evaluation.metrics import DatasetReport, QuestionResult, build_rep
 from aepo_jax.evaluation.scoring import score_question
 from aepo_jax.parallel.host_rollout import HostRolloutPlacement
 from aepo_jax.parallel.multihost import gather_objects, share_bounds
+from aepo_jax.rewards.answer_rewards import executed_tool_calls
 from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.stats import RolloutStats, compute_stats
 from aepo_jax.rollout.strategies import INDEPENDENT, RolloutConfig, rollout
@@ -145,6 +146,7 @@ def _sample_record(example: dict, index: int, traj: Trajectory, text: str, resul
         "correct": result.correct[index],
         "f1": result.f1[index],
         "tool_calls": result.tool_calls[index],
+        "python_calls": executed_tool_calls(traj).get("python", 0),
         "response_length": result.response_length[index],
         "stop_reason": traj.stop_reason,
         "response": text,
@@ -242,8 +244,10 @@ def evaluate(
             for index, group in enumerate(groups, start=first):
                 ex = examples[index]
                 texts = [response_text(tokenizer, t.response_ids) for t in group]
+                # Calls the loop ran: a malformed closing it answered itself is a tool step, not a call.
                 result = score_question(
-                    ex, texts, [int(sum(t.mask)) for t in group], tool_calls=[t.num_tool_calls for t in group],
+                    ex, texts, [int(sum(t.mask)) for t in group],
+                    tool_calls=[sum(executed_tool_calls(t).values()) for t in group],
                     reward=config.reward, require_format=config.require_format, **reward_kw,
                 )
                 records = [_sample_record(ex, i, t, text, result) for i, (t, text) in enumerate(zip(group, texts))]

@@ -64,12 +64,13 @@ def setup(tmp_path_factory):
         registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=40),
                                  "python": PythonTool(sandbox)}, max_workers=4)
 
-        def run(config: EvalConfig, free_tokens: int = 3, examples=EXAMPLES):
+        def run(config: EvalConfig, free_tokens: int = 3, examples=EXAMPLES, plan_texts=None):
+            segments = plan if plan_texts is None else [tok.encode(text) for text in plan_texts]
             return evaluate(
                 examples, graphdef=graphdef, params=params, tokenizer=tok, tools=registry,
                 encode_prompt=lambda ex: render_prompt(tok, ex["question"], PromptConfig(system_prompt=SYSTEM)),
                 config=config, progress=False,
-                make_generator=lambda s: ToolForcingGenerator(s, plan, free_tokens=free_tokens,
+                make_generator=lambda s: ToolForcingGenerator(s, segments, free_tokens=free_tokens,
                                                               temperature=config.temperature),
             )
 
@@ -115,6 +116,19 @@ def test_reports_aggregate_the_recorded_per_sample_correctness(setup):
         assert report.mean_response_length == pytest.approx(np.mean(lengths))
         assert report.tool_calls_per_question == pytest.approx(np.mean(calls))
     assert result.tree_stats is None
+
+
+def test_tool_calls_count_the_calls_the_loop_ran_not_malformed_closings(setup):
+    """A segment that ends at a closing tag without a call is answered by the loop itself (no tool ran):
+    it was counted as a tool call, so "tool calls / answer" read 1.48 where 1.42 calls ran."""
+    plan_texts = ["<answer>dale</search>", "<python>print(6 * 7)</python>", "<answer>\\boxed{42}</answer>"]
+    result = setup(EvalConfig(n=2, questions_per_batch=4, loop=LOOP, seed=3), free_tokens=0, plan_texts=plan_texts)
+    malformed = [s for s in result.samples if "without a complete tool call" in s["response"]]
+    assert malformed, "the forced plan's first segment ends at </search> without a call"
+    for s in result.samples:
+        ran = s["response"].count(" <result>\n") - s["response"].count("without a complete tool call")
+        assert s["tool_calls"] == ran and s["python_calls"] == min(ran, 1)
+    assert any(s["tool_calls"] == 1 for s in malformed)
 
 
 def test_seeded_sampling_reproduces_and_greedy_is_deterministic(setup):
