@@ -27,6 +27,8 @@ class SearchServerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
 
     def __enter__(self) -> Self:
         return self
@@ -46,13 +48,15 @@ def start_search_server(corpus_path: str, port: int = 0, host: str = "127.0.0.1"
     """
     if not os.path.exists(corpus_path):
         raise FileNotFoundError(f"corpus not found: {corpus_path}")
+    # The server exits when its stdin, a pipe from this process, closes: it cannot outlive us.
     command = [sys.executable, "-m", "aepo_jax.servers.search_server", "--corpus", corpus_path,
-               "--host", host, "--port", str(port)]
+               "--host", host, "--port", str(port), "--exit-with-parent"]
     if index_cache:
         command += ["--index-cache", index_cache]
     if latency_ms:
         command += ["--latency-ms", str(float(latency_ms))]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     log: list[str] = []
     url_ready = threading.Event()
     found: list[str] = []

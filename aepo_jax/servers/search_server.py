@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -164,6 +166,18 @@ def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, max_to
     return _SearchServer((host, port), index, max_topk, max_queries, max_body_bytes, verbose, latency_ms / 1000.0)
 
 
+def _exit_when_stdin_closes() -> None:
+    """Ends this process once stdin reaches EOF: the process that started it holds the pipe's other end,
+    which closes when it exits in any way (SIGKILL, a crashed notebook kernel), so no server is orphaned."""
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(65536):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line: build the index, bind, print `serving on URL`, serve until killed."""
     parser = argparse.ArgumentParser(description="BM25 search server over a JSONL corpus")
@@ -177,7 +191,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--verbose", action="store_true", help="log every request")
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="answer /retrieve no sooner than this after the request (benchmarks; default 0)")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="exit when stdin closes: a server another process started (start_search_server) "
+                             "ends with it, even if it was killed")
     args = parser.parse_args(argv)
+    if args.exit_with_parent:
+        _exit_when_stdin_closes()
     index = Bm25Index(args.corpus, cache_dir=args.index_cache)
     server = make_server(index, args.host, args.port, args.max_topk, args.max_queries, args.max_body_bytes,
                          args.verbose, args.latency_ms)

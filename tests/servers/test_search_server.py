@@ -160,6 +160,34 @@ def test_launch_entry_point_prints_the_url_for_port_zero(corpus_path):
         process.wait(timeout=10)
 
 
+def test_a_started_server_ends_with_the_process_that_started_it_even_a_killed_one(corpus_path):
+    """A notebook kernel that crashed or restarted left its search server running under init (230 MB)."""
+    import os
+    import signal
+    import time
+
+    code = ("import time; from aepo_jax.servers import start_search_server; "
+            f"handle = start_search_server({corpus_path!r}); print(handle.process.pid, flush=True); time.sleep(600)")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(starter.stdout.readline())
+        os.kill(server_pid, 0)  # serving
+        starter.send_signal(signal.SIGKILL)
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(server_pid, signal.SIGKILL)
+            raise AssertionError("the search server outlived the process that started it")
+    finally:
+        starter.kill()
+
+
 def test_latency_option_delays_every_search_and_searches_wait_in_parallel(corpus_path):
     """`latency_ms` (rollout_bench's tool latency): each /retrieve answers after >= the latency, and
     concurrent ones wait together, not one after the other."""
