@@ -121,7 +121,11 @@ def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: 
 def train_sft(cfg: ml_collections.ConfigDict, env: Environment, env_dir: str, run_dir: str, progress: bool = True,
               log: Callable[[str], None] = print) -> tuple[Any, Any, list[dict]]:
     """The demo's SFT stage: scripted trajectories -> `SFTTrainer` from `model_from`; returns
-    (graphdef, params, records). RUN_DIR gets checkpoints, metrics and the run files."""
+    (graphdef, params, records). RUN_DIR gets checkpoints, metrics and the run files; one that already
+    holds checkpoints is refused before anything runs."""
+    from aepo_jax.training.checkpoint import require_no_checkpoints
+
+    require_no_checkpoints(run_dir)
     sft_cfg = sft_config_from(cfg)
     t0 = time.perf_counter()
     records = sft_records_from(sft_cfg, env)

@@ -85,6 +85,17 @@ def step_folders(directory: str) -> tuple[list[int], list[int]]:
     return complete, [s for s in steps if s not in complete]
 
 
+def require_no_checkpoints(run_dir: str) -> None:
+    """A ValueError, before anything is trained, when `run_dir`'s checkpoints/ already holds steps: a
+    fresh run there would fail only at its first save, once the training is done (orbax refuses to
+    overwrite a step), with its metrics appended to the earlier run's."""
+    complete, cut_short = step_folders(os.path.join(run_dir, "checkpoints"))
+    steps = complete + cut_short
+    if steps:
+        raise ValueError(f"{run_dir} already holds checkpoints (steps {sorted(steps)}): remove that folder to "
+                         "train again from the start, or choose another")
+
+
 def cut_short_note(checkpointer: Checkpointer) -> str:
     """": steps [...] were cut short ..." for a folder whose step folders lack their commit file, else ""."""
     steps = checkpointer.uncommitted_steps()
