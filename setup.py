@@ -45,7 +45,8 @@ setup(
     name="aepo-jax",
     version="0.1.0",
     description="Agentic Entropy-Balanced Policy Optimization (AEPO) and baselines in JAX/Flax",
-    packages=find_packages(include=["aepo_jax", "aepo_jax.*", "launch", "launch.*"]),
+    # configs: the experiment files import `configs.base`, wherever a launch runs from
+    packages=find_packages(include=["aepo_jax", "aepo_jax.*", "launch", "launch.*", "configs"]),
     python_requires=">=3.11",  # typing.Self; the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,

@@ -48,6 +48,7 @@ from aepo_jax.experiment_checks import (
     require_mesh_fits_model,
     require_prompts_fit,
 )
+from aepo_jax.experiment_tasks import demo_task
 from aepo_jax.experiment_tokenizer import (
     agent_tags_registered,
     check_tokenizer_fits_checkpoint,
@@ -210,16 +211,6 @@ class Environment:
         self.closers.clear()
 
 
-def _demo_task(cfg: ml_collections.ConfigDict, directory: str):
-    from aepo_jax.envs.facts_task import write_task
-
-    e = cfg.env
-    kinds = tuple(k.strip() for k in str(e.kinds).split(",") if k.strip())
-    return write_task(directory, seed=int(e.get("seed", cfg.seed)), n_towns=int(e.n_towns), n_train=int(e.n_train),
-                      n_heldout=int(e.n_heldout), n_distractors=int(e.n_distractors), hops=int(e.hops), kinds=kinds,
-                      heldout_fraction=float(e.heldout_fraction), max_syllables=int(e.max_syllables))
-
-
 def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environment:
     """Task, tokenizer, tools, prompt encoder and reward for `cfg` (see the module docstring)."""
     from aepo_jax.envs.facts_task import (
@@ -243,7 +234,7 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
         texts = lambda: multihop_texts
     elif cfg.get("env") is not None:  # the demo task (configs/demo.py)
         task_dir = os.path.join(workdir, "task")
-        files = _demo_task(cfg, task_dir)
+        files = demo_task(cfg, task_dir)
         task, corpus_path = files.env, str(files.corpus)
         system_prompt = cfg.env.system_prompt or DEMO_SYSTEM_PROMPT
         prompt = PromptConfig(system_prompt=system_prompt)
@@ -252,6 +243,8 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
     elif cfg.data.path:
         from aepo_jax.data import load_local_examples
 
+        if not os.path.isfile(cfg.data.path):
+            raise FileNotFoundError(f"data.path={cfg.data.path!r}: no such file (a JSONL of questions)")
         examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"))
         corpus_path = cfg.data.get("corpus_path") or None
     elif cfg.data.name == "synthetic_facts":
@@ -293,10 +286,16 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
 
 
 def fit_model_to_tokenizer(cfg: ml_collections.ConfigDict, env: Environment) -> None:
-    """A fresh model's vocabulary is the tokenizer's (`model.vocab_size`); a checkpoint keeps its own."""
+    """A fresh model's vocabulary is the tokenizer's (`model.vocab_size`); a checkpoint keeps its own. A
+    `model.vocab_size` the config sets must be it: fewer rows leave ids without an embedding, and more let
+    the policy sample ids the tokenizer cannot decode."""
     if not cfg.model.get("checkpoint_dir") and env.pretrained is None:
+        needed, given = int(env.tokenizer.vocab_size), cfg.model.get("vocab_size")
+        if given is not None and int(given) != needed:
+            raise ValueError(f"model.vocab_size={given} but the tokenizer has {needed} ids; leave it unset: a "
+                             "fresh model is sized to its tokenizer (a trained one's size is tokenizer.vocab_size)")
         with cfg.unlocked():
-            cfg.model.vocab_size = int(env.tokenizer.vocab_size)
+            cfg.model.vocab_size = needed
 
 
 def model_from(cfg: ml_collections.ConfigDict, env: Environment, mesh: Any = None) -> tuple[Any, Any]:

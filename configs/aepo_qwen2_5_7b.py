@@ -70,6 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.max_response_len = 4096  # paper: 4096
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
+    c.rollout.python_preload = ("numpy", "sympy")  # imported once per sandbox worker, not per call
 
     c.objective.surrogate = "aepo"  # stop-gradient clipping (spec §3.1)
     c.objective.advantage = "grpo"

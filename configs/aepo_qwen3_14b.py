@@ -65,6 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.initial_rollouts = 6  # paper: m = 6 (recomputed per prompt by dynamic_budget)
     c.rollout.max_prompt_len = 2000  # paper: 2000
     c.rollout.max_response_len = 6192  # paper: 6192
+    c.rollout.python_preload = ("numpy", "sympy")  # imported once per sandbox worker, not per call
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
 

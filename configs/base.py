@@ -7,24 +7,32 @@ otherwise; the tiny configs shrink sizes so a step runs on a CPU in seconds.
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import ml_collections
 from ml_collections import config_dict
 
 from aepo_jax.agent.loop_config import LoopConfig
-from aepo_jax.objectives import get_preset
+from aepo_jax.objectives import AlgorithmPreset, get_preset
 from aepo_jax.tools.registry import DEFAULT_MAX_WORKERS
 
 
 def objective_from_preset(algorithm: str) -> ml_collections.ConfigDict:
-    """The preset's fields (except its name) as a ConfigDict; None-valued fields
-    become typed placeholders so `--config.objective.X=...` can still set them."""
+    """The preset's fields (except its name) as a ConfigDict. A field `AlgorithmPreset` types `X | None`
+    (`dual_clip_c`, `overlong_buffer_len`) is a placeholder of type X holding the preset's value, so
+    `--config.objective.dual_clip_c=None` turns it off and `--config.objective.overlong_buffer_len=16`
+    sets an int (launch/config_args.py: a placeholder is what takes None on the command line)."""
     fields = dataclasses.asdict(get_preset(algorithm))
     fields.pop("name")
     fields.pop("rollout")  # lives in config.rollout.strategy
+    hints = typing.get_type_hints(AlgorithmPreset)
     objective = ml_collections.ConfigDict()
     for key, value in fields.items():
-        objective[key] = config_dict.placeholder(float) if value is None else value
+        kinds = typing.get_args(hints[key])
+        if type(None) in kinds:
+            (kind,) = (k for k in kinds if k is not type(None))
+            objective[key] = config_dict.placeholder(kind)
+        objective[key] = value
     return objective
 
 
@@ -42,6 +50,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.deterministic = False
     # "auto": jax.distributed.initialize() when the environment shows several hosts.
     c.distributed = "auto"
+    # True: the libraries' INFO logs (orbax reports every checkpoint step; a launch otherwise sets absl to
+    # WARNING unless --verbosity is given) and the traceback of a configuration error, which a launch
+    # otherwise reports as one `error: ...` line.
+    c.verbose_logs = False
 
     # Mesh axes (data, fsdp, tensor); -1 takes the remaining devices.
     c.mesh = ml_collections.ConfigDict({"shape": {"data": -1, "fsdp": 1, "tensor": 1}})
@@ -115,6 +127,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.rollout.tool_timeout_s = 120.0
     c.rollout.tool_latency_ms = 0.0  # benchmarks: started search server and sandbox answer after >= this (0 = off)
     c.rollout.tool_concurrency = DEFAULT_MAX_WORKERS  # tool calls in flight at once (the registry's threads)
+    # Modules every python sandbox worker imports before it gets code (e.g. ("numpy", "sympy")): a call that
+    # imports them then takes milliseconds instead of most of a second, for ~43 MiB more per idle worker.
+    c.rollout.python_preload = ()
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
     # <browse> reads a corpus document by id from the search server; True also fetches http(s) URLs (internet).
@@ -216,6 +231,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # task's held-out split), `batch_questions` at a time (0: data.prompts_per_step); val/* in metrics.jsonl.
     c.validation = ml_collections.ConfigDict({"every": 0, "data_path": "", "questions": 64, "batch_questions": 0})
 
+    # A checkpoint after every `every` steps and at the run's last step; 0: only at the last step and on a
+    # preemption notice (as validation.every=0 is off). `keep` newest ones are kept.
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3, "async_save": True})
     # The console shows the progress bar (headline metrics as its postfix) and a plain metrics line
     # every `console_every` steps and at the last one; metrics.jsonl gets every step. TensorBoard

@@ -16,6 +16,9 @@ The paper's numbers do not apply at this scale; comments give the reasoning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import ml_collections
 
 from configs.base import get_base_config, shrink_to_tiny
@@ -145,7 +148,8 @@ def _multihop(c: ml_collections.ConfigDict) -> None:
     # The scripts' flaw: answer right after the first search with the word it leads to (right only for
     # 2-step paths). SFT copies it, RL can remove it.
     c.env.early_answer_prob = 0.3
-    c.sft.skip_python_prob = c.env.early_answer_prob  # the SFT stage's name for the flaw rate
+    # The SFT stage's name for the flaw rate: a reference, so `--config.env.early_answer_prob` sets both.
+    c.sft.skip_python_prob = c.env.get_ref("early_answer_prob")
     c.reward.name = "exact_match"  # the answer is one word
     c.rollout.max_tool_calls = 6
     c.rollout.max_response_len = 192  # 4 searches with their results and an answer take ~120 tokens
@@ -167,15 +171,35 @@ def _multihop(c: ml_collections.ConfigDict) -> None:
     c.eval.batch_questions = 24
 
 
-def with_algorithm(c: ml_collections.ConfigDict, algorithm: str) -> ml_collections.ConfigDict:
-    """The same demo run with another algorithm preset (objective and rollout strategy); used by launch.compare."""
+# What `with_algorithm` takes from the preset and a comparison varies: no override may fix them.
+ALGORITHM_KEYS = ("algorithm", "rollout.strategy")
+
+
+def with_algorithm(c: ml_collections.ConfigDict, algorithm: str,
+                   overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+    """The same demo run with another algorithm preset (objective and rollout strategy); used by launch.compare.
+
+    `overrides` are the command line's `--config.KEY=VALUE` (flattened keys, as
+    `config_flags.get_override_values` gives them): the preset replaces `objective`, so its `objective.*`
+    ones are set again on top of it, and every algorithm compared runs with them (the others are in `c`
+    already). `algorithm` and `rollout.strategy` are what defines each algorithm compared: a ValueError.
+    """
     from aepo_jax.objectives import get_preset
     from configs.base import objective_from_preset
 
+    overrides = dict(overrides or {})
+    fixed = [key for key in ALGORITHM_KEYS if key in overrides]
+    if fixed:
+        raise ValueError(f"--config.{fixed[0]}={overrides[fixed[0]]} cannot be overridden in a comparison: each "
+                         "algorithm compared brings its own (its preset's rollout strategy: aepo -> aepo, arpo -> "
+                         "arpo, grpo -> independent, ...); choose the algorithms with --algorithms")
     c = c.copy_and_resolve_references()
     kept = {key: c.objective[key] for key in ("log_kl", "max_resample_rounds")}
     c.algorithm = algorithm
     c.objective = objective_from_preset(algorithm)
     c.objective.update(kept)
     c.rollout.strategy = get_preset(algorithm).rollout
+    for key, value in overrides.items():
+        if key.startswith("objective."):
+            c.objective[key.split(".", 1)[1]] = value
     return c

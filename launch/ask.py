@@ -4,8 +4,8 @@ greedy-decode an answer with the KV cache.
 
     python -m launch.ask [--gguf PATH] [--question "..."] [--max-new-tokens N]
 
-`make demo` runs this until the AEPO demo exists; it takes well under two
-minutes on CPU.
+A check that a released checkpoint loads and answers (the AEPO demo is
+`make demo`, `launch.demo`); it takes well under two minutes on CPU.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ The project's small-scale version of the paper's main table and its
 rollout-diversity analysis. One SFT cold start (seed `config.seed`) is shared
 by every run; each (algorithm, seed) pair then trains `train.total_steps` RL
 steps from it and is evaluated on the held-out questions. Writes
-WORKDIR/compare.json (every run), WORKDIR/compare.md (mean and spread over
+WORKDIR/compare.json (every run, with the objective and rollout strategy it
+trained with), WORKDIR/compare.md (mean and spread over
 seeds): held-out pass@1, tool calls per question, branch concentration credited
 by root (top-3 share, roots that got branches, the largest root's share of its
 group's branches, longest consecutive-branch run per lineage) and policy
@@ -16,7 +17,10 @@ entropy at the end of training (mean of the last 3 steps), wall time; and
 WORKDIR/entropy_curves.png (policy entropy per RL step, one line per run).
 
 `--config configs/demo.py:multihop` runs the multi-step path task instead of
-the towns task (`aepo_jax.envs.multihop_task`).
+the towns task (`aepo_jax.envs.multihop_task`). Each algorithm's objective and
+rollout strategy come from its preset; `--config.objective.KEY=VALUE` overrides
+are set again on top of every preset, and `--config.rollout.strategy` is
+refused (it is part of each algorithm compared).
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import logging as std_logging
 import math
 import os
 import shutil
-import sys
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,16 +81,45 @@ def format_markdown(sft: dict[str, float], table: dict, seeds: list[int]) -> str
     return "\n".join(lines)
 
 
+def algorithm_configs(cfg, algorithms: list[str], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """algorithm -> the run config of that algorithm (`configs.demo.with_algorithm`: its preset, with the
+    command line's `objective.*` overrides on top). A ValueError, before anything runs, for an override of
+    what defines an algorithm (`rollout.strategy`) or an objective value a preset refuses."""
+    from aepo_jax.training.build import preset_from
+    from configs.demo import with_algorithm
+
+    configs = {algorithm: with_algorithm(cfg, algorithm, overrides) for algorithm in algorithms}
+    for run_cfg in configs.values():
+        preset_from(run_cfg)
+    return configs
+
+
+def run_record(algorithm: str, seed: int, run_cfg, metrics: dict[str, float], records: list[dict],
+               wall_s: float) -> dict[str, Any]:
+    """One (algorithm, seed) entry of compare.json: held-out metrics, training tails, the entropy curve,
+    and the objective and rollout strategy the run trained with (preset plus overrides)."""
+    return {"algorithm": algorithm, "seed": int(seed), **metrics, "wall_s": wall_s,
+            "train_branch_top3": _tail_mean(records, "rollout/top3_branch_fraction"),
+            "train_branch_roots": _tail_mean(records, "rollout/branch_roots"),
+            "train_max_root_share": _tail_mean(records, "rollout/max_root_branch_share"),
+            "train_lineage_run": _tail_mean(records, "rollout/mean_lineage_branch_run"),
+            "entropy_curve": [float(r.get("entropy_mean", math.nan)) for r in records],
+            "train_entropy": _tail_mean(records, "entropy_mean"),
+            "train_reward_end": _tail_mean(records, "reward_mean"),
+            "objective": run_cfg.objective.to_dict(), "rollout_strategy": str(run_cfg.rollout.strategy)}
+
+
 def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], progress: bool = True,
-                log=print) -> dict[str, Any]:
-    """SFT once, then RL + held-out evaluation for every (algorithm, seed); writes compare.json/.md."""
+                log=print, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """SFT once, then RL + held-out evaluation for every (algorithm, seed); writes compare.json/.md.
+    `overrides` (the command line's) are set again on top of each algorithm's preset (`algorithm_configs`)."""
     from aepo_jax.experiment import evaluate_policy, train_rl
     from aepo_jax.experiment_sft import train_sft
-    from configs.demo import with_algorithm
     from launch.demo import fresh_environment
 
     t0 = time.perf_counter()
     cfg = cfg.copy_and_resolve_references()
+    run_configs = algorithm_configs(cfg, algorithms, overrides)
     demo = fresh_environment(cfg, workdir, stages=("sft",))
     runs: list[dict[str, Any]] = []
     try:
@@ -98,7 +131,7 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
         log(f"SFT start: pass@1 {sft['pass@1']:.3f}")
         for seed in seeds:  # seed-major: a run cut short still has every algorithm at the first seeds
             for algorithm in algorithms:
-                run_cfg = with_algorithm(cfg, algorithm)
+                run_cfg = run_configs[algorithm].copy_and_resolve_references()
                 run_cfg.seed = int(seed)
                 run_dir = os.path.join(workdir, f"{algorithm}_seed{seed}")
                 shutil.rmtree(run_dir, ignore_errors=True)  # a rerun replaces, never resumes, a run
@@ -107,14 +140,7 @@ def run_compare(cfg, workdir: str, algorithms: list[str], seeds: list[int], prog
                 params, records = train_rl(run_cfg, demo, graphdef, sft_params, workdir, run_dir, progress=progress)
                 metrics = evaluate_policy(run_cfg, demo, graphdef, params, heldout, seed=int(cfg.seed) + 1,
                                           progress=progress)
-                run = {"algorithm": algorithm, "seed": int(seed), **metrics, "wall_s": time.perf_counter() - t,
-                       "train_branch_top3": _tail_mean(records, "rollout/top3_branch_fraction"),
-                       "train_branch_roots": _tail_mean(records, "rollout/branch_roots"),
-                       "train_max_root_share": _tail_mean(records, "rollout/max_root_branch_share"),
-                       "train_lineage_run": _tail_mean(records, "rollout/mean_lineage_branch_run"),
-                       "entropy_curve": [float(r.get("entropy_mean", math.nan)) for r in records],
-                       "train_entropy": _tail_mean(records, "entropy_mean"),
-                       "train_reward_end": _tail_mean(records, "reward_mean")}
+                run = run_record(algorithm, seed, run_cfg, metrics, records, time.perf_counter() - t)
                 runs.append(run)
                 log(f"  pass@1 {run['pass@1']:.3f}, tool calls {run['tool_calls']:.2f}, "
                     f"{run['wall_s']:.0f}s")
@@ -195,31 +221,43 @@ def _write(workdir: str, cfg, sft: dict, runs: list[dict], seeds: list[int], sec
 
 
 def main(argv: list[str]) -> int:
-    from absl import app, logging
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    from launch.config_args import quiet_library_logs
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
+    cfg = _CONFIG.value
+    quiet_library_logs(bool(cfg.get("verbose_logs", False)))
     std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)
     if _MERGE.value:
         print(merge_compare([d for d in _MERGE.value.split(",") if d], _WORKDIR.value)["markdown"])
         return 0
     algorithms = [a.strip() for a in _ALGORITHMS.value.split(",") if a.strip()]
     seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
-    run_compare(_CONFIG.value, _WORKDIR.value, algorithms, seeds)
+    overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))  # `None` ones included
+    try:  # a refused override fails here, not after the SFT stage
+        algorithm_configs(cfg.copy_and_resolve_references(), algorithms, overrides)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+    run_compare(cfg, _WORKDIR.value, algorithms, seeds, overrides=overrides)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
-    _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "demo config (configs/demo.py[:smoke])",
+    from launch.config_args import run_with_config
+    from launch.demo import DEMO_CONFIG
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "demo config (configs/demo.py[:smoke]; "
+                                              "default: the repository's configs/demo.py)",
                                               lock_config=False)
     _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "output directory")
     _ALGORITHMS = flags.DEFINE_string("algorithms", "aepo,arpo,grpo,dapo,gppo,cispo", "comma-separated presets")
     _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated RL seeds")
     _MERGE = flags.DEFINE_string("merge", "", "comma-separated workdirs of finished parts: write their merged "
                                  "table to --workdir instead of running")
-    app.run(main)
+    run_with_config(main, _CONFIG, default_spec=DEMO_CONFIG)

@@ -16,9 +16,11 @@ import logging as std_logging
 import math
 import os
 import shutil
-import sys
 import time
 from typing import Any
+
+# The default --config: the repository's configs/demo.py, wherever the command runs from.
+DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
 
 ROWS = (  # (report key, table label, format)
     ("pass@1", "pass@1", "{:.3f}"),
@@ -146,13 +148,15 @@ def _json_safe(value: Any) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    from absl import app, logging
+    from absl import app
+
+    from launch.config_args import quiet_library_logs
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)  # "pool is full" notes
     cfg = _CONFIG.value
+    quiet_library_logs(bool(cfg.get("verbose_logs", False)))  # orbax logs every checkpoint step at INFO
+    std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)  # "pool is full" notes
     print("resolved config:\n" + str(cfg), flush=True)
     from aepo_jax.experiment_checks import require_runnable_attention
 
@@ -165,12 +169,14 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # config files import `configs.base`
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
-    _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "demo config (configs/demo.py[:smoke])",
+    from launch.config_args import run_with_config
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "demo config (configs/demo.py[:smoke]; "
+                                              "default: the repository's configs/demo.py)",
                                               lock_config=True)
     _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "output directory: report.json, curves, checkpoints")
     _SEARCH_URL = flags.DEFINE_string("search_url", "", "use this running retrieval server instead of starting one")
-    app.run(main)
+    run_with_config(main, _CONFIG, default_spec=DEMO_CONFIG)

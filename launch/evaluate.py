@@ -17,7 +17,8 @@ training rollout does (`--sampler_weights`, default the config's
 splits the weights over fsdp or spans several hosts); on several hosts the same command runs on each (as
 `launch.train` does), every host samples its share of each batch of questions
 on its own devices, and the first host writes the outputs. Without `--config` the run's own
-resolved config (`WORKDIR/config.json`) rebuilds everything; the run's
+resolved config (`WORKDIR/config.json`) rebuilds everything, and `--config.key=value` overrides apply on
+top of it (`launch/run_config.py`); the run's
 tokenizer (`WORKDIR/tokenizer.model`) is reused so token ids match the
 checkpoint. Everything is built by `aepo_jax.experiment`. The
 questions are the config's held-out split (the synthetic task's held-out
@@ -41,10 +42,11 @@ import os
 import sys
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from aepo_jax.rewards.registry import REWARDS
+from launch.config_args import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg]); "
                                           "default: the run's own WORKDIR/config.json", lock_config=True)
@@ -123,7 +125,8 @@ def _write_outputs(out: str, result: Any, meta: dict) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # orbax reports every read at INFO
+    cfg = _CONFIG.value
+    quiet_library_logs(cfg is not None and bool(cfg.get("verbose_logs", False)))  # orbax logs every read at INFO
     baseline = _CHECKPOINT.value.strip().lower() == "none"
     from aepo_jax.evaluation.restore import locate_checkpoint
     from aepo_jax.run_paths import require_local_path
@@ -134,7 +137,6 @@ def main(argv: list[str]) -> int:
         location = None if baseline else locate_checkpoint(_CHECKPOINT.value)
     except (FileNotFoundError, NotADirectoryError, ValueError) as err:
         raise SystemExit(f"error: {err}") from err
-    cfg = _CONFIG.value
     if cfg is None:
         from aepo_jax.experiment import config_from_run
 
@@ -204,8 +206,8 @@ def main(argv: list[str]) -> int:
     except ValueError as err:  # e.g. a judge URL without a model, or its API key variable unset
         raise SystemExit(f"error: {err}") from err
     try:
-        fit_model_to_tokenizer(cfg, env)
         try:
+            fit_model_to_tokenizer(cfg, env)  # a model.vocab_size that is not the tokenizer's is refused
             if baseline:
                 graphdef, params = model_from(cfg, env, mesh)  # refuses a mesh that cannot split its heads
                 step = None
@@ -252,9 +254,34 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # config files import `configs.base`
-    from launch.run_setup import check_config_arguments
+def with_run_config(argv: list[str]) -> list[str]:
+    """`argv` with `--config launch/run_config.py:RUN_DIR` put first when it overrides config keys
+    (`--config.KEY=VALUE`) without a `--config`: the overrides then apply on top of the run's own
+    config.json. Without a run directory holding one, a clear error: they need `--config FILE`."""
+    from aepo_jax.evaluation.restore import locate_checkpoint
+    from launch.config_args import CONFIG_PREFIX, config_spec
+    from launch.run_config import CONFIG_FILE
 
-    check_config_arguments(sys.argv[1:])
-    app.run(main)
+    if config_spec(argv) is not None or not any(a.startswith(CONFIG_PREFIX) for a in argv):
+        return argv
+    checkpoint = next((a.split("=", 1)[1] for a in argv if a.startswith("--checkpoint=")), None)
+    if checkpoint is None and "--checkpoint" in argv[:-1]:
+        checkpoint = argv[argv.index("--checkpoint") + 1]
+    if not checkpoint or checkpoint.strip().lower() == "none":
+        raise SystemExit("error: --config.KEY=VALUE overrides need --config FILE here: without a run there is no "
+                         "run config to apply them to")
+    try:
+        run_dir = locate_checkpoint(checkpoint).run_dir
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise SystemExit(f"error: {err}") from err
+    if run_dir is None or not os.path.isfile(os.path.join(run_dir, "config.json")):
+        raise SystemExit(f"error: --config.KEY=VALUE overrides apply to --config FILE, or to the config.json of the "
+                         f"run --checkpoint names, and {checkpoint!r} is in no run directory with one: pass --config")
+    return [argv[0], f"--config={CONFIG_FILE}:{run_dir}", *argv[1:]]
+
+
+if __name__ == "__main__":
+    from launch.config_args import run_with_config
+
+    sys.argv = with_run_config(sys.argv)
+    run_with_config(main, _CONFIG)

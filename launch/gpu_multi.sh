@@ -37,6 +37,10 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 # Every host needs the tested versions, the tokenizer and tool extras and a CUDA build of jax:
 #   python -m pip install -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[cuda12]'
 PYTHON="${PYTHON:-python}"
+# The repository this script is in, importable from any working directory (CONFIG and WORKDIR stay
+# relative to the caller's).
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="${REPO}${PYTHONPATH:+:${PYTHONPATH}}"
 
 exec "${PYTHON}" -m launch.train --config "${CONFIG}" --workdir "${WORKDIR}" \
   --config.distributed=on "$@"

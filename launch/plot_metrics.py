@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdir", help="run directory holding metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG path (default WORKDIR/curves.png)")
     args = parser.parse_args(argv)
-    print(plot_run(args.workdir, args.out))
+    try:
+        print(plot_run(args.workdir, args.out))
+    except (FileNotFoundError, ValueError) as err:  # no run there, or one without records
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,7 +27,7 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
     "distributed.", "mesh.",  # the layout: orbax reshards the state, the data position is global
     "train.micro_batch_size", "train.compilation_cache_dir",  # the same update, in pieces / compiled once
     "model.attention", "model.remat", "model.logits_chunk_size",  # the same maths, other kernels or memory
-    "rollout.tool_concurrency", "rollout.background_compile", "rollout.layerwise_decode",
+    "rollout.tool_concurrency", "rollout.python_preload", "rollout.background_compile", "rollout.layerwise_decode",
     "rollout.sampler_weights",
     # Where files are: a bucket mounted elsewhere (a data file's contents name its prepared copy).
     "data.path", "data.corpus_path", "data.search_url", "tokenizer.path", "model.checkpoint_dir",

@@ -1,6 +1,7 @@
-"""Shared start-up of the `launch` entry points: check the config arguments,
-print and save the resolved config, and refuse to mix a new run into an old
-workdir."""
+"""Shared start-up of the `launch` training entry points: print and save the
+resolved config, refuse to mix a new run into an old workdir, and report a
+configuration error as one line (`launch.config_args` checks the command line
+before this runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import ml_collections
 
+from launch.config_args import configuration_errors, quiet_library_logs
 from launch.resume_check import check_resume_config, keep_fixed_settings
 
 # Held (flock) by process 0 of the run that trains in a workdir, for the whole run.
@@ -108,51 +110,6 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     return path
 
 
-def _config_path(spec: str) -> str:
-    return spec.partition(":")[0]
-
-
-def _load_config_file(spec: str) -> ml_collections.ConfigDict:
-    import importlib.util
-
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("_launch_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
-
-
-def check_config_arguments(argv: list[str]) -> None:
-    """Exit with a clear message when `--config FILE` does not exist or a
-    `--config.a.b=v` names a key the config lacks.
-
-    (ml-collections would otherwise fail deep inside flag parsing: a missing
-    file surfaces as a chained traceback at the first config access, an
-    unknown key as a bare AttributeError.)
-    """
-    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if spec is None and "--config" in argv[:-1]:
-        spec = argv[argv.index("--config") + 1]
-    if spec is None:
-        return
-    if not os.path.isfile(_config_path(spec)):
-        raise SystemExit(f"config file not found: {_config_path(spec)} (from --config {spec})")
-    config = None
-    for arg in argv:
-        if not arg.startswith("--config."):
-            continue
-        dotted = arg[len("--config."):].split("=", 1)[0]
-        config = config or _load_config_file(spec)
-        node, walked = config, []
-        for part in dotted.split("."):
-            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-                where = ".".join(walked) or "the config"
-                raise SystemExit(f"unknown config key {dotted!r} in {arg!r}: {where} has no {part!r}; "
-                                 f"its keys are {known}")
-            node, walked = node[part], walked + [part]
-
-
 def define_run_flags() -> tuple:
     """`--config`, `--workdir`, `--resume` and `--allow_config_changes` of the training entry points (call
     once, at import)."""
@@ -215,16 +172,16 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     then `make_trainer(cfg, env,
     process_index, process_count)` -> a trainer that is resumed (with
     `resume`), trained and closed; the environment's processes are stopped
-    whatever happens.
+    whatever happens. A ValueError or FileNotFoundError while the run is built
+    (not while it trains) exits with `error: MESSAGE`
+    (`config_args.configuration_errors`; its traceback too with `verbose_logs`).
     """
-    from absl import logging as absl_logging
-
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
 
-    if absl_logging.get_verbosity() <= absl_logging.INFO and not cfg.get("verbose_logs", False):
-        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every checkpoint step at INFO
-
-    process_index, process_count = maybe_initialize_distributed(cfg.distributed)
+    verbose = bool(cfg.get("verbose_logs", False))
+    quiet_library_logs(verbose)
+    with configuration_errors(verbose):
+        process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
     from aepo_jax.experiment import (
         loop_config_from,
@@ -232,11 +189,9 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     )
     from aepo_jax.experiment_checks import require_runnable_attention
 
-    try:  # checked before any tool or model starts
+    with configuration_errors(verbose):  # checked before any tool or model starts
         loop_config_from(cfg)  # the agent loop's settings
         require_runnable_attention(cfg)  # a kernel this platform has
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
     start_runtime(cfg)
 
     with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
@@ -257,13 +212,16 @@ def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_t
         pin_init_checkpoint(cfg)  # saved in config.json below, before any step
     except (FileNotFoundError, NotADirectoryError) as err:
         raise SystemExit(f"error: {err}") from err
-    env = process_environment(cfg, workdir, process_index)
+    verbose = bool(cfg.get("verbose_logs", False))
+    with configuration_errors(verbose):  # a bad data.path, tokenizer or task setting
+        env = process_environment(cfg, workdir, process_index)
     trainer = None
     try:
-        fit_model_to_tokenizer(cfg, env)
-        if process_index == 0:
-            save_run_files(cfg, workdir, env, workdir)  # config.json again, now with the vocabulary size
-        trainer = make_trainer(cfg, env, process_index, process_count)
+        with configuration_errors(verbose):  # building the run; errors while it trains are not caught
+            fit_model_to_tokenizer(cfg, env)
+            if process_index == 0:
+                save_run_files(cfg, workdir, env, workdir)  # config.json again, now with the vocabulary size
+            trainer = make_trainer(cfg, env, process_index, process_count)
         if resume:
             try:
                 restored = trainer.restore_latest()

@@ -18,9 +18,6 @@ reference model; its step count, optimiser and data order start afresh). An RL
 
 from __future__ import annotations
 
-import os
-import sys
-
 from absl import app
 
 from launch.run_setup import define_run_flags
@@ -46,8 +43,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # config files import `configs.base`
-    from launch.run_setup import check_config_arguments
+    from launch.config_args import run_with_config
 
-    check_config_arguments(sys.argv[1:])
-    app.run(main)
+    run_with_config(main, _CONFIG)

@@ -12,9 +12,6 @@ runs on each (`launch/tpu_vm.sh`, `launch/gpu_multi.sh`).
 
 from __future__ import annotations
 
-import os
-import sys
-
 from absl import app
 
 from launch.run_setup import define_run_flags
@@ -48,8 +45,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # config files import `configs.base`
-    from launch.run_setup import check_config_arguments
+    from launch.config_args import run_with_config
 
-    check_config_arguments(sys.argv[1:])
-    app.run(main)
+    run_with_config(main, _CONFIG)

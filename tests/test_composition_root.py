@@ -103,3 +103,23 @@ def test_truncated_training_sampling_warns_that_the_ratio_is_not_corrected():
     cfg.rollout.top_p = 0.9
     with pytest.warns(UserWarning, match=r"rollout.top_p=0.9 .*importance ratio"):
         assert sampling_params_from(cfg).top_p == 0.9
+
+
+def test_a_vocab_size_the_config_sets_must_be_the_tokenizers():
+    """`--config.model.vocab_size=1024` was printed as resolved, then replaced by the tokenizer's size."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from aepo_jax.experiment import fit_model_to_tokenizer
+    from configs.aepo_tiny import get_config
+
+    env = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=512), pretrained=None)
+    cfg = get_config()
+    fit_model_to_tokenizer(cfg, env)
+    assert cfg.model.vocab_size == 512  # unset: sized to the tokenizer
+    fit_model_to_tokenizer(cfg, env)  # set to the tokenizer's: kept
+    for wrong in (1024, 256):
+        cfg.model.vocab_size = wrong
+        with pytest.raises(ValueError, match=rf"model.vocab_size={wrong} but the tokenizer has 512 ids"):
+            fit_model_to_tokenizer(cfg, env)

@@ -3,7 +3,10 @@ TensorBoard (DESIGN.md, Trainer). Only process 0 writes.
 
 Every step goes to metrics.jsonl; the console gets a plain line every
 `console_every` steps, written with `tqdm.write` so that it lands above a
-progress bar instead of inside it.
+progress bar instead of inside it. A NaN or infinite value is kept in
+metrics.jsonl (as "nan" / "inf" / "-inf") and on the console, but not sent to
+TensorBoard, whose writer warns about each one and can draw no point for it
+(a step without branches has NaN branch statistics).
 """
 
 from __future__ import annotations
@@ -143,10 +146,9 @@ class MetricsLogger:
         self._file.flush()
         os.fsync(self._file.fileno())  # a mounted bucket (gcsfuse) uploads on fsync or close: a preempted
         # host would otherwise lose every record since the run started
-        if self._tb is not None:
+        if self._tb is not None:  # finite numbers only (module docstring); `to_python_scalar` named the others
             for key, value in record.items():
-                if key != "step" and (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      or value in NONFINITE_NAMES):
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, float(value), record["step"])
         if self.console and (step % self.console_every == 0 if console is None else console):
             write_console_line(format_console_line(record))
@@ -230,9 +232,10 @@ def without_wall_clock(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_metrics(workdir_or_file: str) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl, in order."""
+    """All records of a run's metrics.jsonl (a run directory's, or a .jsonl file), in order; a
+    FileNotFoundError naming the metrics.jsonl path it looked for."""
     path = workdir_or_file
-    if os.path.isdir(path):
+    if os.path.isdir(path) or not path.endswith(".jsonl"):  # a run directory, there or not
         path = os.path.join(path, METRICS_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no metrics file at {path}")

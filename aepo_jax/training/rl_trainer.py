@@ -113,6 +113,9 @@ def check_rl_config(config: ml_collections.ConfigDict) -> None:
     """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
     rollout, train = config.rollout, config.train
     mini_batch_prompts(config)  # at least 1
+    if int(train.micro_batch_size) < 1:
+        raise ValueError(f"train.micro_batch_size={int(train.micro_batch_size)}: a micro-batch (the rows of one "
+                         "forward/backward pass) needs at least 1 row")
     longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)
     if longest > int(train.max_seq_len):
         raise ValueError(f"rollout.max_prompt_len + rollout.max_response_len = {int(rollout.max_prompt_len)} + "

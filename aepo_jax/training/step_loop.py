@@ -1,6 +1,7 @@
 """What the RL and SFT trainers share (DESIGN.md, Trainer): checkpoints with
 the data position, the metrics log, and the step loop that saves every
-`checkpoint.every` steps and at the last one.
+`checkpoint.every` steps and at the last one (0: only at the last one and on a
+preemption notice).
 
 Console: a progress bar with the headline metrics as its postfix, plus a plain
 metrics line every `log.console_every` steps and at the last step, written
@@ -39,6 +40,10 @@ class CheckpointedTrainer:
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
+        every = int(self.config.checkpoint.every)
+        if every < 0:
+            raise ValueError(f"checkpoint.every={every}: it is a number of steps between checkpoints, or 0 for "
+                             "a checkpoint only at the run's last step and on a preemption notice")
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
                                          async_save=bool(self.config.checkpoint.async_save))
         self.logger = MetricsLogger(workdir, tensorboard=bool(self.config.log.tensorboard),
@@ -106,7 +111,7 @@ class CheckpointedTrainer:
 
             bar = tqdm(total=end - start, desc=self.progress_name, unit="step", dynamic_ncols=True)
         records = []
-        every = max(1, int(self.config.checkpoint.every))
+        every = int(self.config.checkpoint.every)  # 0: the last step and a preemption notice only
         self._run_end = end
         preempted_at = None
         watch = PreemptionWatch()
@@ -117,7 +122,7 @@ class CheckpointedTrainer:
                 every_or_last = step % self.logger.console_every == 0 or step == end
                 records.append(self.logger.log(step, metrics, console=every_or_last))
                 preempted = watch.reached(step)
-                saved = step % every == 0 or step == end or preempted
+                saved = (every > 0 and step % every == 0) or step == end or preempted
                 if saved:
                     self.save(force=True)
                 if self.validation is not None and self.validation.due(step, total) and not preempted:

@@ -145,3 +145,27 @@ def test_a_tiny_config_refuses_an_argument_it_would_ignore(path):
     assert module.get_config(None).name == module.get_config("").name
     with pytest.raises(ValueError, match=r"unknown variant 'release'"):
         module.get_config("release")
+
+
+def test_the_multihop_flaw_rate_reaches_the_sft_stage():
+    """`sft.skip_python_prob` copied `env.early_answer_prob` when the file loaded, so an override of the
+    latter left SFT on the file's 0.3."""
+    from aepo_jax.experiment_sft import sft_config_from
+
+    cfg = load_module(os.path.join(REPO, "configs", "demo.py")).get_config("multihop")
+    cfg.env.early_answer_prob = 0.9
+    assert sft_config_from(cfg).sft.skip_python_prob == 0.9
+
+
+@pytest.mark.parametrize("algorithm", sorted(FAMILIES))
+def test_objective_fields_keep_the_presets_types_and_the_optional_ones_take_none(algorithm):
+    """Every None-valued preset field was a float placeholder (`overlong_buffer_len=16` became 16.0), and a
+    dual clip the preset sets could not be turned off from the command line."""
+    from configs.base import get_base_config
+    from launch.config_args import nullable_keys
+
+    cfg = get_base_config(algorithm)
+    assert cfg.objective.get_type("overlong_buffer_len") is int
+    assert cfg.objective.get_type("dual_clip_c") is float
+    assert {"objective.dual_clip_c", "objective.overlong_buffer_len"} <= nullable_keys(cfg)
+    assert "objective.clip_high" not in nullable_keys(cfg) and cfg.verbose_logs is False

@@ -1,9 +1,13 @@
-"""launch.compare's table (root-credited columns, NaN where nothing branched) and its entropy-curve PNG."""
+"""launch.compare's table (root-credited columns, NaN where nothing branched), its entropy-curve PNG, and
+the config each algorithm runs with: its preset with the command line's objective overrides on top."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,11 +15,16 @@ from launch.compare import (
     COLUMNS,
     _tail_mean,
     _write,
+    algorithm_configs,
     format_markdown,
     merge_compare,
     plot_entropy_curves,
+    run_record,
     summarise,
 )
+from tests.child_process import child_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(algorithm, seed, pass1, roots, curve):
@@ -65,3 +74,35 @@ def test_tail_means_skip_the_nonfinite_values_metrics_jsonl_writes_as_strings():
                {"step": 4, "reward_mean": 4.0}, {"step": 5, "reward_mean": "inf"}]
     assert _tail_mean(records, "reward_mean") == pytest.approx(7.0 / 3)
     assert math.isnan(_tail_mean([{"step": 1, "reward_mean": "nan"}], "reward_mean"))
+
+
+def test_objective_overrides_reach_every_algorithm_and_compare_json_records_them():
+    """`with_algorithm` rebuilt `objective` from each preset, silently dropping `--config.objective.*`."""
+    from aepo_jax.objectives import get_preset
+    from configs.demo import get_config
+
+    overrides = {"objective.clip_high": 0.3, "objective.kl_coef": 0.01, "objective.dual_clip_c": None,
+                 "optim.lr": 0.5}
+    configs = algorithm_configs(get_config("smoke"), ["aepo", "arpo", "grpo"], overrides)
+    for algorithm, cfg in configs.items():
+        assert (cfg.algorithm, cfg.rollout.strategy) == (algorithm, get_preset(algorithm).rollout)
+        assert (cfg.objective.clip_high, cfg.objective.kl_coef, cfg.objective.dual_clip_c) == (0.3, 0.01, None)
+        assert cfg.objective.surrogate == get_preset(algorithm).surrogate  # the rest is the preset's
+    record = run_record("grpo", 1, configs["grpo"], {"pass@1": 0.25}, [{"step": 1, "entropy_mean": 1.0}], 2.0)
+    assert record["objective"]["clip_high"] == 0.3 and record["objective"]["dual_clip_c"] is None
+    assert record["rollout_strategy"] == "independent" and record["pass@1"] == 0.25
+
+
+def test_a_rollout_strategy_override_is_refused_before_anything_runs(tmp_path):
+    from configs.demo import get_config
+
+    with pytest.raises(ValueError, match=r"--config.rollout.strategy=independent cannot be overridden in a "
+                                         r"comparison.*--algorithms"):
+        algorithm_configs(get_config("smoke"), ["aepo"], {"rollout.strategy": "independent"})
+    out = subprocess.run([sys.executable, "-m", "launch.compare", "--config", "configs/demo.py:smoke", "--workdir",
+                          str(tmp_path / "w"), "--config.rollout.strategy=independent"], cwd=REPO, env=child_env(),
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith("error: --config.rollout.strategy=independent cannot be"), \
+        out.stderr[-2000:]
+    assert not (tmp_path / "w").exists()  # no SFT stage started

@@ -103,3 +103,21 @@ def test_gpu_script_install_hint_has_the_extras_and_the_tested_versions():
         makefile = f.read()
     assert "-c constraints.txt -e '.[hf,server]'" in makefile
     assert "pip install -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[cuda12]'" in script
+
+
+def test_gpu_script_runs_the_repositorys_launch_from_any_directory(tmp_path):
+    """`python -m launch.train` found `launch` only from the repository root (or an installed package): the
+    script now puts its own repository first on PYTHONPATH; CONFIG and WORKDIR stay the caller's paths."""
+    log = tmp_path / "python.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$PYTHONPATH" "$@" > {log}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_")) and k != "PYTHONPATH"}
+    env.update(PYTHON=str(fake), JAX_COORDINATOR_ADDRESS="localhost:12345", JAX_NUM_PROCESSES="1",
+               JAX_PROCESS_ID="0")
+    out = subprocess.run(["bash", os.path.join(REPO, "launch/gpu_multi.sh"), "my_config.py", "run"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == REPO
+    assert lines[1:7] == ["-m", "launch.train", "--config", "my_config.py", "--workdir", "run"]

@@ -1,13 +1,20 @@
 """`RLTrainer` refuses, before it builds anything or rolls anything out, settings that would fail only
-after a whole rollout or train on wrong numbers (`rl_trainer.check_rl_config`)."""
+after a whole rollout or train on wrong numbers (`rl_trainer.check_rl_config`); the step loop's
+`checkpoint.every` means what configs/base.py says (0: the last step only; negative: refused)."""
 
 import glob
 import importlib
 import os
 
+import jax.numpy as jnp
+import ml_collections
+import optax
 import pytest
 
+from aepo_jax.training.checkpoint import step_folders
 from aepo_jax.training.rl_trainer import RLTrainer, check_rl_config
+from aepo_jax.training.step_loop import CheckpointedTrainer
+from aepo_jax.training.train_state import TrainState
 from configs.aepo_tiny import get_config as aepo_config
 from tests.training.local_cluster import REPO
 
@@ -61,3 +68,46 @@ def test_every_config_file_passes_the_trainer_checks():
     assert "aepo_qwen3_14b" in names
     for name in names:
         check_rl_config(importlib.import_module(f"configs.{name}").get_config())
+
+
+def test_a_micro_batch_of_no_rows_is_refused_at_construction_naming_the_field(tmp_path):
+    """It was a ZeroDivisionError deep in the trainer's constructor."""
+    config = aepo_config()
+    config.train.micro_batch_size = 0
+    with pytest.raises(ValueError, match=r"train.micro_batch_size=0: a micro-batch .* needs at least 1 row"):
+        _trainer(config, tmp_path)
+
+
+class CountingTrainer(CheckpointedTrainer):
+    """The real step loop and checkpointer around a step that only counts."""
+
+    progress_name = "count"
+
+    def __init__(self, workdir: str, total_steps: int, every: int):
+        self.config = ml_collections.ConfigDict({
+            "train": {"total_steps": total_steps},
+            "checkpoint": {"every": every, "keep": 10, "async_save": False},
+            "log": {"tensorboard": False, "progress_bar": False, "console_every": 100},
+        })
+        self.state = TrainState.create({"w": jnp.zeros(2)}, optax.sgd(0.1), seed=0)
+        self._open_outputs(workdir, process_index=0)
+
+    def train_step(self) -> dict[str, float]:
+        self.state = self.state.replace(rounds=self.state.rounds + 1)
+        return {"loss": 0.0}
+
+
+@pytest.mark.parametrize(("every", "saved"), [(0, [3]), (2, [2, 3])])
+def test_checkpoint_every_zero_saves_only_the_last_step(tmp_path, every, saved):
+    """`checkpoint.every=0` saved after every step (the loop read it as max(1, every))."""
+    trainer = CountingTrainer(str(tmp_path), total_steps=3, every=every)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert step_folders(str(tmp_path / "checkpoints")) == (saved, [])
+
+
+def test_a_negative_checkpoint_period_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"checkpoint.every=-1: .* or 0 for a checkpoint only at the run's last step"):
+        CountingTrainer(str(tmp_path), total_steps=3, every=-1)
