@@ -448,7 +448,11 @@ def rl_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: s
 
 def train_rl(cfg: ml_collections.ConfigDict, env: Environment, graphdef: Any, params: Any, env_dir: str,
              run_dir: str, progress: bool = True) -> tuple[Any, list[dict]]:
-    """RL (the algorithm of `cfg`) from `params`, which stay intact; returns (params, records)."""
+    """RL (the algorithm of `cfg`) from `params`, which stay intact; returns (params, records). A `run_dir`
+    that already holds checkpoints is refused before anything runs (`require_no_checkpoints`)."""
+    from aepo_jax.training.checkpoint import require_no_checkpoints
+
+    require_no_checkpoints(run_dir)
     fit_model_to_tokenizer(cfg, env)
     save_run_files(cfg, run_dir, env, env_dir)
     params = jax.tree.map(jnp.copy, params)  # the train step donates its state

@@ -46,7 +46,7 @@ COLUMNS = (  # (key, header, format)
     ("train_max_root_share", "largest root's branch share (train, end)", "{:.3f}"),
     ("train_lineage_run", "lineage branch run (train, end)", "{:.2f}"),
     ("train_entropy", "entropy (train, end)", "{:.3f}"),
-    ("wall_s", "wall time (s)", "{:.0f}"),
+    ("wall_s", "wall time (s, compiles included)", "{:.0f}"),
 )
 
 

@@ -28,7 +28,7 @@ ROWS = (  # (report key, table label, format)
     ("tool_calls", "tool calls / answer", "{:.2f}"),
     ("python_rate", "answers using python", "{:.3f}"),
     ("response_length", "generated tokens", "{:.1f}"),
-    ("entropy", "token entropy (nats)", "{:.3f}"),
+    ("entropy", "segment entropy, tree rollout (nats)", "{:.3f}"),
     ("branch_top3", "top-3 branch share", "{:.3f}"),
 )
 

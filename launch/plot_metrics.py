@@ -2,7 +2,8 @@
 
 Panels (`aepo_jax.training.metric_keys.PLOT_PANELS`): reward, policy entropy,
 tool calls made per trajectory, branch concentration (the share of branches on
-the top-3 trajectories of each group, spec §2.4). A key a run did not log is
+the top-3 trajectories of each group, spec §2.4); an SFT run's (`SFT_PLOT_PANELS`):
+loss, token accuracy, entropy, gradient norm. A key a run did not log is
 replaced by its `PLOT_FALLBACKS` key when the run has that (an older run's
 tool steps per trajectory), and a panel with neither is drawn empty with a
 note, so the figure always has the same layout.
@@ -19,7 +20,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from aepo_jax.training.metric_keys import PLOT_FALLBACKS, PLOT_PANELS
+from aepo_jax.training.metric_keys import (
+    LOSS,
+    PLOT_FALLBACKS,
+    PLOT_PANELS,
+    REWARD_MEAN,
+    SFT_PLOT_PANELS,
+)
 from aepo_jax.training.metrics_log import read_metrics
 
 
@@ -37,6 +44,13 @@ def _points(records: list[dict], key: str) -> list[tuple[int, float]]:
     return [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
 
 
+def panels_for(records: list[dict]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`SFT_PLOT_PANELS` for an SFT run (a loss logged, no reward), else the RL run's `PLOT_PANELS`."""
+    if any(REWARD_MEAN in r for r in records) or not any(LOSS in r for r in records):
+        return PLOT_PANELS
+    return SFT_PLOT_PANELS
+
+
 def plot_run(workdir: str, out_path: str | None = None) -> str:
     """Plot `workdir/metrics.jsonl`; returns the PNG path (default WORKDIR/curves.png)."""
     records = read_metrics(workdir)
@@ -44,7 +58,7 @@ def plot_run(workdir: str, out_path: str | None = None) -> str:
         raise ValueError(f"{workdir}/metrics.jsonl has no records")
     out_path = out_path or os.path.join(workdir, "curves.png")
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (title, keys) in zip(axes.ravel(), PLOT_PANELS):
+    for ax, (title, keys) in zip(axes.ravel(), panels_for(records)):
         drawn = False
         for wanted in keys:
             key, points = curve(records, wanted)
@@ -72,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(plot_run(args.workdir, args.out))
     except (FileNotFoundError, ValueError) as err:  # no run there, or one without records
-        print(f"error: {err}", file=sys.stderr)
+        runs = sorted(d for d in (os.listdir(args.workdir) if os.path.isdir(args.workdir) else [])
+                      if os.path.isfile(os.path.join(args.workdir, d, "metrics.jsonl")))
+        hint = f"; the runs in it: {', '.join(runs)} (plot one: {os.path.join(args.workdir, runs[0])})" if runs else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 1
     return 0
 

@@ -36,6 +36,7 @@ TOOL_FAIL_RATE = "tool_fail_rate"
 BRANCH_TOP3 = "branch_top3_fraction"  # share of branches on each group's top-3 trajectories (spec §2.4)
 KL_REF_ROLLOUT = "kl_ref_rollout"  # KL of the rollout policy to the reference (with a reference model)
 GRAD_NORM = "grad_norm"
+TOKEN_ACCURACY = "token_accuracy"  # SFT: share of the trained tokens the model's argmax predicts
 SKIPPED_UPDATES = "skipped_updates"  # optimiser updates of the step skipped for a non-finite gradient
 LEARNING_RATE = "learning_rate"
 TOKENS_PER_S = "tokens_per_s"
@@ -54,6 +55,14 @@ PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy entropy", (ENTROPY_MEAN,)),
     ("tool calls per trajectory", (TOOL_CALLS_MADE,)),
     ("branch concentration (top-3 share)", (BRANCH_TOP3,)),
+)
+
+# The panels of an SFT run (its records have a loss and no reward).
+SFT_PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss (token NLL)", (LOSS,)),
+    ("token accuracy", (TOKEN_ACCURACY,)),
+    ("entropy", (ENTROPY_MEAN,)),
+    ("gradient norm", (GRAD_NORM,)),
 )
 
 # A panel key -> the key drawn in its place for a run that did not log it (runs from before the key existed).

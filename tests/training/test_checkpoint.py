@@ -169,6 +169,7 @@ def test_sigkill_during_save_leaves_previous_checkpoint_restorable(tmp_path):
 def test_the_demo_stages_refuse_a_run_dir_with_checkpoints_before_training(tmp_path):
     """Re-running the notebook's SFT cell trained the whole stage again, then failed at its first save
     (orbax: step 3 already exists) with the metrics appended to the first run's."""
+    from aepo_jax.experiment import train_rl
     from aepo_jax.experiment_sft import train_sft
     from configs.demo import get_config
 
@@ -178,3 +179,5 @@ def test_the_demo_stages_refuse_a_run_dir_with_checkpoints_before_training(tmp_p
     os.makedirs(run_dir / "checkpoints" / "4")  # cut short: counted too
     with pytest.raises(ValueError, match=r"sft already holds checkpoints \(steps \[3, 4\]\): remove that folder"):
         train_sft(get_config("smoke"), None, str(tmp_path), str(run_dir))  # no environment: nothing ran
+    with pytest.raises(ValueError, match=r"sft already holds checkpoints"):
+        train_rl(get_config("smoke"), None, None, None, str(tmp_path), str(run_dir))

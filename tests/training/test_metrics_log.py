@@ -79,6 +79,12 @@ def test_plot_metrics_missing_file_is_a_clear_error(tmp_path, capsys):
     for workdir in (tmp_path, tmp_path / "no_such_run"):
         assert main([str(workdir)]) == 1
         assert capsys.readouterr().err == f"error: no metrics file at {workdir / 'metrics.jsonl'}\n"
+    # The demo's workdir holds its stages' runs: they are named.
+    for stage in ("sft", "aepo"):
+        with MetricsLogger(str(tmp_path / stage), console=False, tensorboard=False) as logger:
+            logger.log(1, {"loss": 1.0})
+    assert main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err.endswith(f"; the runs in it: aepo, sft (plot one: {tmp_path / 'aepo'})\n")
 
 
 def test_a_resumed_run_keeps_the_records_through_its_step_and_drops_a_cut_line(tmp_path):

@@ -83,6 +83,13 @@ def test_sft_loss_falls_on_a_repeated_batch_and_checkpoints(tmp_path):
     assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
     assert {"nll", "token_accuracy", "learning_rate"} <= set(lines[0])
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
+    # The SFT run's curves: every panel drawn from keys it logged (3 of 4 read "not logged" before).
+    from aepo_jax.training.metric_keys import SFT_PLOT_PANELS
+    from launch.plot_metrics import panels_for, plot_run
+
+    assert panels_for(lines) == SFT_PLOT_PANELS
+    assert all(set(keys) <= set(lines[0]) for _, keys in SFT_PLOT_PANELS)
+    assert plot_run(str(tmp_path)) == str(tmp_path / "curves.png")
 
 
 def test_sft_resume_continues_exactly_with_the_batch_position(tmp_path):
