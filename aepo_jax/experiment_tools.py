@@ -25,6 +25,28 @@ def python_pool_size(cfg: ml_collections.ConfigDict) -> int:
     return max(1, min(int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)), MAX_PYTHON_POOL))
 
 
+def python_preload(cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """`rollout.python_preload` as module names ("numpy,sympy" from the command line is two), each one this
+    Python can import: a worker that fails to import one dies, and every python call of the run would then
+    come back "killed"."""
+    import importlib.util
+
+    value = cfg.rollout.get("python_preload", ()) or ()
+    names = [part.strip() for item in ([value] if isinstance(value, str) else value)
+             for part in str(item).split(",") if part.strip()]
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package that is not there, or an empty / relative name
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"rollout.python_preload names modules this Python cannot import: {missing}")
+    return tuple(names)
+
+
 def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
     """The python tool's `SandboxLimits`: `rollout.tool_timeout_s` of wall clock, or with
     `cfg.deterministic` of CPU time (counted by the kernel, so a loaded machine cannot turn
@@ -76,7 +98,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
                                      allow_urls=bool(cfg.rollout.get("browse_urls", False)), timeout=http.timeout,
                                      retries=http.retries, deadline_seconds=http.total_seconds)
     sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=python_pool_size(cfg),
-                            preload=tuple(cfg.rollout.get("python_preload", ())),
+                            preload=python_preload(cfg),
                             latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))

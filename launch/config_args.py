@@ -48,9 +48,11 @@ def config_spec(argv: list[str]) -> str | None:
 
 
 def _put_root_on_path(path: str) -> None:
+    """Appended, not put first: a config file of another checkout must not bring that checkout's aepo_jax in
+    ahead of the one running (its `configs` package is imported only where no other is found)."""
     root = config_root(path)
     if root not in sys.path:
-        sys.path.insert(0, root)
+        sys.path.append(root)
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str) -> object:
@@ -183,6 +185,14 @@ def apply_none_overrides(config: ml_collections.ConfigDict | None, keys: list[st
         override_values[key] = None
 
 
+def expand_flagfiles(argv: list[str]) -> list[str]:
+    """`argv` with each `--flagfile=F` replaced by F's arguments, so they are checked like the command
+    line's own (a flagfile may hold `--config`, its overrides or `=None`)."""
+    from absl import flags
+
+    return [argv[0], *flags.FLAGS.read_flags_from_files(argv[1:], force_gnu=False)]
+
+
 def run_with_config(main: Callable[[list[str]], int], config_flag, default_spec: str | None = None) -> None:
     """`app.run(main)` after `check_config_arguments` and with `--config.KEY=None` handled
     (`take_none_overrides`, `apply_none_overrides`). `config_flag` is the FlagHolder of `--config`, defined
@@ -191,7 +201,7 @@ def run_with_config(main: Callable[[list[str]], int], config_flag, default_spec:
     from absl import app, flags
     from ml_collections import config_flags
 
-    argv = sys.argv
+    argv = expand_flagfiles(sys.argv)
     if default_spec is not None and config_spec(argv[1:]) is None:
         argv = [argv[0], f"--config={default_spec}", *argv[1:]]
     check_config_arguments(argv[1:])
@@ -217,7 +227,11 @@ def configuration_errors(verbose: bool = False) -> Iterator[None]:
     except (ValueError, FileNotFoundError) as err:
         if verbose:
             traceback.print_exception(err)
-        raise SystemExit(f"error: {err}") from err
+            raise SystemExit(f"error: {err}") from err
+        # Where it was raised, so that a library's own failure (jax, orbax) is not taken for a config mistake.
+        frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+        where = f"{type(err).__name__} at {frame.filename}:{frame.lineno}" if frame else type(err).__name__
+        raise SystemExit(f"error: {err}\n  ({where}; --config.verbose_logs=True prints the traceback)") from err
 
 
 def quiet_library_logs(verbose: bool = False) -> None:

@@ -264,6 +264,6 @@ def _known_format(template: str | None, where: object) -> ChatFormat | None:
     known = chat_format_from_template(template)
     if known is None and template:
         warnings.warn(f"{where}: the chat template is neither ChatML- nor Llama-3-shaped; chats are rendered "
-                      "as ChatML, which may not be what the model was trained on (pass chat_format= to choose)",
-                      stacklevel=3)
+                      "as ChatML where its markers are tokens of the vocabulary (else refused), which may not be "
+                      "what the model was trained on (pass chat_format= to choose)", stacklevel=3)
     return known

@@ -33,6 +33,7 @@ import urllib.parse
 import requests
 import urllib3
 from bs4 import BeautifulSoup, UnicodeDammit
+from bs4.dammit import EncodingDetector
 
 from aepo_jax.tools.base import ToolResult, truncate_within
 from aepo_jax.tools.http_client import (
@@ -69,8 +70,12 @@ def is_text(media: str) -> bool:
 
 def decode_page(body: bytes, charset: str, html: bool) -> str:
     """`body` as text: in `charset` (the header's) when given and known, else (HTML) in its `<meta charset>`,
-    else UTF-8, else a detected encoding, else UTF-8 with replacement characters."""
-    dammit = UnicodeDammit(body, known_definite_encodings=[charset] if charset else [], user_encodings=["utf-8"],
+    else UTF-8, else windows-1252 (the web's default for undeclared pages; a detector's guess garbled
+    French Latin-1 text), else UTF-8 with replacement characters."""
+    # The page's own declaration before the fallbacks (UnicodeDammit tries its user encodings first).
+    declared = EncodingDetector.find_declared_encoding(body, is_html=html) if html and not charset else None
+    known = [c for c in (charset, declared) if c]
+    dammit = UnicodeDammit(body, known_definite_encodings=known, user_encodings=["utf-8", "windows-1252"],
                            is_html=html)
     return dammit.unicode_markup if dammit.unicode_markup is not None else body.decode("utf-8", "replace")
 

@@ -21,6 +21,7 @@ from launch.config_args import (
     check_config_arguments,
     config_root,
     configuration_errors,
+    expand_flagfiles,
     quiet_library_logs,
     take_none_overrides,
 )
@@ -61,7 +62,7 @@ def test_a_launch_from_another_directory_imports_the_config_files_own_package(tm
     out = _run("launch.train", "--config", TINY, "--workdir", str(tmp_path / "run"), "--config.deterministic=True",
                "--config.rollout.schedule=continuous", cwd=str(tmp_path))
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1].startswith("error: config.deterministic=True asks for rollouts"), \
+    assert out.stderr.strip().splitlines()[-2].startswith("error: config.deterministic=True asks for rollouts"), \
         out.stderr[-2000:]
 
 
@@ -101,6 +102,16 @@ def test_none_for_a_field_that_is_not_none_able_is_refused_naming_it():
         check_config_arguments(["--config", TINY, "--config.total_steps", "None"])
 
 
+def test_a_flagfile_holding_the_config_is_read_before_the_checks(tmp_path):
+    """`--flagfile=F` holding `--config FILE` with `--config.*` on the command line was refused as overrides
+    without a config (the checks read the command line alone)."""
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(f"--config={DAPO}\n--config.objective.dual_clip_c=None\n")
+    argv = expand_flagfiles(["prog", f"--flagfile={flagfile}", "--config.optim.lr=0.5"])
+    cfg, _ = _parse(argv)
+    assert cfg.optim.lr == 0.5 and cfg.objective.dual_clip_c is None
+
+
 def test_an_algorithm_override_is_refused_pointing_to_the_family_config_files():
     """It only relabelled the run: the objective and rollout strategy came from the file's own preset."""
     with pytest.raises(SystemExit, match=r"error: '--config.algorithm=grpo' would only relabel the run: .*aepo_tiny.py "
@@ -110,8 +121,10 @@ def test_an_algorithm_override_is_refused_pointing_to_the_family_config_files():
 
 
 def test_a_configuration_error_is_one_line_and_its_traceback_only_with_verbose_logs(capsys):
-    with pytest.raises(SystemExit, match=r"^error: train.micro_batch_size=0: bad$"), configuration_errors():
-        raise ValueError("train.micro_batch_size=0: bad")
+    with pytest.raises(SystemExit, match=r"^error: train.micro_batch_size=0: bad\n  \(ValueError at .*"
+                                         r"test_config_args.py:\d+; --config.verbose_logs=True prints the "
+                                         r"traceback\)$"), configuration_errors():
+        raise ValueError("train.micro_batch_size=0: bad")  # where it was raised: a library's own is not ours
     assert "Traceback" not in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"^error: .*no such file"), configuration_errors(verbose=True):
         raise FileNotFoundError("data.path='/x.jsonl': no such file")
@@ -154,7 +167,7 @@ def test_evaluate_without_config_applies_the_overrides_to_the_runs_own_config(tm
     out = _run("launch.evaluate", "--checkpoint", _fake_run(tmp_path), "--config.model.logits_chunk_size=None",
                "--config.deterministic=True", "--config.rollout.schedule=continuous", "--out", str(tmp_path / "out"))
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1].startswith("error: config.deterministic=True asks for rollouts"), \
+    assert out.stderr.strip().splitlines()[-2].startswith("error: config.deterministic=True asks for rollouts"), \
         out.stderr[-2000:]
     baseline = _run("launch.evaluate", "--checkpoint", "none", "--config.rollout.max_tool_calls=1")
     assert baseline.returncode != 0

@@ -35,7 +35,9 @@ def _refusing_trainer(cfg, env, process_index, process_count):
 
 
 def test_a_value_the_trainer_refuses_is_one_line(tmp_path, fake_environment, capsys):
-    with pytest.raises(SystemExit, match=r"^error: train.micro_batch_size=0: a micro-batch needs at least 1 row$"):
+    with pytest.raises(SystemExit, match=r"^error: train.micro_batch_size=0: a micro-batch needs at least 1 row\n"
+                                         r"  \(ValueError at .*test_run_training_errors.py:\d+; "
+                                         r"--config.verbose_logs=True prints the traceback\)$"):
         run_setup.run_training(get_config(), str(tmp_path), False, _refusing_trainer)
     assert "Traceback" not in capsys.readouterr().err
     assert fake_environment == [True]  # the environment's processes were stopped
@@ -62,7 +64,7 @@ def test_an_error_while_training_is_not_taken_for_a_configuration_error(tmp_path
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("data.path", "/nonexistent.jsonl", r"^error: data.path='/nonexistent.jsonl': no such file"),
-    ("distributed", "true", r"^error: distributed mode must be one of \('auto', 'on', 'off'\), got 'true'$"),
+    ("distributed", "true", r"^error: distributed mode must be one of \('auto', 'on', 'off'\), got 'true'\n"),
 ])
 def test_a_bad_setting_met_while_the_run_is_built_is_one_line_naming_it(tmp_path, capsys, key, value, message):
     """A missing data.path was a FileNotFoundError traceback that did not name the setting; a bad

@@ -76,7 +76,9 @@ def test_deterministic_with_the_continuous_schedule_is_refused_before_anything_s
     out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(tmp_path), "--config.deterministic=True",
                   "--config.rollout.schedule=continuous")
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1].startswith("error: config.deterministic=True asks for rollouts")
+    error, where = out.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: config.deterministic=True asks for rollouts")
+    assert where.startswith("  (ValueError at ") and "aepo_jax/experiment.py:" in where
     assert not os.path.exists(tmp_path / "config.json")  # refused before the workdir is written
 
 
@@ -86,7 +88,7 @@ def test_an_attention_kernel_this_platform_lacks_is_refused_before_anything_star
     out = _launch("--config", "configs/aepo_tiny.py", "--workdir", str(tmp_path), "--config.model.attention=splash",
                   "--config.total_steps=1", *SMALL)
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1] == (
+    assert out.stderr.strip().splitlines()[-2] == (
         "error: model.attention='splash' runs only on tpu, but this process runs on 'cpu': "
         "set model.attention='dense' (e.g. --config.model.attention=dense)")
     assert not os.path.exists(tmp_path / "config.json")  # refused before the workdir is written

@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 from tools_stub_http import closed_port_url
 
 from aepo_jax.agent.protocol import ToolCall, parse_last_tool_call
@@ -246,3 +247,18 @@ def test_the_configs_python_pool_follows_the_tool_concurrency_and_preloads_its_m
     assert python_pool_size(cfg) == MAX_PYTHON_POOL
     cfg.rollout.tool_concurrency = 1
     assert python_pool_size(cfg) == 1
+
+
+def test_a_preload_this_python_cannot_import_is_refused_when_the_tools_are_built():
+    """A misspelt module (or "numpy,sympy" from the command line, one string) killed every worker at start:
+    every python call of the run came back "killed" and the run trained on it."""
+    from aepo_jax.experiment_tools import python_preload
+    from configs.aepo_tiny import get_config
+
+    cfg = get_config()
+    cfg.rollout.python_preload = ("fractions, json", "decimal")  # --config.rollout.python_preload=fractions,json
+    assert python_preload(cfg) == ("fractions", "json", "decimal")
+    for bad in (("nunpy",), ("fractions", "no_such.sub")):
+        cfg.rollout.python_preload = bad
+        with pytest.raises(ValueError, match=r"rollout.python_preload names modules this Python cannot import: \['"):
+            python_preload(cfg)
