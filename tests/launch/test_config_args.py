@@ -167,7 +167,7 @@ def test_evaluate_without_config_applies_the_overrides_to_the_runs_own_config(tm
     out = _run("launch.evaluate", "--checkpoint", _fake_run(tmp_path), "--config.model.logits_chunk_size=None",
                "--config.deterministic=True", "--config.rollout.schedule=continuous", "--out", str(tmp_path / "out"))
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-2].startswith("error: config.deterministic=True asks for rollouts"), \
+    assert out.stderr.strip().splitlines()[-1].startswith("error: config.deterministic=True asks for rollouts"), \
         out.stderr[-2000:]
     baseline = _run("launch.evaluate", "--checkpoint", "none", "--config.rollout.max_tool_calls=1")
     assert baseline.returncode != 0
