@@ -85,6 +85,20 @@ def step_folders(directory: str) -> tuple[list[int], list[int]]:
     return complete, [s for s in steps if s not in complete]
 
 
+def require_writable(directory: str) -> None:
+    """A PermissionError (an OSError) naming `directory` when a step folder cannot be made in it: found at the
+    first save, a read-only or immutable folder, a quota or an unmounted bucket lost the training done
+    before it (with checkpoint.every=0, all of it), and orbax's background threads then hung for 300 s."""
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError as err:
+        raise PermissionError(f"checkpoint directory {directory} is not writable ({err}): fix it before "
+                              "training, or no step can be saved") from err
+
+
 def require_no_checkpoints(run_dir: str) -> None:
     """A ValueError, before anything is trained, when `run_dir`'s checkpoints/ already holds steps: a
     fresh run there would fail only at its first save, once the training is done (orbax refuses to
@@ -110,6 +124,8 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True, save_every: int = 1):
         self.directory = os.path.abspath(require_local_path(directory, "checkpoint directory"))
+        if jax.process_index() == 0:
+            require_writable(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=save_every,

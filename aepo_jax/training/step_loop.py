@@ -44,7 +44,10 @@ class CheckpointedTrainer:
         if every < 0:
             raise ValueError(f"checkpoint.every={every}: it is a number of steps between checkpoints, or 0 for "
                              "a checkpoint only at the run's last step and on a preemption notice")
-        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=int(self.config.checkpoint.keep),
+        keep = int(self.config.checkpoint.keep)
+        if keep < 1:  # orbax's max_to_keep=0 deletes every step, the one just saved too: the run ends with none
+            raise ValueError(f"checkpoint.keep={keep}: it is how many checkpoints are kept, at least 1")
+        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=keep,
                                          async_save=bool(self.config.checkpoint.async_save))
         self.logger = MetricsLogger(workdir, tensorboard=bool(self.config.log.tensorboard),
                                     process_index=process_index,

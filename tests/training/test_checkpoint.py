@@ -181,3 +181,16 @@ def test_the_demo_stages_refuse_a_run_dir_with_checkpoints_before_training(tmp_p
         train_sft(get_config("smoke"), None, str(tmp_path), str(run_dir))  # no environment: nothing ran
     with pytest.raises(ValueError, match=r"sft already holds checkpoints"):
         train_rl(get_config("smoke"), None, None, None, str(tmp_path), str(run_dir))
+
+
+def test_a_checkpoint_directory_that_cannot_be_written_is_refused_before_training(tmp_path):
+    """It was found at the first save, after the training (with checkpoint.every=0, all of it), and orbax's
+    background threads then held the process for 300 s."""
+    from aepo_jax.training.checkpoint import Checkpointer
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(PermissionError, match=r"checkpoint directory .*a_file/checkpoints is not writable"):
+        Checkpointer(str(blocker / "checkpoints"))
+    Checkpointer(str(tmp_path / "fine" / "checkpoints")).close()
+    assert os.listdir(tmp_path / "fine" / "checkpoints") == []  # the probe leaves nothing behind

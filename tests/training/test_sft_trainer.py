@@ -194,3 +194,18 @@ def test_sequence_batches_restore_an_old_state_with_a_warning():
     with pytest.warns(UserWarning, match="no seed, batch_size, records_digest .*only its record count"):
         resumed.restore(old)
     assert _ids(next(resumed)) == _ids(next(first))
+
+
+@pytest.mark.parametrize("keep", [0, -1])
+def test_keeping_no_checkpoint_is_refused_when_the_trainer_is_built(tmp_path, keep):
+    """keep=0 (orbax's max_to_keep=0) deleted every checkpoint, the one just saved too: the run ended with
+    none and exit status 0."""
+    cfg = get_config()
+    cfg.checkpoint.keep = keep
+    cfg.log.tensorboard = False
+    graphdef, params = tiny_model()
+    records = [{"tokens": [1, 2, 3], "mask": np.ones(3, np.float32)}] * 2
+    with pytest.raises(ValueError, match=rf"checkpoint.keep={keep}: it is how many checkpoints are kept, at least 1"):
+        SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
+                   params=params)
+    assert not (tmp_path / "checkpoints").exists()
