@@ -174,3 +174,19 @@ def test_evaluate_without_config_applies_the_overrides_to_the_runs_own_config(tm
     assert baseline.stderr.strip().splitlines() == [(
         "error: --config.KEY=VALUE overrides need --config FILE here: without a run there is no run config to apply "
         "them to")]
+
+
+def test_a_runs_own_config_takes_overrides_typed_by_its_algorithms_defaults(tmp_path):
+    """JSON keeps neither a None's type nor which fields may be None: a field the run saved as null took
+    any literal (`logits_chunk_size=abc` became a string), and a None-able field saved with a value
+    (`objective.dual_clip_c=3.0`) could not be turned off. Both now come from the run's defaults."""
+    run = _fake_run(tmp_path)
+    spec = f"{os.path.join(REPO, 'launch', 'run_config.py')}:{run}"
+    config, _ = _parse(["prog", f"--config={spec}", "--config.objective.dual_clip_c=None",
+                     "--config.model.logits_chunk_size=512"])
+    assert config.objective.dual_clip_c is None
+    assert config.model.logits_chunk_size == 512 and isinstance(config.model.logits_chunk_size, int)
+    with pytest.raises(flags.IllegalFlagValueError, match="logits_chunk_size"):
+        _parse(["prog", f"--config={spec}", "--config.model.logits_chunk_size=abc"])
+    with pytest.raises(SystemExit, match="rollout.max_tool_calls cannot be None"):
+        _parse(["prog", f"--config={spec}", "--config.rollout.max_tool_calls=None"])
