@@ -238,9 +238,13 @@ def main(argv: list[str]) -> int:
     seeds = [int(s) for s in _SEEDS.value.split(",") if s.strip()]
     overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))  # `None` ones included
     try:  # a refused override fails here, not after the SFT stage
-        algorithm_configs(cfg.copy_and_resolve_references(), algorithms, overrides)
+        run_configs = algorithm_configs(cfg.copy_and_resolve_references(), algorithms, overrides)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
+    from launch.run_setup import check_before_start
+
+    for run_cfg in run_configs.values():  # the loop settings and kernel too, before the shared SFT stage
+        check_before_start(run_cfg)
     run_compare(cfg, _WORKDIR.value, algorithms, seeds, overrides=overrides)
     return 0
 

@@ -158,12 +158,9 @@ def main(argv: list[str]) -> int:
     quiet_library_logs(bool(cfg.get("verbose_logs", False)))  # orbax logs every checkpoint step at INFO
     std_logging.getLogger("urllib3.connectionpool").setLevel(std_logging.ERROR)  # "pool is full" notes
     print("resolved config:\n" + str(cfg), flush=True)
-    from aepo_jax.experiment_checks import require_runnable_attention
+    from launch.run_setup import check_before_start
 
-    try:
-        require_runnable_attention(cfg)  # before the task, the tools and the model
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
+    check_before_start(cfg)  # before the task, the tools and the model
     run_demo(cfg, _WORKDIR.value, search_url=_SEARCH_URL.value)
     return 0
 

@@ -162,6 +162,18 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
     return environment_from(cfg, env_dir)
 
 
+def check_before_start(cfg: ml_collections.ConfigDict) -> None:
+    """The settings a launch checks before any tool or model starts: the agent loop's
+    (`experiment.loop_config_from`) and an attention kernel this platform has. A bad one exits with
+    `error: MESSAGE` (`config_args.configuration_errors`)."""
+    from aepo_jax.experiment import loop_config_from
+    from aepo_jax.experiment_checks import require_runnable_attention
+
+    with configuration_errors(bool(cfg.get("verbose_logs", False))):
+        loop_config_from(cfg)
+        require_runnable_attention(cfg)
+
+
 def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer,
                  allow_config_changes: bool = False) -> int:
     """The body `launch.train` and `launch.sft` share.
@@ -183,15 +195,9 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     with configuration_errors(verbose):
         process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
-    from aepo_jax.experiment import (
-        loop_config_from,
-        start_runtime,
-    )
-    from aepo_jax.experiment_checks import require_runnable_attention
+    from aepo_jax.experiment import start_runtime
 
-    with configuration_errors(verbose):  # checked before any tool or model starts
-        loop_config_from(cfg)  # the agent loop's settings
-        require_runnable_attention(cfg)  # a kernel this platform has
+    check_before_start(cfg)
     start_runtime(cfg)
 
     with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():

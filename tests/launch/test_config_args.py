@@ -79,6 +79,18 @@ def test_demo_and_compare_check_the_overrides_of_their_default_config(tmp_path):
         assert not (tmp_path / "w").exists()
 
 
+def test_demo_and_compare_refuse_loop_settings_before_anything_starts(tmp_path):
+    """The demo and compare checked only the attention kernel up front, so loop settings that cannot run
+    together (`deterministic=True` with the continuous schedule) failed after the whole SFT stage."""
+    for module in ("launch.demo", "launch.compare"):
+        out = _run(module, "--workdir", str(tmp_path / "w"), "--config.deterministic=True",
+                   "--config.rollout.schedule=continuous", cwd=str(tmp_path))
+        assert out.returncode != 0
+        assert out.stderr.strip().splitlines()[0].startswith(
+            "error: config.deterministic=True asks for rollouts that repeat bit for bit"), (module, out.stderr[-2000:])
+        assert not (tmp_path / "w").exists()
+
+
 def test_none_sets_the_fields_a_config_declares_none_able():
     """`--config.objective.dual_clip_c=None` was a flag parsing error (the dual clip could not be turned off
     from the command line), and the dapo preset's `overlong_buffer_len` was typed float."""
