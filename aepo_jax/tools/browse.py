@@ -2,7 +2,8 @@
 
 `<browse>TARGET optional query words</browse>`: TARGET (up to the first
 whitespace) is an http(s) URL or a corpus document id (fetched from the search
-server's `GET /doc/{id}`). HTML becomes text with BeautifulSoup.
+server's `GET /doc/{id}`). HTML becomes text in one streaming pass
+(`aepo_jax.tools.html_text`).
 
 A page is decoded from its bytes: the charset of its Content-Type header,
 else (HTML) its `<meta charset>`, else UTF-8, else a detected encoding (never
@@ -32,10 +33,11 @@ import urllib.parse
 
 import requests
 import urllib3
-from bs4 import BeautifulSoup, UnicodeDammit
+from bs4 import UnicodeDammit
 from bs4.dammit import EncodingDetector
 
 from aepo_jax.tools.base import ToolResult, truncate_within
+from aepo_jax.tools.html_text import html_to_text
 from aepo_jax.tools.http_client import (
     BadServerAnswer,
     HttpError,
@@ -78,15 +80,6 @@ def decode_page(body: bytes, charset: str, html: bool) -> str:
     dammit = UnicodeDammit(body, known_definite_encodings=known, user_encodings=["utf-8", "windows-1252"],
                            is_html=html)
     return dammit.unicode_markup if dammit.unicode_markup is not None else body.decode("utf-8", "replace")
-
-
-def html_to_text(html: str) -> str:
-    """Readable text of an HTML page: scripts, styles and navigation dropped, blank lines collapsed."""
-    soup = BeautifulSoup(html, "html.parser")
-    for element in soup(["script", "style", "noscript", "head", "nav", "footer"]):
-        element.decompose()
-    lines = (line.strip() for line in soup.get_text("\n").splitlines())
-    return "\n".join(line for line in lines if line)
 
 
 def best_window(text: str, query: str, window_chars: int) -> str:
