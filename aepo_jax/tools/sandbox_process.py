@@ -8,7 +8,11 @@ namespace, and whether per-worker pids and memory cgroups can be made. See
 A worker's life is tied to the parent's: it watches its stdin (the parent's
 pipe) while a call runs and exits when the parent is gone (`sandbox_worker`).
 Not `PR_SET_PDEATHSIG`: it fires when the *thread* that started the process
-exits, and replacements are started from short-lived background threads.
+exits, and replacements are started from short-lived background threads. A
+process the parent forks without exec (fork-based `multiprocessing`) would
+inherit the pipes' write ends and keep the workers waiting after the parent
+died; in such a child they are pointed at /dev/null at once
+(`os.register_at_fork`).
 """
 
 from __future__ import annotations
@@ -179,6 +183,31 @@ def remove_cgroup(path: str) -> None:
             time.sleep(0.01)
 
 
+# The write ends of the workers' stdin pipes this process holds (what a worker watches for its parent).
+_WORKER_STDIN_FDS: set[int] = set()
+
+
+def _release_worker_pipes_in_child() -> None:
+    """In a child forked without exec: its copies of the workers' stdin write ends become /dev/null (the
+    file objects stay valid, and no fd number is freed for reuse), so only the parent holds the pipes."""
+    fds = list(_WORKER_STDIN_FDS)
+    _WORKER_STDIN_FDS.clear()
+    if not fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            try:
+                os.dup2(devnull, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(devnull)
+
+
+os.register_at_fork(after_in_child=_release_worker_pipes_in_child)
+
+
 @dataclasses.dataclass
 class Worker:
     """A started worker: its process (stdin = call frames), the status pipe, its cgroups, calls left."""
@@ -231,6 +260,7 @@ def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroups: tupl
         os.close(result_write)
     for stream in (process.stdout, process.stderr):
         os.set_blocking(stream.fileno(), False)
+    _WORKER_STDIN_FDS.add(process.stdin.fileno())
     return Worker(process=process, result_read=result_read, cgroups=cgroups, calls_left=calls,
                   memory_cgroup=memory_cgroup)
 
@@ -253,6 +283,8 @@ def kill_worker(worker: Worker) -> None:
 def dispose_worker(worker: Worker) -> None:
     """Kill, reap, close pipes and remove the cgroup."""
     kill_worker(worker)
+    if worker.process.stdin is not None and not worker.process.stdin.closed:
+        _WORKER_STDIN_FDS.discard(worker.process.stdin.fileno())
     for stream in (worker.process.stdin, worker.process.stdout, worker.process.stderr):
         try:
             if stream is not None:

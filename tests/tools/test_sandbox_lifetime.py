@@ -21,6 +21,21 @@ time.sleep(600)
 """
 
 
+FORKING_TRAINER = r"""
+import os, sys, threading, time
+from aepo_jax.tools import PythonSandbox, SandboxLimits
+box = PythonSandbox(SandboxLimits(wall_seconds=600, cpu_seconds=600), pool_size=1)
+threading.Thread(target=box.run, args=("import time\ntime.sleep(600)",), daemon=True).start()
+time.sleep(0.5)
+if os.fork() == 0:  # a data-loader-like child, forked without exec, that outlives its parent
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
 def _processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, start time) of every live process (zombies are dead: left out)."""
     table = {}
@@ -65,14 +80,18 @@ def _wait_for(condition, seconds: float):
     return condition()
 
 
-def test_a_call_in_flight_dies_with_a_sigkilled_trainer():
+@pytest.mark.parametrize("script", [TRAINER, FORKING_TRAINER], ids=["plain", "forks_a_child"])
+def test_a_call_in_flight_dies_with_a_sigkilled_trainer(script):
     """The wall-clock limit is the parent's: a trainer killed by SIGKILL left the worker waiting on a sleeping
-    call forever (and its child, and the namespace's `unshare`). Now the worker sees its stdin close."""
+    call forever (and its child, and the namespace's `unshare`). Now the worker sees its stdin close, also
+    when the trainer forked a child without exec that lives on (it held a copy of the pipe's write end)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True, env=env)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     tree: dict[int, str] = {}
+    forks: dict[int, str] = {}
     try:
         assert trainer.stdout.readline() == "started\n"
+        trainer_command = _cmdline(trainer.pid)
         # The call runs once some process of the tree has a child that is not `unshare`'s: the worker's fork.
         def call_running():
             found = _descendants(trainer.pid)
@@ -82,14 +101,18 @@ def test_a_call_in_flight_dies_with_a_sigkilled_trainer():
 
         tree = _wait_for(call_running, 30)
         assert tree, "the call never started"
+        forks = {pid: started for pid, started in tree.items() if _cmdline(pid) == trainer_command}
+        assert len(forks) == (script is FORKING_TRAINER)
+        tree = {pid: started for pid, started in tree.items() if pid not in forks}
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait()
         left = _wait_for(lambda: not _alive(tree), 5)
         assert left, f"sandbox processes outlived the trainer: {_alive(tree)}"
+        assert _alive(forks) == forks  # the forked child itself lived on
     finally:
         trainer.kill()
         trainer.wait()
-        for pid in _alive(tree):  # a failed run must not leave them behind
+        for pid in {**_alive(tree), **_alive(forks)}:  # a failed run must not leave them behind
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
