@@ -86,7 +86,8 @@ def test_an_attention_kernel_this_platform_lacks_is_refused_before_the_demo_star
                           "--config.model.attention=splash", "--workdir", str(tmp_path / "demo")],
                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1] == (
+    assert out.stderr.strip().splitlines()[-2] == (
         "error: model.attention='splash' runs only on tpu, but this process runs on 'cpu': "
         "set model.attention='dense' (e.g. --config.model.attention=dense)")
+    assert out.stderr.strip().splitlines()[-1].startswith("  (ValueError at ")
     assert not (tmp_path / "demo").exists()  # nothing built
