@@ -333,10 +333,13 @@ def parameter_count(params: Any) -> int:
 # -- run directories -----------------------------------------------------------
 def save_run_files(cfg: ml_collections.ConfigDict, run_dir: str, env: Environment, env_dir: str) -> None:
     """Write RUN_DIR/config.json (resolved) and copy the tokenizer and task files from `env_dir`, so the
-    run can be rebuilt from RUN_DIR alone (`config_from_run`, `launch.evaluate --checkpoint RUN_DIR`)."""
+    run can be rebuilt from RUN_DIR alone (`config_from_run`, `launch.evaluate --checkpoint RUN_DIR`).
+    config.json is replaced whole (`write_json_atomically`): a kill mid-write left a truncated one that no
+    resume could read."""
+    from aepo_jax.training.atomic_write import write_json_atomically
+
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(json.loads(cfg.to_json_best_effort()), f, indent=2, sort_keys=True)
+    write_json_atomically(os.path.join(run_dir, "config.json"), json.loads(cfg.to_json_best_effort()))
     if os.path.abspath(run_dir) == os.path.abspath(env_dir):
         return
     copy_tokenizer_files(env_dir, run_dir)
