@@ -17,6 +17,23 @@ is read, so a checkpoint of another model is a `ValueError` naming the leaf
 (and no half-started read is left behind); a target of another dtype gets the
 saved values cast to it.
 
+A step whose files cannot be read (a disk that filled up, a file cut short
+after the save) is a `DamagedCheckpointError` naming its folder and the older
+complete steps to fall back to by hand; no older step is taken silently.
+
+Orbax deletes a step beyond `keep` file by file, in no set order: a process
+killed meanwhile leaves a partial folder older than the newest complete step.
+Without its commit file orbax never looks at it again, so the trainer's
+process 0 removes it when it opens the directory (`remove_cut_short_deletions`);
+with the commit file still there it counts as a step, and orbax deletes it
+again at the next save. An uncommitted folder newer than the newest complete
+step is a save cut short, which the resumed run saves again over.
+
+Step folders are made before `save` returns (orbax's `AsyncOptions(
+create_directories_asynchronously=False)`): a folder that cannot be made is an
+OSError there, where by default orbax's background threads waited 300 s for
+it before the process could exit.
+
 A run that rolls out ahead (`train.rollout_ahead`) also saves the parameters
 its next rollout samples with (item `rollout_params`), so a resumed run
 samples that rollout as the uninterrupted one would.
@@ -24,7 +41,13 @@ samples that rollout as the uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterator
 from typing import Any, Self
 
 import jax
@@ -76,13 +99,26 @@ ROLLOUT_PARAMS = "rollout_params"  # the item of the parameters the next rollout
 
 
 def step_folders(directory: str) -> tuple[list[int], list[int]]:
-    """(complete steps, steps cut short while saving) in a checkpoint folder, read from the disk alone
-    (no manager, no collective): a step is complete once orbax has written its commit file."""
+    """(complete steps, uncommitted step folders) in a checkpoint folder, read from the disk alone (no
+    manager, no collective): a step is complete once orbax has written its commit file. An uncommitted
+    folder is a save cut short, or (older than the newest complete step) a deletion cut short
+    (`split_cut_short`)."""
     if not os.path.isdir(directory):
         return [], []
     steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
     complete = [s for s in steps if os.path.exists(os.path.join(directory, str(s), COMMIT_FILE_NAME))]
     return complete, [s for s in steps if s not in complete]
+
+
+def split_cut_short(complete: list[int], uncommitted: list[int]) -> tuple[list[int], list[int]]:
+    """(saves cut short, deletions cut short) among the `uncommitted` step folders.
+
+    Orbax saves steps in increasing order and deletes the oldest beyond `keep` only after a newer step has
+    committed, so an uncommitted folder older than the newest complete step is a deletion cut short (never
+    the run's only checkpoint: that newer complete step exists); any other is a save cut short."""
+    newest = max(complete, default=None)
+    deletions = [s for s in uncommitted if newest is not None and s < newest]
+    return [s for s in uncommitted if s not in deletions], deletions
 
 
 def require_writable(directory: str) -> None:
@@ -111,27 +147,83 @@ def require_no_checkpoints(run_dir: str) -> None:
 
 
 def cut_short_note(checkpointer: Checkpointer) -> str:
-    """": steps [...] were cut short ..." for a folder whose step folders lack their commit file, else ""."""
-    steps = checkpointer.uncommitted_steps()
-    if not steps:
-        return ""
-    return f": steps {steps} have no {COMMIT_FILE_NAME} (their saves were cut short; they are never restored)"
+    """": steps [...] have no commit file ..." for a folder with uncommitted step folders, saying which
+    were saves and which deletions cut short; else ""."""
+    complete, uncommitted = step_folders(checkpointer.directory)
+    saves, deletions = split_cut_short(complete, uncommitted)
+    notes = []
+    if saves:
+        notes.append(f"steps {saves} have no {COMMIT_FILE_NAME} (their saves were cut short; they are never "
+                     "restored)")
+    if deletions:
+        notes.append(f"steps {deletions} have no {COMMIT_FILE_NAME} (older than step {max(complete)}: orbax was "
+                     "deleting them beyond checkpoint.keep when the process stopped; never restored, and removed "
+                     "when the run next starts)")
+    return (": " + "; ".join(notes)) if notes else ""
+
+
+def remove_cut_short_deletions(directory: str) -> list[int]:
+    """Remove the step folders of deletions cut short (`split_cut_short`) from `directory`; returns their steps.
+
+    Call on one process only, while no save or deletion runs there. A folder that cannot be removed is
+    left with a warning: it is never restored, only a leftover."""
+    complete, uncommitted = step_folders(directory)
+    _, deletions = split_cut_short(complete, uncommitted)
+    removed = []
+    for step in deletions:
+        try:
+            shutil.rmtree(os.path.join(directory, str(step)))
+            removed.append(step)
+        except OSError as err:
+            warnings.warn(f"could not remove {directory}/{step}, an old checkpoint whose deletion was cut short "
+                          f"({err}); it is never restored, remove it by hand", stacklevel=2)
+    return removed
+
+
+class DamagedCheckpointError(ValueError):
+    """A complete (committed) step whose files cannot be read; the message names its folder and the older
+    complete steps to fall back to. A ValueError, as a checkpoint that does not fit the model is."""
+
+
+# What reading a step's damaged or missing files raises: tensorstore's status errors about a file, and
+# orbax's JSON metadata (a truncated `_METADATA`, or the data position) that no longer parses.
+_FILE_ERROR = re.compile(r"^[A-Z_]+: Error (reading|decoding|opening) ")
+
+
+def _read_failure(err: BaseException) -> BaseException | None:
+    """The error in `err`'s chain that says a file could not be read, or None (a read that failed for
+    another reason: a target of another structure, memory)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (json.JSONDecodeError, OSError)) or _FILE_ERROR.match(str(err)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class Checkpointer:
     """Thin wrapper over `ocp.CheckpointManager` with items `state`, `data` and, when given,
     `rollout_params`."""
 
-    def __init__(self, directory: str, keep: int = 3, async_save: bool = True, save_every: int = 1):
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = True, save_every: int = 1,
+                 clean_up_deletions: bool = False):
+        """`clean_up_deletions`: process 0 removes the folders of deletions cut short first (the
+        training run that owns the directory; not a reader such as an evaluation of a run still training,
+        which would race its deletions)."""
         self.directory = os.path.abspath(require_local_path(directory, "checkpoint directory"))
         if jax.process_index() == 0:
             require_writable(self.directory)
+            if clean_up_deletions:  # before the processes meet below: none lists the steps meanwhile
+                remove_cut_short_deletions(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=save_every,
             enable_async_checkpointing=async_save,
             create=True,
             atomicity_options=ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE),
+            # A step folder that cannot be made fails `save` itself (see the module docstring).
+            async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
         )
         # The manager's first step is a device collective over every process; they meet here first, so a
         # host that started up slower than the others does not fail that collective (see the barrier).
@@ -178,20 +270,49 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         abstract = abstract_like(target, shardings)
-        self._check_fits(step, "state", abstract)
-        restored = self._manager.restore(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract),
-                data=ocp.args.JsonRestore(),
-            ),
-        )
+        with self._reading(step):
+            self._check_fits(step, "state", abstract)
+            restored = self._manager.restore(
+                int(step),
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract),
+                    data=ocp.args.JsonRestore(),
+                ),
+            )
         return restored.state, dict(restored.data or {})
 
     def data_position(self, step: int) -> dict:
         """Only the JSON data position saved at `step` (no array is read)."""
-        restored = self._manager.restore(int(step), args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+        with self._reading(step):
+            restored = self._manager.restore(int(step), args=ocp.args.Composite(data=ocp.args.JsonRestore()))
         return dict(restored.data or {})
+
+    @contextlib.contextmanager
+    def _reading(self, step: int) -> Iterator[None]:
+        """Turn a failure to read `step`'s files into a `DamagedCheckpointError` (other errors pass)."""
+        try:
+            yield
+        except Exception as err:
+            failure = _read_failure(err)
+            if failure is None:
+                raise
+            raise DamagedCheckpointError(self._damaged_message(int(step), failure)) from err
+
+    def _damaged_message(self, step: int, failure: BaseException) -> str:
+        folder = os.path.join(self.directory, str(step))
+        cause = (str(failure).splitlines() or [type(failure).__name__])[0][:300]
+        message = (f"checkpoint {folder} cannot be read ({type(failure).__name__}: {cause}): its files are "
+                   "damaged or missing (a disk that filled up, a file cut short or changed after the save). "
+                   "Nothing was restored, and no older step is taken in its place silently (that would undo "
+                   "the training since it).")
+        older = [s for s in step_folders(self.directory)[0] if s < step]
+        if not older:
+            return message + (f" There is no older complete step in {self.directory} to fall back to: the run "
+                              "must start again from step 0 (in a new workdir, or after moving this one away).")
+        aside = os.path.join(os.path.dirname(self.directory), f"damaged-step-{step}")
+        return message + (f" Older complete steps: {older}. To continue from step {older[-1]} (the steps after it "
+                          f"are trained again), move the damaged folder out of the checkpoint folder, e.g. "
+                          f"`mv {folder} {aside}`, and resume again.")
 
     def restore_params(self, target: Any, step: int, shardings: Any | None = None) -> Any:
         """Only the `params` of the `TrainState` saved at `step`, shaped like `target` (checked against the
@@ -217,9 +338,10 @@ class Checkpointer:
         if not self.has_rollout_params(step):
             raise FileNotFoundError(f"checkpoint {self.directory}/{int(step)} has no {ROLLOUT_PARAMS}")
         abstract = abstract_like(target, shardings)
-        self._check_fits(step, ROLLOUT_PARAMS, abstract)
-        restored = self._manager.restore(int(step), args=ocp.args.Composite(
-            **{ROLLOUT_PARAMS: ocp.args.StandardRestore(abstract)}))
+        with self._reading(step):
+            self._check_fits(step, ROLLOUT_PARAMS, abstract)
+            restored = self._manager.restore(int(step), args=ocp.args.Composite(
+                **{ROLLOUT_PARAMS: ocp.args.StandardRestore(abstract)}))
         return restored[ROLLOUT_PARAMS]
 
     def _check_fits(self, step: int, item: str, abstract: Any) -> None:

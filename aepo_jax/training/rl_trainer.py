@@ -87,7 +87,7 @@ from aepo_jax.training.rollout_step_metrics import (
     rollout_step_metrics,
     step_rollout_stats,
 )
-from aepo_jax.training.step_loop import CheckpointedTrainer
+from aepo_jax.training.step_loop import CheckpointedTrainer, require_micro_batch_size
 
 
 class RolloutFn(Protocol):
@@ -113,9 +113,7 @@ def check_rl_config(config: ml_collections.ConfigDict) -> None:
     """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
     rollout, train = config.rollout, config.train
     mini_batch_prompts(config)  # at least 1
-    if int(train.micro_batch_size) < 1:
-        raise ValueError(f"train.micro_batch_size={int(train.micro_batch_size)}: a micro-batch (the rows of one "
-                         "forward/backward pass) needs at least 1 row")
+    require_micro_batch_size(config)
     longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)
     if longest > int(train.max_seq_len):
         raise ValueError(f"rollout.max_prompt_len + rollout.max_response_len = {int(rollout.max_prompt_len)} + "

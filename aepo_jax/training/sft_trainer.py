@@ -32,7 +32,7 @@ from aepo_jax.training.build import (
     row_multiple,
     step_config_from,
 )
-from aepo_jax.training.step_loop import CheckpointedTrainer
+from aepo_jax.training.step_loop import CheckpointedTrainer, require_micro_batch_size
 from aepo_jax.training.train_step import make_sft_train_step
 
 _RESULT_BLOCK = re.compile(r"(\s*" + re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE) + r")", re.DOTALL)
@@ -157,6 +157,7 @@ class SFTTrainer(CheckpointedTrainer):
                  graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0):
         from aepo_jax.training.build import preset_from
 
+        require_micro_batch_size(config)
         max_len = int(config.train.max_seq_len)
         too_long = [i for i, r in enumerate(batches.records) if len(r["tokens"]) > max_len]
         if too_long:

@@ -7,6 +7,12 @@ Console: a progress bar with the headline metrics as its postfix, plus a plain
 metrics line every `log.console_every` steps and at the last step, written
 above the bar (`metrics_log.write_console_line`); metrics.jsonl gets every step.
 
+Validation (`validation.Validation`) runs after a due step's metrics line and
+checkpoint. A preemption notice at a due step stops the run before validating
+(the notice leaves seconds, a validation can take minutes); the step's
+checkpoint then records the validation as owed (`VALIDATION_OWED_KEY`), and the
+run resumed from it validates that step before training on.
+
 A trainer subclasses `CheckpointedTrainer`, sets `config`, `state` and `run`
 (a `RunParts`), calls `_open_outputs`, and provides `train_step()` plus the
 data position (`_data_position` / `_restore_data_position`).
@@ -27,6 +33,18 @@ from aepo_jax.training.validation import Validation
 
 # The key of a checkpoint's data position that names the stage which wrote it (`progress_name`).
 STAGE_KEY = "stage"
+# The key of a checkpoint's data position saying that the step's validation is owed: a preemption notice
+# stopped the run before it (see the module docstring).
+VALIDATION_OWED_KEY = "validation_owed"
+
+
+def require_micro_batch_size(config: ml_collections.ConfigDict) -> None:
+    """A ValueError naming `train.micro_batch_size` when it is below 1 (the RL and SFT trainers check it
+    before building anything: SFT divided by it, RL silently took one row per device)."""
+    rows = int(config.train.micro_batch_size)
+    if rows < 1:
+        raise ValueError(f"train.micro_batch_size={rows}: a micro-batch (the rows of one forward/backward pass) "
+                         "needs at least 1 row")
 
 
 class CheckpointedTrainer:
@@ -38,6 +56,7 @@ class CheckpointedTrainer:
     progress_name: str = "train"  # the stage: the progress bar's label, saved with each checkpoint
     validation: Validation | None = None  # held-out validation after some steps (the composition root sets it)
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
+    _validation_owed: int | None = None  # a step whose validation a preemption notice put off (saved with it)
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
         every = int(self.config.checkpoint.every)
@@ -48,7 +67,8 @@ class CheckpointedTrainer:
         if keep < 1:  # orbax's max_to_keep=0 deletes every step, the one just saved too: the run ends with none
             raise ValueError(f"checkpoint.keep={keep}: it is how many checkpoints are kept, at least 1")
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=keep,
-                                         async_save=bool(self.config.checkpoint.async_save))
+                                         async_save=bool(self.config.checkpoint.async_save),
+                                         clean_up_deletions=True)
         self.logger = MetricsLogger(workdir, tensorboard=bool(self.config.log.tensorboard),
                                     process_index=process_index,
                                     console_every=int(self.config.log.get("console_every", DEFAULT_CONSOLE_EVERY)))
@@ -71,13 +91,15 @@ class CheckpointedTrainer:
     # -- checkpoints -------------------------------------------------------
     def restore_latest(self) -> bool:
         """Continue from the newest complete checkpoint; False when there is none. A checkpoint another
-        stage wrote (an SFT run's, resumed as RL) is refused before anything is read."""
+        stage wrote (an SFT run's, resumed as RL) is refused before anything is read. A checkpoint that
+        owes its step's validation makes the next `train()` validate it first."""
         step = self.checkpointer.latest_step()
         if step is None:
             return False
         self._require_own_stage(step)
         self.state, position = self.checkpointer.restore(self.state, step=step, shardings=self.run.state_sharding)
         position.pop(STAGE_KEY, None)
+        self._validation_owed = step if position.pop(VALIDATION_OWED_KEY, False) else None
         if position:
             self._restore_data_position(position)
         return True
@@ -92,8 +114,12 @@ class CheckpointedTrainer:
                 f"--config.model.init_checkpoint={self.checkpointer.directory}")
 
     def _saved_position(self) -> dict:
-        """The data position saved with a checkpoint, with the stage that wrote it."""
-        return {**self._data_position(), STAGE_KEY: self.progress_name}
+        """The data position saved with a checkpoint, with the stage that wrote it (and, when a preemption
+        notice put the step's validation off, that it is owed)."""
+        position = {**self._data_position(), STAGE_KEY: self.progress_name}
+        if self._validation_owed is not None and self._validation_owed == int(self.state.rounds):
+            position[VALIDATION_OWED_KEY] = True
+        return position
 
     def save(self, force: bool = False) -> None:
         self.checkpointer.save(int(self.state.rounds), self.state, self._saved_position(), force=force)
@@ -103,7 +129,7 @@ class CheckpointedTrainer:
         """Run until `config.train.total_steps` (or `num_steps` more); returns the logged records.
 
         A preemption notice (SIGTERM, `preemption.PreemptionWatch`) saves the step reached and raises
-        `preemption.Preempted` naming that step."""
+        `preemption.Preempted` naming that step. A validation owed by the restored checkpoint runs first."""
         total = int(self.config.train.total_steps)
         start = int(self.state.rounds)
         end = total if num_steps is None else min(total, start + num_steps)
@@ -119,16 +145,21 @@ class CheckpointedTrainer:
         preempted_at = None
         watch = PreemptionWatch()
         try:
+            owed, self._validation_owed = self._validation_owed, None
+            if owed is not None and owed == start and self.validation is not None:
+                records.append(self._validate(start))  # a notice meanwhile is read after the next step
             for _ in range(start, end):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
                 every_or_last = step % self.logger.console_every == 0 or step == end
                 records.append(self.logger.log(step, metrics, console=every_or_last))
                 preempted = watch.reached(step)
+                due = self.validation is not None and self.validation.due(step, total)
+                self._validation_owed = step if due and preempted else None  # saved with the step
                 saved = (every > 0 and step % every == 0) or step == end or preempted
                 if saved:
                     self.save(force=True)
-                if self.validation is not None and self.validation.due(step, total) and not preempted:
+                if due and not preempted:
                     records[-1].update(self._validate(step))
                     preempted = watch.reached(step)  # a notice that came while validating
                     if preempted and not saved:

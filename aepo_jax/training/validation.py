@@ -18,8 +18,9 @@ class Validation:
 
     The names it returns are logged under `VALIDATION_PREFIX` as a second metrics line of that step
     (`step_loop`: written after the step's own line and checkpoint); the parameters are the step's
-    updated ones (what its checkpoint saves). A step that a preemption notice stops is not validated,
-    and the resumed run does not go back to it."""
+    updated ones (what its checkpoint saves). A due step that a preemption notice stops is not validated
+    then: its checkpoint records the validation as owed, and the run resumed from it validates that step
+    (the same parameters) before training on (`step_loop`)."""
 
     every: int
     score: Callable[[Any], dict[str, float]]

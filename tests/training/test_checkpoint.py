@@ -1,4 +1,5 @@
-"""Orbax checkpoints: exact round trip, keep-N, and a SIGKILL mid-save."""
+"""Orbax checkpoints: exact round trip, keep-N, a SIGKILL mid-save, a deletion cut short, a damaged step,
+and a save whose folder cannot be made."""
 
 import os
 import signal
@@ -194,3 +195,150 @@ def test_a_checkpoint_directory_that_cannot_be_written_is_refused_before_trainin
         Checkpointer(str(blocker / "checkpoints"))
     Checkpointer(str(tmp_path / "fine" / "checkpoints")).close()
     assert os.listdir(tmp_path / "fine" / "checkpoints") == []  # the probe leaves nothing behind
+
+
+def _saved_steps(directory: str, steps, keep: int = 3) -> dict:
+    small = {"w": jnp.arange(4096, dtype=jnp.float32).reshape(64, 64), "step": jnp.int32(0)}  # 16 KB of data to cut
+    with Checkpointer(directory, keep=keep, async_save=False) as ckpt:
+        for step in steps:
+            ckpt.save(step, {**small, "step": jnp.int32(step)}, {"next_index": step})
+    return small
+
+
+def _cut_deletion_short(step_dir) -> None:
+    """What a process killed while orbax's max_to_keep deleted `step_dir` file by file leaves: the commit
+    file and some of the files gone, the rest still there."""
+    os.remove(os.path.join(step_dir, COMMIT_FILE_NAME))
+    state = os.path.join(step_dir, "state")
+    for name in sorted(os.listdir(state))[::2]:
+        path = os.path.join(state, name)
+        if os.path.isfile(path):
+            os.remove(path)
+
+
+def test_a_deletion_cut_short_is_named_as_such_and_removed_when_the_owner_opens_the_folder(tmp_path):
+    """A kill while max_to_keep deleted an old step left its folder without the commit file for good, and
+    it was reported as a save cut short. Older than the newest complete step, it is a deletion cut short:
+    the training run's Checkpointer (process 0) removes it; a save cut short (newer) stays, to be saved over."""
+    directory = str(tmp_path / "ckpt")
+    target = _saved_steps(directory, [1, 2, 3])
+    _cut_deletion_short(os.path.join(directory, "1"))
+    os.makedirs(os.path.join(directory, "4", "state"))  # a save cut short
+    with Checkpointer(directory, keep=3) as reader:  # a reader (an evaluation) leaves the folder as it is
+        note = cut_short_note(reader)
+        assert "steps [4] have no" in note and "saves were cut short" in note
+        assert "steps [1] have no" in note and "deleting them beyond checkpoint.keep" in note
+    assert sorted(os.listdir(directory)) == ["1", "2", "3", "4"]
+    with Checkpointer(directory, keep=3, clean_up_deletions=True) as owner:
+        assert sorted(os.listdir(directory)) == ["2", "3", "4"]
+        assert owner.latest_step() == 3 and owner.uncommitted_steps() == [4]
+        restored, _ = owner.restore(target)
+        assert int(restored["step"]) == 3
+        owner.save(4, {**target, "step": jnp.int32(4)}, {"next_index": 4})
+        owner.wait_until_finished()
+        assert owner.all_steps() == [2, 3, 4] and owner.uncommitted_steps() == []
+
+
+def test_an_uncommitted_folder_is_never_removed_without_a_newer_complete_step(tmp_path):
+    """The only folders are uncommitted (saves cut short, no complete step): nothing is removed."""
+    directory = str(tmp_path / "ckpt")
+    _saved_steps(directory, [1, 2])
+    for step in ("1", "2"):
+        os.remove(os.path.join(directory, step, COMMIT_FILE_NAME))
+    Checkpointer(directory, clean_up_deletions=True).close()
+    assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def _truncate_arrays(step_dir) -> None:
+    """Cut every array data file of the step's state to half its length (a disk that filled up, a copy cut
+    short): the step keeps its commit file."""
+    data = os.path.join(step_dir, "state", "ocdbt.process_0", "d")
+    assert os.listdir(data)
+    for name in os.listdir(data):
+        path = os.path.join(data, name)
+        os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_a_damaged_newest_step_names_its_folder_and_the_older_steps_instead_of_a_tensorstore_trace(tmp_path):
+    """A truncated array file in the newest committed step gave a raw TensorStore traceback on resume. The
+    error names the step folder and the older complete steps to fall back to (by moving the damaged one
+    away); nothing is restored in its place."""
+    from aepo_jax.training.checkpoint import DamagedCheckpointError
+
+    directory = str(tmp_path / "ckpt")
+    target = _saved_steps(directory, [1, 2, 3])
+    _truncate_arrays(os.path.join(directory, "3"))
+    with Checkpointer(directory) as ckpt:
+        assert ckpt.latest_step() == 3  # still committed: it is not skipped
+        with pytest.raises(DamagedCheckpointError) as caught:
+            ckpt.restore(target)
+        message = str(caught.value)
+        assert f"checkpoint {directory}/3 cannot be read" in message
+        assert "Older complete steps: [1, 2]" in message and f"mv {directory}/3 " in message
+        assert "TensorStore({" not in message and len(message) < 1200
+        assert isinstance(caught.value, ValueError)  # the launcher turns it into one `error:` line
+        restored, position = ckpt.restore(target, step=2)  # the fallback it names works
+        assert int(restored["step"]) == 2 and position == {"next_index": 2}
+
+
+def test_a_damaged_only_step_says_there_is_nothing_to_fall_back_to(tmp_path):
+    from aepo_jax.training.checkpoint import DamagedCheckpointError
+
+    directory = str(tmp_path / "ckpt")
+    target = _saved_steps(directory, [1])
+    with open(os.path.join(directory, "1", "data", "metadata"), "w") as f:
+        f.write('{"next_')  # the data position, cut short
+    with Checkpointer(directory) as ckpt:
+        with pytest.raises(DamagedCheckpointError, match=r"checkpoint .*/1 cannot be read .*no older complete step"):
+            ckpt.data_position(1)
+        with pytest.raises(DamagedCheckpointError, match=r"/1 cannot be read"):
+            ckpt.restore(target)
+
+
+def test_a_target_of_another_structure_is_not_taken_for_a_damaged_step(tmp_path):
+    from aepo_jax.training.checkpoint import DamagedCheckpointError
+
+    directory = str(tmp_path / "ckpt")
+    target = _saved_steps(directory, [1])
+    with Checkpointer(directory) as ckpt, pytest.raises(ValueError, match="tree structures do not match") as caught:
+        ckpt.restore({**target, "extra": jnp.zeros(3)})
+    assert not isinstance(caught.value, DamagedCheckpointError)
+
+
+_FOLDER_GONE = textwrap.dedent(
+    """
+    import os, shutil, sys, time
+    import jax.numpy as jnp
+    from aepo_jax.training.checkpoint import Checkpointer
+    directory = sys.argv[1]
+    ckpt = Checkpointer(directory)  # asynchronous saves
+    ckpt.save(1, {"w": jnp.ones(4)}, {})
+    ckpt.wait_until_finished()
+    shutil.rmtree(directory)
+    open(directory, "w").close()  # a file where the folder was: no step folder can be made
+    started = time.monotonic()
+    try:
+        ckpt.save(2, {"w": jnp.ones(4)}, {})
+        ckpt.wait_until_finished()
+    except OSError as err:
+        print("REFUSED", type(err).__name__, flush=True)
+    try:
+        ckpt.close()
+    except OSError:
+        pass
+    print(f"EXITING after {time.monotonic() - started:.1f} s", flush=True)
+    """
+)
+
+
+def test_a_save_that_cannot_make_its_folder_fails_at_once_and_the_process_exits(tmp_path):
+    """Orbax made the step folder on a background thread by default: a folder that could not be made left
+    the save's threads waiting 300 s for it, holding the process before it could exit."""
+    directory = str(tmp_path / "ckpt")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _FOLDER_GONE, directory], capture_output=True, text=True,
+                         env=child_env(), timeout=150, check=False,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED NotADirectoryError" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert time.monotonic() - started < 120

@@ -209,3 +209,19 @@ def test_keeping_no_checkpoint_is_refused_when_the_trainer_is_built(tmp_path, ke
         SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
                    params=params)
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("micro", [0, -2])
+def test_a_micro_batch_below_one_row_is_refused_naming_the_key(tmp_path, micro):
+    """SFT divided by it (train.micro_batch_size=0: a ZeroDivisionError while padding the first batch) or
+    silently took one row per device (below 0); the RL trainer already refused it in these words."""
+    cfg = get_config()
+    cfg.train.micro_batch_size = micro
+    cfg.log.tensorboard = False
+    graphdef, params = tiny_model()
+    records = [{"tokens": [1, 2, 3], "mask": np.ones(3, np.float32)}] * 2
+    with pytest.raises(ValueError, match=rf"^train.micro_batch_size={micro}: a micro-batch \(the rows of one "
+                                         r"forward/backward pass\) needs at least 1 row$"):
+        SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
+                   params=params)
+    assert not (tmp_path / "checkpoints").exists()

@@ -1,0 +1,128 @@
+"""The step loop shared by the RL and SFT trainers, on a trainer whose step only counts: a preemption notice at
+a step due for validation, and the checkpoint folder the trainer opens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import ml_collections
+import pytest
+from flax import struct
+
+from aepo_jax.training.checkpoint import COMMIT_FILE_NAME
+from aepo_jax.training.metrics_log import read_metrics
+from aepo_jax.training.preemption import Preempted
+from aepo_jax.training.step_loop import CheckpointedTrainer
+from aepo_jax.training.validation import Validation
+
+pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                                reason="the preemption watch takes SIGTERM on the main thread only")
+
+
+@struct.dataclass
+class _CountingState:
+    params: jnp.ndarray
+    rounds: jnp.ndarray
+
+
+class _CountingTrainer(CheckpointedTrainer):
+    """A step adds 1 to the parameter; `notice_at`: the step during which a SIGTERM arrives."""
+
+    progress_name = "count"
+
+    def __init__(self, workdir: str, total_steps: int, validate_every: int, notice_at: int | None = None):
+        self.config = ml_collections.ConfigDict({
+            "train": {"total_steps": total_steps},
+            "checkpoint": {"every": 0, "keep": 3, "async_save": False},
+            "log": {"progress_bar": False, "tensorboard": False, "console_every": 1000},
+        })
+        self.state = _CountingState(params=jnp.float32(0.0), rounds=jnp.int32(0))
+        self.run = SimpleNamespace(state_sharding=None)
+        self.validated: list[tuple[int, float]] = []  # (step reached, the parameter validated)
+        self.validation = Validation(validate_every, self._score)
+        self.notice_at = notice_at
+        self._open_outputs(workdir, process_index=0)
+
+    def _score(self, params) -> dict[str, float]:
+        self.validated.append((int(self.state.rounds), float(params)))
+        return {"score": float(params)}
+
+    def train_step(self) -> dict[str, float]:
+        self.state = self.state.replace(params=self.state.params + 1, rounds=self.state.rounds + 1)
+        if int(self.state.rounds) == self.notice_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # the watch's handler takes it
+        return {"loss": float(self.state.params)}
+
+
+@pytest.mark.parametrize(("notice_at", "validated_after_resume"), [
+    (2, [(2, 2.0), (4, 4.0)]),  # a due step: validated first by the resumed run
+    (4, [(4, 4.0)]),  # the last step: its (final) validation is owed too
+    (3, [(4, 4.0)]),  # a step not due: nothing is owed
+], ids=["due_step", "last_step", "step_not_due"])
+def test_a_validation_a_preemption_notice_put_off_is_done_by_the_resumed_run(tmp_path, notice_at,
+                                                                             validated_after_resume):
+    """A SIGTERM at a step due for validation skipped that validation for good (the final one included): the
+    step's checkpoint now records it as owed, and the resumed run validates the step's parameters first."""
+    workdir = str(tmp_path / "run")
+    first = _CountingTrainer(workdir, total_steps=4, validate_every=2, notice_at=notice_at)
+    try:
+        with pytest.raises(Preempted) as stopped:
+            first.train()
+    finally:
+        first.close()
+    assert stopped.value.step == notice_at
+    assert first.validated == [(2, 2.0)] * (notice_at > 2)  # the notice stops the run before validating
+
+    resumed = _CountingTrainer(workdir, total_steps=4, validate_every=2)
+    try:
+        assert resumed.restore_latest() and int(resumed.state.rounds) == notice_at
+        resumed.logger.keep_through(notice_at)
+        resumed.train()
+    finally:
+        resumed.close()
+    assert resumed.validated == validated_after_resume
+    val_lines = [(r["step"], r["val/score"]) for r in read_metrics(workdir) if "val/score" in r]
+    assert val_lines == [(step, value) for step, value in [(2, 2.0)] * (notice_at > 2) + validated_after_resume]
+
+
+def test_a_resumed_run_owes_nothing_after_the_owed_validation(tmp_path):
+    """The owed validation runs once: a later checkpoint (a step not due) does not carry it on."""
+    workdir = str(tmp_path / "run")
+    first = _CountingTrainer(workdir, total_steps=6, validate_every=2, notice_at=2)
+    with pytest.raises(Preempted):
+        first.train()
+    first.close()
+    resumed = _CountingTrainer(workdir, total_steps=6, validate_every=2, notice_at=3)
+    with pytest.raises(Preempted):
+        resumed.restore_latest()
+        resumed.train()
+    resumed.close()
+    again = _CountingTrainer(workdir, total_steps=6, validate_every=2)
+    try:
+        again.restore_latest()
+        again.train()
+    finally:
+        again.close()
+    assert resumed.validated == [(2, 2.0)] and again.validated == [(4, 4.0), (6, 6.0)]
+
+
+def test_the_trainer_removes_a_deletion_cut_short_when_it_opens_its_checkpoints(tmp_path):
+    """A step folder without its commit file, older than the newest complete step (orbax's max_to_keep
+    deletion killed midway), is removed when the run starts; the complete steps stay."""
+    workdir = str(tmp_path / "run")
+    first = _CountingTrainer(workdir, total_steps=3, validate_every=100)
+    first.config.checkpoint.every = 1
+    first.train()
+    first.close()
+    checkpoints = os.path.join(workdir, "checkpoints")
+    os.remove(os.path.join(checkpoints, "1", COMMIT_FILE_NAME))
+    resumed = _CountingTrainer(workdir, total_steps=3, validate_every=100)
+    try:
+        assert sorted(os.listdir(checkpoints)) == ["2", "3"]
+        assert resumed.restore_latest() and int(resumed.state.rounds) == 3
+    finally:
+        resumed.close()
