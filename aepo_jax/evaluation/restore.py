@@ -23,7 +23,11 @@ from aepo_jax.models import ModelConfig
 from aepo_jax.parallel.multihost import first_process_value
 from aepo_jax.parallel.sharding import state_shardings
 from aepo_jax.training.build import abstract_model
-from aepo_jax.training.checkpoint import Checkpointer, cut_short_note
+from aepo_jax.training.checkpoint import (
+    Checkpointer,
+    DamagedCheckpointError,
+    cut_short_note,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ def restore_policy_params(
                                     + cut_short_note(checkpointer))
         try:
             params = checkpointer.restore_params(abstract_params, step=step, shardings=shardings)
+        except DamagedCheckpointError:  # its own message: which folder, and the older steps
+            raise
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
                 f"checkpoint {location.manager_dir}/{step} does not fit the model built from the config "

@@ -319,11 +319,11 @@ class Checkpointer:
         saved shapes) and placed by `shardings`. The optimiser state is never read: evaluating a run needs
         neither its memory (twice the parameters' with Adam) nor the run's optimiser settings."""
         item = {"params": abstract_like(target, shardings)}
-        self._check_fits(step, "state", item)
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
         # The manager's `state` handler restores whole trees; the PyTree handler it wraps reads a subtree.
-        with ocp.PyTreeCheckpointer() as reader:
+        with self._reading(step), ocp.PyTreeCheckpointer() as reader:
+            self._check_fits(step, "state", item)
             restored = reader.restore(os.path.join(self.directory, str(int(step)), "state"),
                                       args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
                                                                   partial_restore=True))

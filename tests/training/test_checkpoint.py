@@ -342,3 +342,21 @@ def test_a_save_that_cannot_make_its_folder_fails_at_once_and_the_process_exits(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REFUSED NotADirectoryError" in out.stdout, out.stdout + out.stderr[-3000:]
     assert time.monotonic() - started < 120
+
+
+def test_reading_only_the_params_of_a_damaged_step_names_it_too(tmp_path):
+    """`restore_params` (what evaluation reads) gave the raw TensorStore trace, which evaluation then called
+    a checkpoint that does not fit the model."""
+    from aepo_jax.training.checkpoint import DamagedCheckpointError
+
+    directory = str(tmp_path / "ckpt")
+    state = {"params": {"w": jnp.arange(4096, dtype=jnp.float32).reshape(64, 64)}, "step": jnp.int32(0)}
+    with Checkpointer(directory, async_save=False) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, {**state, "step": jnp.int32(step)}, {"next_index": step})
+    _truncate_arrays(os.path.join(directory, "2"))
+    with Checkpointer(directory) as ckpt:
+        with pytest.raises(DamagedCheckpointError, match=rf"checkpoint {directory}/2 cannot be read.*Older complete "
+                                                         r"steps: \[1\]"):
+            ckpt.restore_params(state["params"], step=2)
+        np.testing.assert_array_equal(ckpt.restore_params(state["params"], step=1)["w"], state["params"]["w"])
