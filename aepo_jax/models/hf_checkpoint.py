@@ -9,15 +9,18 @@ Safetensors files are read by parsing their header and memory-mapping the
 data with numpy: `safetensors.numpy` cannot represent bfloat16 (the dtype of
 most released checkpoints), and memory-mapping lets `load_hf_checkpoint`
 build one parameter at a time on the host (about one copy of the largest
-parameter, not of the whole checkpoint) and place it on its device(s).
+parameter, not of the whole checkpoint) and place it on its device(s). Tensors
+that must be computed rather than mapped (dequantised GGUF blocks) come as
+`LazyTensor`s, made when their parameter is filled, for the same reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,31 @@ FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float64, np.float32, np.float1
 # layer index into the stacked `[L, ...]` parameter, or None for a global one).
 KEEP = "keep"
 TensorEntry = tuple[str, tuple[str, ...], int | str | None, int | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class LazyTensor:
+    """A tensor made only when read (`np.asarray`), with its shape and dtype known beforehand.
+
+    `model_from_hf_tensors` reads each tensor once, while it fills that tensor's parameter, so a
+    checkpoint of lazy tensors (e.g. GGUF blocks dequantised on read) is never in memory whole:
+    only the tensor being copied is. Each read calls `make` again; nothing is cached.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    make: Callable[[], np.ndarray]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = np.asarray(self.make())
+        if value.shape != self.shape or value.dtype != self.dtype:
+            raise ValueError(f"a lazy tensor declared {self.shape} {self.dtype} but made {value.shape} {value.dtype}")
+        if dtype is not None:
+            return value.astype(dtype, copy=bool(copy))
+        return value.copy() if copy else value  # a copy when asked: `make` may return a read-only file view
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return np.asarray(self)[index]
 
 
 def _tensor_layout(config: ModelConfig) -> list[TensorEntry]:
@@ -203,7 +231,7 @@ def _place(host: np.ndarray, param: nnx.Param, mesh: jax.sharding.Mesh | None) -
 
 def model_from_hf_tensors(
     config: ModelConfig,
-    tensors: Mapping[str, np.ndarray],
+    tensors: Mapping[str, np.ndarray | LazyTensor],
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -212,6 +240,9 @@ def model_from_hf_tensors(
     source: str = "checkpoint",
 ) -> Decoder:
     """A `Decoder` whose weights are HF-named, HF-layout `tensors` (e.g. `model.layers.0.self_attn.q_proj.weight`).
+
+    `tensors` may be arrays (memory-mapped ones are read a parameter at a time) or `LazyTensor`s
+    (each made once, when its parameter is filled).
 
     The model is built abstractly (no random init) and each parameter is filled
     from its tensor(s) (per-layer tensors stacked along the leading layer

@@ -101,7 +101,8 @@ def test_smollm2_logits_match_transformers_llama_on_the_same_weights(smollm2):
     config = {k: v for k, v in hf_config.items() if k != "model_type"}
     torch.manual_seed(0)
     reference = LlamaForCausalLM(LlamaConfig(**config, attention_bias=False, mlp_bias=False)).eval()
-    missing, unexpected = reference.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+    missing, unexpected = reference.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()},
+                                                   strict=False)
     assert unexpected == [] and set(missing) <= {"lm_head.weight"}
     reference.tie_weights()
     assert torch.equal(reference.lm_head.weight, reference.model.embed_tokens.weight)
@@ -220,7 +221,7 @@ def test_gguf_of_another_architecture_is_refused_by_name(tmp_path):
 def test_gguf_bad_files_raise_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="GGUF file not found"):
         load_gguf(tmp_path / "missing.gguf")
-    with pytest.raises(IsADirectoryError, match="is a directory; load_gguf takes the .gguf file"):
+    with pytest.raises(IsADirectoryError, match="is a directory; pass the .gguf file itself"):
         load_gguf(tmp_path)
     (tmp_path / "junk.gguf").write_bytes(b"GGUF but not really" * 10)
     with pytest.raises(ValueError, match="not a readable GGUF file"):
