@@ -199,9 +199,13 @@ def mini_batch_prompts(cfg: ml_collections.ConfigDict) -> int:
 
 
 def updates_per_step(cfg: ml_collections.ConfigDict) -> int:
-    """Optimiser updates in one RL step: ppo_epochs x mini-batches of whole groups."""
+    """Optimiser updates in one RL step: ppo_epochs x mini-batches of whole groups. A ValueError naming
+    `train.ppo_epochs` below 1 (it surfaced as the schedule's "total_steps >= 1, got 0")."""
+    epochs = int(cfg.train.ppo_epochs)
+    if epochs < 1:
+        raise ValueError(f"train.ppo_epochs={epochs}: each RL step makes at least one pass over its mini-batches")
     mini_batches = -(-int(cfg.data.prompts_per_step) // mini_batch_prompts(cfg))
-    return int(cfg.train.ppo_epochs) * mini_batches
+    return epochs * mini_batches
 
 
 def build_run(cfg: ml_collections.ConfigDict, graphdef: nnx.GraphDef | None = None, params: Any = None,

@@ -17,6 +17,9 @@ REWARD_MEAN = "reward_mean"  # mean outcome reward of the step's trajectories
 # result (math equivalence, exact match, judge) reaching 1. For a reward_fn that records no `correct`: reward >= 1.
 ACCURACY = "accuracy"
 ENTROPY_MEAN = "entropy_mean"  # mean policy-token entropy of the rollouts (spec §1)
+# Mean policy-token entropy under the parameters of each update of the step (they change from one update to
+# the next), token-weighted over the step (`update_metrics`).
+UPDATE_ENTROPY_MEAN = "update_entropy_mean"
 # Tool steps per trajectory: the tool-result blocks in its response, i.e. what `max_tool_calls` limits. A
 # branch's inherited steps count again in every branch, and malformed closings (`invalid`, no tool ran) count.
 # Same value as `tool_calls_per_trajectory` (`rollout/tool_calls_per_trajectory`, spec §2.4's statistic).

@@ -66,7 +66,6 @@ from aepo_jax.training.build import (
     step_config_from,
     updates_per_step,
 )
-from aepo_jax.training.metric_keys import SKIPPED_UPDATES
 from aepo_jax.training.packing import (
     DEFAULT_PACK,
     PackingTally,
@@ -88,6 +87,7 @@ from aepo_jax.training.rollout_step_metrics import (
     step_rollout_stats,
 )
 from aepo_jax.training.step_loop import CheckpointedTrainer, require_micro_batch_size
+from aepo_jax.training.update_metrics import step_update_metrics
 
 
 class RolloutFn(Protocol):
@@ -112,7 +112,7 @@ SUMMED_METRICS = frozenset({"trajectories", "dropped_groups", "kept_groups", "pa
 def check_rl_config(config: ml_collections.ConfigDict) -> None:
     """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
     rollout, train = config.rollout, config.train
-    mini_batch_prompts(config)  # at least 1
+    updates_per_step(config)  # at least 1 prompt per mini-batch and 1 epoch
     require_micro_batch_size(config)
     longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)
     if longest > int(train.max_seq_len):
@@ -438,13 +438,8 @@ class RLTrainer(CheckpointedTrainer):
                 update_metrics.append(m)
         metrics.update(tally.metrics())
         metrics = {**gather_metrics(metrics, SUMMED_METRICS), **step_stats}
-        update_metrics = jax.device_get(update_metrics)  # replicated scalars: readable on every process
-        for key_name in update_metrics[0]:
-            values = [float(m[key_name]) for m in update_metrics]
-            metrics[key_name] = values[-1] if key_name == "learning_rate" else float(np.mean(values))
-        metrics["train_tokens"] = float(sum(float(m["train_tokens"]) for m in update_metrics))
-        metrics[SKIPPED_UPDATES] = int(sum(int(m[SKIPPED_UPDATES]) for m in update_metrics))  # a count, not a mean
-        metrics["updates"] = float(len(update_metrics))
+        # Replicated scalars, readable on every process; token means weighted by each update's tokens.
+        metrics.update(step_update_metrics(jax.device_get(update_metrics)))
         self.state = self.state.replace(rounds=self.state.rounds + 1)
         return self._finish_step(metrics, t0, t_rollout, t_train, metrics["train_tokens"])
 

@@ -78,6 +78,15 @@ def test_a_micro_batch_of_no_rows_is_refused_at_construction_naming_the_field(tm
         _trainer(config, tmp_path)
 
 
+def test_no_ppo_epochs_is_refused_naming_the_field():
+    """It surfaced from the schedule as "need warmup_steps >= 0 and total_steps >= 1, got 2, 0", naming
+    neither the field nor the run's total_steps."""
+    config = aepo_config()
+    config.train.ppo_epochs = 0
+    with pytest.raises(ValueError, match=r"train.ppo_epochs=0: each RL step makes at least one pass"):
+        check_rl_config(config)
+
+
 class CountingTrainer(CheckpointedTrainer):
     """The real step loop and checkpointer around a step that only counts."""
 
