@@ -127,6 +127,18 @@ def define_run_flags() -> tuple:
     return config, workdir, resume, allow_changes
 
 
+def require_same_run(cfg: ml_collections.ConfigDict, env) -> None:
+    """A ValueError on every process when the processes hold different configs, data or tokenizers
+    (`parallel.agreement`): each reads its own command line and builds its own environment."""
+    from aepo_jax.data.pipeline import data_digest
+    from aepo_jax.experiment_tokenizer import tokenizer_fingerprint
+    from aepo_jax.parallel.agreement import digest, require_agreement
+
+    require_agreement({"config": digest(json.loads(cfg.to_json_best_effort())),
+                       "training data": data_digest(env.examples), "held-out data": data_digest(env.heldout),
+                       "tokenizer": digest(tokenizer_fingerprint(env.tokenizer))})
+
+
 def process_environment_dir(workdir: str, process_index: int) -> str:
     """Where a process keeps its environment's files (task files, tfds data, tokenizer): WORKDIR for
     the first process, WORKDIR/env-process-N for the others, so hosts that share the workdir never
@@ -221,6 +233,13 @@ def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_t
     verbose = bool(cfg.get("verbose_logs", False))
     with configuration_errors(verbose):  # a bad data.path, tokenizer or task setting
         env = process_environment(cfg, workdir, process_index)
+    if process_count > 1:
+        with configuration_errors(verbose):  # raised on every process alike
+            try:
+                require_same_run(cfg, env)
+            except BaseException:
+                env.close()
+                raise
     trainer = None
     try:
         with configuration_errors(verbose):  # building the run; errors while it trains are not caught

@@ -180,6 +180,22 @@ def remove_cut_short_deletions(directory: str) -> list[int]:
     return removed
 
 
+def agree_on_latest_step(views: list[list[int]], directory: str) -> int | None:
+    """The newest complete step of process 0's view (`views`: every process's complete steps), which every
+    process must see complete too; a ValueError naming the processes that do not (a listing that lags
+    on a network filesystem's cache: they would resume from an older step and train on mismatched
+    state)."""
+    newest = max(views[0], default=None)
+    lagging = [process for process, steps in enumerate(views) if newest is not None and newest not in steps]
+    if lagging:
+        seen = {process: max(views[process], default=None) for process in lagging}
+        raise ValueError(f"process 0 resumes from step {newest} of {directory}, but processes {lagging} do not "
+                         f"see that step complete (their newest: {seen}): every host must see the same "
+                         "checkpoint folder; wait for the shared filesystem to catch up (or remount it) and "
+                         "resume again")
+    return newest
+
+
 class DamagedCheckpointError(ValueError):
     """A complete (committed) step whose files cannot be read; the message names its folder and the older
     complete steps to fall back to. A ValueError, as a checkpoint that does not fit the model is."""
@@ -248,6 +264,13 @@ class Checkpointer:
         """Newest complete step on disk (unfinished temporary saves are ignored)."""
         self._manager.reload()
         return self._manager.latest_step()
+
+    def agreed_latest_step(self) -> int | None:
+        """`latest_step` as process 0 sees it, checked to be complete on every process
+        (`agree_on_latest_step`; a collective)."""
+        from aepo_jax.parallel.multihost import gather_objects
+
+        return agree_on_latest_step(gather_objects(self.all_steps()), self.directory)
 
     def all_steps(self) -> list[int]:
         self._manager.reload()

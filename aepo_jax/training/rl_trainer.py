@@ -468,7 +468,7 @@ class RLTrainer(CheckpointedTrainer):
             raise RuntimeError("restore_latest: a rollout is in flight; restore before training")
         if not super().restore_latest():
             return False
-        step = self.checkpointer.latest_step()
+        step = int(self.state.rounds)  # the step restored (saved under its rounds), the same on every process
         self._next_rollout_params = None
         if self._ahead is not None and self.checkpointer.has_rollout_params(step):
             self._next_rollout_params = self.checkpointer.restore_rollout_params(

@@ -93,7 +93,7 @@ class CheckpointedTrainer:
         """Continue from the newest complete checkpoint; False when there is none. A checkpoint another
         stage wrote (an SFT run's, resumed as RL) is refused before anything is read. A checkpoint that
         owes its step's validation makes the next `train()` validate it first."""
-        step = self.checkpointer.latest_step()
+        step = self.checkpointer.agreed_latest_step()  # one step for every process
         if step is None:
             return False
         self._require_own_stage(step)

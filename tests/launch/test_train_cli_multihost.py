@@ -84,3 +84,36 @@ def test_a_preemption_notice_to_one_host_saves_one_agreed_step_on_both(tmp_path)
     assert all(f"preempted: saved step {reached}" in err for _, err in results), [r[1][-2000:] for r in results]
     assert sorted(os.listdir(workdir / "checkpoints")) == [str(reached)]
     assert os.path.exists(workdir / "checkpoints" / str(reached) / "commit_success.txt")
+
+
+def test_processes_started_with_different_configs_are_refused_on_every_host(tmp_path):
+    """Each host reads its own command line: a host started with another learning rate trained on, its
+    parameters drifting from the replica the others held. Now every process stops before the model is
+    built, with one `error:` naming what differs."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.child_process import child_env
+    from tests.training.local_cluster import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for pid, lr in enumerate(("1e-6", "0.05")):
+        env = child_env(4, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen([sys.executable, *RUN, "--config.total_steps=1", f"--config.optim.lr={lr}",
+                                       "--workdir", str(tmp_path / "run")],
+                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, err in zip(procs, errors):
+        assert p.returncode != 0
+        assert "error: the processes of this run hold different config (config: process 0 " in err, err[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(tmp_path / "run" / "checkpoints")
