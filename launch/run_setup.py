@@ -212,7 +212,12 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     check_before_start(cfg)
     start_runtime(cfg)
 
-    with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
+    from aepo_jax.parallel.peer_failure import peer_failure_watch
+    from aepo_jax.training.preemption import Preempted
+
+    # Several processes: one's failure ends them all at once, with its reason (`parallel.peer_failure`).
+    with peer_failure_watch(quiet=(Preempted,)), \
+            workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
         return _train_in(cfg, workdir, resume, make_trainer, allow_config_changes, process_index, process_count)
 
 
@@ -221,6 +226,7 @@ def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_t
     """`run_training` once the workdir is this run's."""
     from aepo_jax.experiment import fit_model_to_tokenizer, save_run_files
     from aepo_jax.experiment_init import pin_init_checkpoint
+    from aepo_jax.parallel.peer_failure import announce_failure
     from aepo_jax.training.checkpoint import cut_short_note
     from aepo_jax.training.preemption import Preempted
 
@@ -263,6 +269,9 @@ def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_t
             trainer.train()
         except Preempted as err:  # saved; a non-zero exit, so a scheduler relaunches it
             raise SystemExit(str(err)) from None
+    except BaseException as err:  # the peers learn of it before this process cleans up (which may wait on them)
+        announce_failure(err, quiet=(Preempted,))
+        raise
     finally:
         if trainer is not None:
             trainer.close()

@@ -86,6 +86,17 @@ def test_a_preemption_notice_to_one_host_saves_one_agreed_step_on_both(tmp_path)
     assert os.path.exists(workdir / "checkpoints" / str(reached) / "commit_success.txt")
 
 
+def _stderr_of(procs) -> list[str]:
+    """Each process's stderr once it has exited (killed after `TIMEOUT_S`), whatever its exit status."""
+    try:
+        return [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_processes_started_with_different_configs_are_refused_on_every_host(tmp_path):
     """Each host reads its own command line: a host started with another learning rate trained on, its
     parameters drifting from the replica the others held. Now every process stops before the model is
@@ -106,14 +117,34 @@ def test_processes_started_with_different_configs_are_refused_on_every_host(tmp_
         procs.append(subprocess.Popen([sys.executable, *RUN, "--config.total_steps=1", f"--config.optim.lr={lr}",
                                        "--workdir", str(tmp_path / "run")],
                                       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        errors = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    errors = _stderr_of(procs)
     for p, err in zip(procs, errors):
         assert p.returncode != 0
         assert "error: the processes of this run hold different config (config: process 0 " in err, err[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists() or not os.listdir(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_one_process_failing_ends_every_process_at_once_with_its_reason(tmp_path, failing):
+    """A failure on one host (the first: it cannot write the checkpoint folder; the second: it cannot make
+    its environment's folder) left the other blocked at its next barrier; the failing one then waited in
+    jax's shutdown barrier, and after about 340 s the coordination service aborted both (SIGABRT), the
+    healthy host printing nothing about why. Now the failure is announced: every process exits at once,
+    the healthy one naming the failed process and its error (process 0, which hosts the coordination
+    service, leaving last)."""
+    import time
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    blocked = "checkpoints" if failing == 0 else "env-process-1"
+    (workdir / blocked).write_text("a file where a folder should be")
+    start = time.monotonic()
+    procs = start_processes([*RUN, "--config.total_steps=1", "--workdir", str(workdir)], 2, 4)
+    errors = _stderr_of(procs)
+    healthy = 1 - failing
+    assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for e in errors]
+    assert blocked in errors[failing] and "Error" in errors[failing], errors[failing][-3000:]
+    assert (f"error: process {failing} failed: " in errors[healthy]
+            and f"(process {healthy} stops too)" in errors[healthy]), errors[healthy][-3000:]
+    assert "Check failure stack trace" not in errors[0] + errors[1]  # no process lost the service first
+    assert time.monotonic() - start < 200  # not the 300 s shutdown barrier
