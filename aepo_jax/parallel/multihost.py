@@ -4,10 +4,11 @@ Config sizes are global; every process handles its share (`local_share`),
 builds its part of each batch with the shapes all processes agree on
 (`global_max`), and reads back only its own rows of
 a global result (`host_local`; `first_local_index` says where they start).
-Host-side metrics are combined over processes with `multihost_utils`
-(`gather_metrics`), statistics of the whole batch are summed over the
-processes' parts (`process_sum`), and host-side results of any kind are
-exchanged whole (`gather_objects`). With one process every function is
+Host-side metrics are combined over processes by name (`gather_metrics`),
+statistics of the whole batch are summed over the processes' parts
+(`process_sum`, `process_sum_fields`), host-side results of any kind are
+exchanged whole (`gather_objects`), and host-side randomness that should
+differ between processes draws from a per-process stream (`process_rng`). With one process every function is
 the identity or a plain numpy conversion, so the single-host path is unchanged.
 
 Every exchange first waits for every process at the coordination service
@@ -18,15 +19,18 @@ fail when they arrive more than 30 s apart.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 from aepo_jax.parallel.distributed import wait_for_every_process
+
+Counts = TypeVar("Counts")
 
 
 def local_share(global_count: int, process_count: int, what: str) -> int:
@@ -89,18 +93,59 @@ def process_sum(values: Any) -> np.ndarray:
     return np.ascontiguousarray(parts).view(np.float64).sum(axis=0).reshape(local.shape)
 
 
-def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = ()) -> dict[str, float]:
-    """Combine one process's host-side metrics with every other's: sums for `sum_keys`
-    (counts), means for the rest. Every process must report the same keys."""
+def gather_metrics(metrics: Mapping[str, float], sum_keys: Collection[str] = (),
+                   weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Combine one process's host-side metrics with every other's, by name (`merge_metrics`): sums for
+    `sum_keys` (counts), means for the rest, weighted by `weights` (e.g. this process's token count
+    for a token mean). Processes may report different names (e.g. `tool_fail_rate/<tool>` for the
+    tools each called). A collective: every process calls it at the same point.
+
+    A mean of per-process figures is the whole batch's only when they weigh alike; figures that are
+    ratios of counts (failure rates, packing ratios) or spreads (a std) are not means of anything:
+    combine their counts instead (`process_sum`, `process_sum_fields`, `gather_objects`)."""
     if jax.process_count() == 1:
         return dict(metrics)
-    keys = sorted(metrics)
-    wait_for_every_process("multihost.gather_metrics")
-    counts = np.asarray(multihost_utils.process_allgather(np.asarray([len(keys)], np.int64)))
-    if np.any(counts != len(keys)):
-        raise RuntimeError(f"processes report different metric keys (counts {counts.ravel().tolist()})")
-    values = np.asarray(multihost_utils.process_allgather(np.asarray([metrics[k] for k in keys], np.float64)))
-    return {k: float(values[:, i].sum() if k in sum_keys else values[:, i].mean()) for i, k in enumerate(keys)}
+    return merge_metrics(gather_objects((dict(metrics), dict(weights or {}))), sum_keys)
+
+
+def merge_metrics(parts: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
+                  sum_keys: Collection[str] = ()) -> dict[str, float]:
+    """One dict from every process's `(metrics, weights)`, by name, sorted: the sum for a name in
+    `sum_keys` (a process without it adds nothing), else the mean over the processes that report it,
+    each weighing its weight for that name (1 where it gives none; equally where all weigh 0)."""
+    out = {}
+    for key in sorted({k for metrics, _ in parts for k in metrics}):
+        values = np.asarray([m[key] for m, _ in parts if key in m], np.float64)  # [reporting processes]
+        weight = np.asarray([w.get(key, 1.0) for m, w in parts if key in m], np.float64)
+        if key in sum_keys:
+            out[key] = float(values.sum())
+        elif weight.sum() > 0:
+            out[key] = float(np.sum(values * weight) / weight.sum())
+        else:
+            out[key] = float(values.mean())
+    return out
+
+
+def process_sum_fields(counts: Counts) -> Counts:
+    """A dataclass of numbers (e.g. a tally of one step's work) with every field summed over all
+    processes (`process_sum`, a collective), each field keeping its type. One process: `counts`."""
+    if jax.process_count() == 1:
+        return counts
+    names = [f.name for f in dataclasses.fields(counts)]
+    totals = process_sum([getattr(counts, name) for name in names])
+    return dataclasses.replace(counts, **{name: type(getattr(counts, name))(total)
+                                          for name, total in zip(names, totals, strict=True)})
+
+
+def process_rng(*seed_words: int) -> np.random.Generator:
+    """A numpy generator of `seed_words` for this process alone: with several processes the process
+    index is one more seed word, so every process draws its own numbers (e.g. the rollout's branch
+    decisions, which would otherwise be the same on every host). One process: `default_rng(seed_words)`,
+    the stream a one-process run always drew."""
+    words = [int(w) for w in seed_words]
+    if jax.process_count() > 1:
+        words.append(jax.process_index())
+    return np.random.default_rng(words)
 
 
 def first_process_value(value: int) -> int:

@@ -54,7 +54,9 @@ from aepo_jax.parallel.multihost import (
     global_max,
     host_local,
     local_share,
+    process_rng,
     process_sum,
+    process_sum_fields,
 )
 from aepo_jax.training.build import (
     RunParts,
@@ -79,7 +81,7 @@ from aepo_jax.training.packing import (
 from aepo_jax.training.rollout_ahead import Collected, RolloutAhead
 from aepo_jax.training.rollout_batch import (
     RolloutSequences,
-    rollout_metrics,
+    rollout_metric_sums,
     rollout_sequences,
 )
 from aepo_jax.training.rollout_step_metrics import (
@@ -103,10 +105,12 @@ def _host_key(key: jax.Array) -> jax.Array:
 
 RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
 
-# Host-side metrics that are counts: summed over processes (the rest are averaged).
-SUMMED_METRICS = frozenset({"trajectories", "dropped_groups", "kept_groups", "pack/flat_tokens", "pack/flat_slots",
-                            "pack/computed_tokens", "pack/computed_slots", "pack/unique_tokens",
-                            "pack/copied_tokens", "pack/rows", "pack/bucket_slots", "pack/micro_batches"})
+# Host-side metrics that are counts: summed over processes by `gather_metrics`. Means over this process's policy
+# tokens (`TOKEN_MEANS`) are weighted by them; the rest are averaged: timings, and the estimators' other `adv/*`
+# diagnostics (means of per-process values). The rollout and `pack/*` figures are combined from counts instead.
+SUMMED_METRICS = frozenset({"dropped_groups", "kept_groups"})
+TOKEN_MEANS = ("entropy_mean", "logp_old_abs_diff", "kl_ref_rollout", "adv/advantage_mean",
+               "adv/entropy_adv_z_abs_mean")
 
 
 def check_rl_config(config: ml_collections.ConfigDict) -> None:
@@ -289,7 +293,9 @@ class RLTrainer(CheckpointedTrainer):
         if not key.is_fully_addressable:  # drawing from it would launch a program over other processes' devices
             raise RuntimeError(f"step {step}'s rollout got a key that spans other processes' devices; the trainer "
                                "makes it process-local on its own thread (_local_key)")
-        rng = np.random.default_rng([int(self.config.seed), step])
+        # This process's own stream (branch decisions differ between hosts); the mini-batch plan draws from it
+        # too, which needs no agreement: every process's plan has the same mini-batch count and sizes.
+        rng = process_rng(int(self.config.seed), step)
         start = time.perf_counter()
         groups, rewards, stats, info = self._collect(key, rng, params)
         return Collected(groups, rewards, stats, info, rng, time.perf_counter() - start, stale)
@@ -393,11 +399,10 @@ class RLTrainer(CheckpointedTrainer):
         metrics: dict[str, float] = {"rollout_s": collected.seconds, "rollout_wait_s": waited}
         if self._ahead is not None:
             metrics["rollout_stale_params"] = float(collected.stale_params)
-        if groups:
-            metrics.update(rollout_metrics(groups, rewards))
         metrics.update(info)
-        # Already the whole step's (a collective): merged after `gather_metrics`, which would average them.
-        step_stats = rollout_step_metrics(stats)
+        # The whole step's rollout metrics, from every process's counts (a collective): merged after
+        # `gather_metrics`, which would average them.
+        step_stats = rollout_step_metrics(stats, rollout_metric_sums(groups, rewards))
         if not groups:
             self.state = self.state.replace(rounds=self.state.rounds + 1)
             return self._finish_step({**metrics, **step_stats}, t0, t_rollout, time.perf_counter(), train_tokens=0.0)
@@ -436,8 +441,9 @@ class RLTrainer(CheckpointedTrainer):
                     tally.add_tree(pack_stats, self.rows_per_mini * seqs.length, batch["mask"].shape[0])
                 self.state, m = self._train_step(self.state, device_batch)
                 update_metrics.append(m)
-        metrics.update(tally.metrics())
-        metrics = {**gather_metrics(metrics, SUMMED_METRICS), **step_stats}
+        weights = dict.fromkeys(TOKEN_MEANS, float(mask.sum()))  # this process's policy tokens
+        tally = process_sum_fields(tally)  # the step's counts: its ratios are the whole step's
+        metrics = {**gather_metrics(metrics, SUMMED_METRICS, weights), **tally.metrics(), **step_stats}
         # Replicated scalars, readable on every process; token means weighted by each update's tokens.
         metrics.update(step_update_metrics(jax.device_get(update_metrics)))
         self.state = self.state.replace(rounds=self.state.rounds + 1)

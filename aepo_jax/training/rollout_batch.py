@@ -12,8 +12,9 @@ turns a selection of them into a flat or tree-packed batch; `padded` gives the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -138,48 +139,115 @@ def _shared_prefix_matrix(groups: Sequence[Sequence[Any]]) -> np.ndarray:
     return shared
 
 
-def rollout_metrics(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Reward, accuracy, response length and tool-call means over all trajectories, and the share of the
-    tool calls made that failed (all, and per tool), so a search server that died mid-run shows on the
-    console line instead of silently failing every call. `metric_keys` says what each key counts."""
+@dataclass(frozen=True)
+class RolloutMetricSums:
+    """One process's part of `rollout_metrics`: counts and sums that add up over processes, so the step's
+    figures are those of every process's trajectories together, never a mean of per-process rates
+    (`combine_rollout_metrics`).
+
+    Attributes:
+      trajectories: the trajectories counted.
+      reward_sum: their outcome rewards added up.
+      reward_sq_dev: sum of squared deviations of the rewards from this part's own mean
+        (`reward_sum / trajectories`); parts combine exactly (Chan, Golub and LeVeque 1979).
+      correct: trajectories counted correct (`is_correct`).
+      response_tokens: `len(response_ids)` added up.
+      generated_tokens: policy tokens (`mask`) added up.
+      tool_steps: tool-result blocks, inherited ones again in every branch (`TOOL_CALLS_MEAN`).
+      calls_made: tool calls each trajectory made itself (`rollout.critical_path.own_calls`).
+      malformed: malformed closings (`NO_CALL_TAG`) each trajectory wrote itself.
+      tool_calls: per tool tag, the calls made that ran it (the denominator of its fail rate); a tool
+        this process never called is absent, which counts as zero calls.
+      tool_failures: per tool tag, those of `tool_calls` whose tool reported a failure.
+    """
+
+    trajectories: int = 0
+    reward_sum: float = 0.0
+    reward_sq_dev: float = 0.0
+    correct: int = 0
+    response_tokens: int = 0
+    generated_tokens: float = 0.0
+    tool_steps: int = 0
+    calls_made: int = 0
+    malformed: int = 0
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    tool_failures: dict[str, int] = field(default_factory=dict)
+
+
+def rollout_metric_sums(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> RolloutMetricSums:
+    """The counts and sums of `groups` (with their `rewards`) that `rollout_metrics` reports from."""
     flat = [t for g in groups for t in g]
-    r = np.asarray([x for g in rewards for x in g], np.float64)
+    r = np.asarray([x for g in rewards for x in g], np.float64)  # [N]
+    if len(flat) != len(r):
+        raise ValueError(f"{len(flat)} trajectories but {len(r)} rewards")
+    if not flat:
+        return RolloutMetricSums()
+    reward_sum = float(np.sum(r))
+    own = [s for t in flat for s in own_tool_steps(t)]
+    made = [s for s in own if s.tag != NO_CALL_TAG]
+    tags = sorted({s.tag for s in made})
+    return RolloutMetricSums(
+        trajectories=len(flat),
+        reward_sum=reward_sum,
+        reward_sq_dev=float(np.sum(np.square(r - reward_sum / len(flat)))),
+        correct=int(sum(is_correct(t, x) for t, x in zip(flat, r, strict=True))),
+        response_tokens=sum(len(t.response_ids) for t in flat),
+        generated_tokens=float(np.sum([float(np.sum(t.mask)) for t in flat])),
+        tool_steps=sum(len(t.tool_steps) for t in flat),
+        calls_made=sum(own_calls(t) for t in flat),  # `rollout.critical_path`'s count
+        malformed=len(own) - len(made),
+        tool_calls={tag: sum(s.tag == tag for s in made) for tag in tags},
+        tool_failures={tag: sum(s.tag == tag and not s.ok for s in made) for tag in tags},
+    )
+
+
+def combine_rollout_metrics(parts: Sequence[RolloutMetricSums]) -> dict[str, float]:
+    """`rollout_metrics` of every part's trajectories together (see `rollout_metrics`): rates are total
+    failures over total calls, means totals over the total count, the reward std the whole batch's.
+    Empty when no part has a trajectory."""
+    n = sum(p.trajectories for p in parts)
+    if n == 0:
+        return {}
+    mean = sum(p.reward_sum for p in parts) / n
+    sq_dev = sum(p.reward_sq_dev + p.trajectories * (p.reward_sum / p.trajectories - mean) ** 2
+                 for p in parts if p.trajectories)
+    tags = sorted({tag for p in parts for tag in p.tool_calls})
+    calls = {tag: sum(p.tool_calls.get(tag, 0) for p in parts) for tag in tags}
+    failures = {tag: sum(p.tool_failures.get(tag, 0) for p in parts) for tag in tags}
+    all_calls = sum(calls.values())
     return {
-        **tool_call_metrics(flat),
-        "reward_mean": float(r.mean()),
-        "reward_std": float(r.std()),
-        ACCURACY: accuracy(flat, r),
-        "response_length_mean": float(np.mean([len(t.response_ids) for t in flat])),
-        "generated_tokens_mean": float(np.mean([float(np.sum(t.mask)) for t in flat])),
-        "trajectories": float(len(flat)),
+        TOOL_FAIL_RATE: sum(failures.values()) / all_calls if all_calls else 0.0,
+        **{f"{TOOL_FAIL_RATE}/{tag}": failures[tag] / calls[tag] for tag in tags},
+        TOOL_CALLS_MEAN: sum(p.tool_steps for p in parts) / n,
+        TOOL_CALLS_MADE: sum(p.calls_made for p in parts) / n,
+        TOOL_CALLS_MALFORMED: sum(p.malformed for p in parts) / n,
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sq_dev / n),
+        ACCURACY: sum(p.correct for p in parts) / n,
+        "response_length_mean": sum(p.response_tokens for p in parts) / n,
+        "generated_tokens_mean": sum(p.generated_tokens for p in parts) / n,
+        "trajectories": float(n),
     }
 
 
-def accuracy(trajectories: Sequence[Any], rewards: np.ndarray) -> float:
-    """Share of correct trajectories: `correct` as the reward recorded it (`Environment.reward_fn`:
+def rollout_metrics(groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Reward, accuracy, response length and tool-call means over all trajectories, and the share of the
+    tool calls made that failed (all, and per tool), so a search server that died mid-run shows on the
+    console line instead of silently failing every call. `metric_keys` says what each key counts: tool
+    steps and tool calls made per trajectory, malformed closings per trajectory, and the failure share of
+    the calls made (a malformed closing, `NO_CALL_TAG`, ran no tool: not a failed call). With several
+    processes the trainer combines every process's `rollout_metric_sums` instead (the same figures)."""
+    return combine_rollout_metrics([rollout_metric_sums(groups, rewards)])
+
+
+def is_correct(trajectory: Any, reward: float) -> bool:
+    """Whether `trajectory` counts as correct: `correct` as the reward recorded it (`Environment.reward_fn`:
     evaluation's correctness), else, for a reward function that records none, reward >= 1."""
-    correct = [getattr(t, "correct", None) for t in trajectories]
-    return float(np.mean([bool(c) if c is not None else x >= 1.0 for c, x in zip(correct, rewards, strict=True)]))
+    correct = getattr(trajectory, "correct", None)
+    return bool(correct) if correct is not None else reward >= 1.0
 
 
 def own_tool_steps(traj: Any) -> list[Any]:
     """The tool steps `traj` made itself: after its branch point (inherited ones were its ancestors')."""
     point = traj.branch_point or 0
     return [s for s in traj.tool_steps if s.result_start >= point]
-
-
-def tool_call_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
-    """Tool steps and tool calls made per trajectory, malformed closings per trajectory, and the failure
-    share of the calls made (a malformed closing, `NO_CALL_TAG`, ran no tool: not a failed call)."""
-    n = len(trajectories)
-    own = [s for t in trajectories for s in own_tool_steps(t)]
-    made = [s for s in own if s.tag != NO_CALL_TAG]
-    failed = {f"{TOOL_FAIL_RATE}/{tag}": float(np.mean([not s.ok for s in made if s.tag == tag]))
-              for tag in sorted({s.tag for s in made})}
-    return {
-        TOOL_FAIL_RATE: float(np.mean([not s.ok for s in made])) if made else 0.0,
-        **failed,
-        TOOL_CALLS_MEAN: float(np.mean([len(t.tool_steps) for t in trajectories])),
-        TOOL_CALLS_MADE: sum(own_calls(t) for t in trajectories) / n,  # `rollout.critical_path`'s count
-        TOOL_CALLS_MALFORMED: (len(own) - len(made)) / n,
-    }

@@ -1,6 +1,12 @@
-"""The `rollout/*` metrics of one RL step: what one process holding all of the step's groups would report.
+"""The rollout metrics of one RL step: what one process holding all of the step's groups would report.
 
-Two kinds of entries:
+Three kinds of entries:
+
+- the trained trajectories' figures (`rollout_batch.rollout_metrics`: reward
+  mean and std, accuracy, lengths, tool calls and tool-failure rates, overall
+  and per tool) from every process's `RolloutMetricSums`: rates are total
+  failures over total calls (a process that never called a tool adds zero
+  calls), the reward std that of all the step's rewards.
 
 - structural statistics (`rollout.stats.STRUCTURE_STATS`, spec 2.4: trajectories
   per prompt, branches, top-3 fraction, branch runs, tool calls per trajectory,
@@ -30,6 +36,7 @@ import numpy as np
 from aepo_jax.agent.trajectory import Trajectory
 from aepo_jax.parallel.multihost import gather_objects
 from aepo_jax.rollout.stats import STRUCTURE_STATS, TreeParts, tree_parts, tree_stats
+from aepo_jax.training.rollout_batch import RolloutMetricSums, combine_rollout_metrics
 
 RATIO = "forward_to_trajectory_ratio"
 DEPTH_COUNTERS = frozenset({"rounds", "serial_tool_calls"})  # over processes: the longest, not the sum
@@ -85,7 +92,11 @@ def combine_step_stats(parts: Sequence[StepRolloutStats]) -> dict[str, float]:
     return metrics
 
 
-def rollout_step_metrics(part: StepRolloutStats) -> dict[str, float]:
-    """The whole step's `rollout/*` metrics, the same on every process. With several processes a
-    collective: every process calls it at the same point, on the thread that launches collectives."""
-    return combine_step_stats(gather_objects(part))
+def rollout_step_metrics(part: StepRolloutStats, sums: RolloutMetricSums | None = None) -> dict[str, float]:
+    """The whole step's `rollout/*` metrics and, given this process's `sums` of its trained trajectories
+    (`rollout_batch.rollout_metric_sums`), the whole step's `rollout_metrics`: the same on every process.
+    With several processes a collective: every process calls it at the same point, on the thread that
+    launches collectives."""
+    parts = gather_objects((part, sums))
+    trained = [s for _, s in parts if s is not None]
+    return {**(combine_rollout_metrics(trained) if trained else {}), **combine_step_stats([p for p, _ in parts])}

@@ -26,31 +26,16 @@ def main(workdir: str) -> None:
     from aepo_jax.parallel.multihost import gather_objects
     from aepo_jax.rollout.stats import compute_stats
     from aepo_jax.training.rl_trainer import RLTrainer
-    from configs.aepo_tiny import get_config
     from tests.training.sampling_fixture import (
         digit_examples,
         encode_digits,
         low_token_reward,
         make_sampling_rollout,
+        two_process_config,
     )
 
-    cfg = get_config()
-    # As small as the property allows: what is checked is that two processes agree, not the sizes.
-    cfg.model.vocab_size = 64
-    cfg.model.n_layers = 1
-    cfg.data.prompts_per_step = 2  # global: 1 prompt per process
-    cfg.rollout.k = 2
-    cfg.train.mini_batch_prompts = 2  # global: one mini-batch of one group per process
-    cfg.train.max_seq_len = 16
-    cfg.train.length_bucket = 16
-    cfg.rollout.max_prompt_len = 12  # digit_examples' prompts are 6 tokens
-    cfg.rollout.max_response_len = 4
-    cfg.train.total_steps = 2
-    cfg.mesh.shape = {"data": -1, "fsdp": 2, "tensor": 1}  # 4 x 2 over the 8 devices of both processes
+    cfg = two_process_config(total_steps=2, fsdp=2)  # 4 x 2 over the 8 devices of both processes
     cfg.checkpoint.every = 2
-    cfg.checkpoint.async_save = False
-    cfg.log.progress_bar = False
-    cfg.log.tensorboard = False
 
     trainer_graphdef = None
     step_groups = []  # this process's groups of each step

@@ -94,6 +94,30 @@ def small_rl_config(factory, total_steps: int = 3):
     return c
 
 
+def two_process_config(total_steps: int, fsdp: int):
+    """`configs/aepo_tiny.py` as small as the two-process tests allow (what they check is that two
+    processes agree, not the sizes): 1 prompt per process, k = 2, one mini-batch, 4 new tokens,
+    sequences of 16, a `(data, fsdp)` mesh over both processes' devices, synchronous checkpoints."""
+    from configs.aepo_tiny import get_config
+
+    c = get_config()
+    c.model.vocab_size = 64
+    c.model.n_layers = 1
+    c.data.prompts_per_step = 2  # global: 1 prompt per process
+    c.rollout.k = 2
+    c.train.mini_batch_prompts = 2  # global: one mini-batch of one group per process
+    c.train.max_seq_len = 16
+    c.train.length_bucket = 16
+    c.rollout.max_prompt_len = 12  # digit_examples' prompts are 6 tokens
+    c.rollout.max_response_len = 4
+    c.train.total_steps = total_steps
+    c.mesh.shape = {"data": -1, "fsdp": fsdp, "tensor": 1}
+    c.checkpoint.async_save = False
+    c.log.progress_bar = False
+    c.log.tensorboard = False
+    return c
+
+
 def sampling_trainer(config, workdir, rollout_fn=None):
     """An `RLTrainer` of the tiny model over 16 digit prompts, rolling out with `make_sampling_rollout`
     unless given another `rollout_fn`."""
