@@ -1,16 +1,20 @@
-"""One process's failure ends every process of a run, at once and with its reason.
+"""One process's failure ends every process of a run, within seconds and with its reason.
 
 Without this, a process that fails (a tool or rollout error on one host, a path only that host
 lacks) leaves the others blocked in their next collective or barrier; it then waits in jax's
 shutdown barrier (up to 300 s) and the coordination service finally aborts every process, with
-no word on the healthy hosts of why. Here a failing process writes its error to the coordination
-service's key-value store (`announce_failure`), and every process watches that store from a
-daemon thread (`watch_peer_failures`): a peer's failure is printed (`process N failed: ...`) and
-the process exits 1 at once (`os._exit`: its main thread may be blocked in a collective that will
-never complete). Process 0, which hosts the coordination service, leaves last: a process whose
-service disappears aborts without a word. The failing process itself exits at most `exit_after_s` after announcing,
-whatever its clean-up still waits for, and once its clean-up is done it exits without jax's
-shutdown barrier (which would wait for peers that have already gone).
+no word on the healthy hosts of why.
+
+Here a failing process writes its error to the coordination service's key-value store
+(`announce_failure`) before it cleans up, and every process watches that store from a daemon
+thread (`peer_failure_watch`). A healthy process prints a peer's failure (`process N failed: ...`)
+at once and exits 1 `GRACE_S` later (`os._exit`: its main thread may be blocked in a collective that
+will never complete; the grace lets a checkpoint commit of its own finish in the background). A
+process that has announced a failure of its own ignores its peers' (several hosts often fail
+together): it finishes its clean-up and exits with its own error, at most `exit_after_s` after
+announcing and without jax's shutdown barrier (which would wait for peers that have already
+gone). Process 0, which hosts the coordination service, leaves last: a process whose service
+disappears aborts without a word.
 
 A preemption (every process agreed on the step and saves it together) is no failure: the caller
 names such exceptions `quiet` (`training.preemption.Preempted`), and they are not announced, so no
@@ -32,10 +36,17 @@ import jax
 
 KEY_PREFIX = "aepo_jax/failed/"
 LEAVING_PREFIX = "aepo_jax/leaving/"  # a process about to exit after a failure
-LEADER_WAIT_S = 10.0  # how long process 0 waits for the others to leave before it does
 POLL_S = 1.0  # how often a process looks for a peer's failure
 EXIT_AFTER_S = 30.0  # how long a failing process may take to clean up after announcing
+# How long a healthy process waits between learning of a peer's failure and exiting: its main thread is
+# blocked in a collective, but a checkpoint commit of its own may still be finishing in the background.
+GRACE_S = 5.0
+# How long process 0 waits for the others to leave before it does (a failing one may clean up EXIT_AFTER_S).
+LEADER_WAIT_S = EXIT_AFTER_S + GRACE_S
 _ANNOUNCED = "_aepo_jax_announced"  # set on an exception once announced
+# Set once this process has announced a failure of its own: its watcher then leaves it to finish its
+# clean-up and exit with its own error (a peer failing at the same moment must not cut that short).
+_FAILED_HERE = threading.Event()
 
 
 def _client():
@@ -69,6 +80,7 @@ def announce_failure(err: BaseException, quiet: tuple[type[BaseException], ...] 
         pass
     # The runtime raises its own error type; the service itself may be gone (the others then learn of it
     # from the service).
+    _FAILED_HERE.set()
     with contextlib.suppress(Exception):
         client.key_value_set(f"{KEY_PREFIX}{jax.process_index()}", failure_text(err))
     late = f"process {jax.process_index()} failed and did not exit within {exit_after_s:g} s of it"
@@ -122,9 +134,12 @@ def _watch(client, me: int, stop: threading.Event, poll_s: float) -> None:
             failures = peer_failures(client.key_value_dir_get(KEY_PREFIX), me)
         except Exception:  # noqa: BLE001 - the runtime's own error type: the service is gone, jax reports it
             return
-        if failures and not stop.is_set():
+        if failures and not stop.is_set() and not _FAILED_HERE.is_set():
             reasons = "; ".join(f"process {process} failed: {message}" for process, message in failures)
-            _exit_now(f"{reasons} (process {me} stops too)")
+            print(f"error: {reasons} (process {me} stops too)", file=sys.stderr, flush=True)
+            if stop.wait(GRACE_S) or _FAILED_HERE.is_set():  # this process ended, or failed, meanwhile
+                return
+            _leave(1)
 
 
 @contextmanager

@@ -27,44 +27,61 @@ BLOCK_ELEMENTS = frozenset({
 _SPACES = re.compile(r"[ \t\r\n\f\v]+")
 
 
+# Elements that never have content or an end tag.
+VOID_ELEMENTS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+                           "source", "track", "wbr"})
+
+
 class _TextCollector(html.parser.HTMLParser):
-    """Collects the visible text of the fed HTML as lines (module docstring)."""
+    """Collects the visible text of the fed HTML as lines (module docstring).
+
+    Open elements are kept on a stack, so an end tag also ends the elements left open inside it (a
+    `<nav>` never closed inside a `<div>` hides nothing after `</div>`), as a browser's parser does; an
+    end tag with no open element of its name is ignored."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
-        self.hidden: dict[str, int] = {}  # open hidden elements by tag
+        self.open: list[str] = []  # open non-void elements, outermost first
+        self.hidden_depth = 0  # hidden elements among them
         self.pre_depth = 0
 
-    def _is_hidden(self) -> bool:
-        return any(self.hidden.values())
-
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "body":
-            self.hidden.pop("head", None)
-        if tag in HIDDEN_ELEMENTS:
-            self.hidden[tag] = self.hidden.get(tag, 0) + 1
-        elif tag in BLOCK_ELEMENTS:
+        if tag == "body" and "head" in self.open:
+            self._close_through(self.open.index("head"))
+        if tag in BLOCK_ELEMENTS:
             self.parts.append("\n")
-            if tag == "pre":
-                self.pre_depth += 1
+        if tag in VOID_ELEMENTS:
+            return
+        self.open.append(tag)
+        self.hidden_depth += tag in HIDDEN_ELEMENTS
+        self.pre_depth += tag == "pre"
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in BLOCK_ELEMENTS:  # <br/>, <hr/>
             self.parts.append("\n")
 
     def handle_endtag(self, tag: str) -> None:
-        if self.hidden.get(tag):
-            self.hidden[tag] -= 1
-        elif tag in BLOCK_ELEMENTS:
-            self.parts.append("\n")
-            if tag == "pre" and self.pre_depth:
-                self.pre_depth -= 1
+        if tag in self.open:
+            self._close_through(len(self.open) - 1 - self.open[::-1].index(tag))
+
+    def _close_through(self, index: int) -> None:
+        """End the open elements from `index` (the one an end tag names) to the innermost."""
+        for tag in reversed(self.open[index:]):
+            self.hidden_depth -= tag in HIDDEN_ELEMENTS
+            self.pre_depth -= tag == "pre"
+            if tag in BLOCK_ELEMENTS:
+                self.parts.append("\n")
+        del self.open[index:]
 
     def handle_data(self, data: str) -> None:
-        if self._is_hidden():
+        if self.hidden_depth:
             return
         self.parts.append(data if self.pre_depth else _SPACES.sub(" ", data))
+
+    def unknown_decl(self, data: str) -> None:
+        if data.startswith("CDATA["):  # <![CDATA[...]]> in XHTML: its text is page text
+            self.handle_data(data[len("CDATA["):])
 
 
 def html_to_text(page: str) -> str:

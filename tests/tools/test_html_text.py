@@ -37,3 +37,17 @@ def test_html_becomes_the_text_a_browser_shows(page, text):
 
 def test_an_unclosed_hidden_element_hides_the_rest_and_nothing_before_it():
     assert html_to_text("<p>before</p><script>x = 1; <p>after</p>") == "before"
+
+
+@pytest.mark.parametrize("page, text", [
+    ("<body><div><nav><a href=/>Home</a></div><p>Main article text</p>", "Main article text"),
+    ("<body><section><footer>f</section><p>More text</p>", "More text"),
+    ("<body><div><svg><path d=1></div><p>Text after</p>", "Text after"),
+    ("<div><pre>a\n<b>b</div><p>c  d</p>", "a\nb\nc d"),  # a pre left open ends with its div
+    ("<p>one</span> two</p>", "one two"),  # an end tag with nothing open of its name is ignored
+    ("<p><![CDATA[cdata text]]></p>", "cdata text"),
+])
+def test_an_end_tag_also_ends_the_elements_left_open_inside_it(page, text):
+    """Hidden elements left open (a `<nav>` never closed) hid the rest of the page after their parent had
+    ended (BeautifulSoup's tree, used before, ended them with it)."""
+    assert html_to_text(page) == text
