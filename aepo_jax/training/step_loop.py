@@ -20,6 +20,7 @@ data position (`_data_position` / `_restore_data_position`).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,9 +28,13 @@ import ml_collections
 
 from aepo_jax.training.build import RunParts
 from aepo_jax.training.checkpoint import Checkpointer
-from aepo_jax.training.metrics_log import DEFAULT_CONSOLE_EVERY, MetricsLogger
+from aepo_jax.training.metrics_log import (
+    DEFAULT_CONSOLE_EVERY,
+    MetricsLogger,
+    read_metrics,
+)
 from aepo_jax.training.preemption import Preempted, PreemptionWatch
-from aepo_jax.training.validation import Validation
+from aepo_jax.training.validation import VALIDATION_PREFIX, Validation
 
 # The key of a checkpoint's data position that names the stage which wrote it (`progress_name`).
 STAGE_KEY = "stage"
@@ -146,7 +151,8 @@ class CheckpointedTrainer:
         watch = PreemptionWatch()
         try:
             owed, self._validation_owed = self._validation_owed, None
-            if owed is not None and owed == start and self.validation is not None:
+            if (owed is not None and owed == start and self.validation is not None
+                    and not self._validation_logged(start)):
                 records.append(self._validate(start))  # a notice meanwhile is read after the next step
             for _ in range(start, end):
                 metrics = self.train_step()
@@ -181,6 +187,16 @@ class CheckpointedTrainer:
         if preempted_at is not None:
             raise Preempted(preempted_at, self.checkpointer.directory)
         return records
+
+    def _validation_logged(self, step: int) -> bool:
+        """Whether metrics.jsonl already has `step`'s validation line (an owed validation done by an earlier
+        resume that then stopped before its next checkpoint), as process 0 reads it, on every process."""
+        from aepo_jax.parallel.multihost import first_process_value
+
+        logged = self.logger.active and os.path.exists(self.logger.path) and any(
+            int(r.get("step", -1)) == step and any(k.startswith(VALIDATION_PREFIX) for k in r)
+            for r in read_metrics(self.logger.path))
+        return bool(first_process_value(int(logged)))
 
     def _validate(self, step: int) -> dict[str, Any]:
         """Validate the step's parameters, after its metrics line and checkpoint are written (a validation

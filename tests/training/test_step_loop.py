@@ -34,7 +34,8 @@ class _CountingTrainer(CheckpointedTrainer):
 
     progress_name = "count"
 
-    def __init__(self, workdir: str, total_steps: int, validate_every: int, notice_at: int | None = None):
+    def __init__(self, workdir: str, total_steps: int, validate_every: int, notice_at: int | None = None,
+                 crash_at: int | None = None):
         self.config = ml_collections.ConfigDict({
             "train": {"total_steps": total_steps},
             "checkpoint": {"every": 0, "keep": 3, "async_save": False},
@@ -45,6 +46,7 @@ class _CountingTrainer(CheckpointedTrainer):
         self.validated: list[tuple[int, float]] = []  # (step reached, the parameter validated)
         self.validation = Validation(validate_every, self._score)
         self.notice_at = notice_at
+        self.crash_at = crash_at  # the step during which the process "dies" (an exception, nothing saved)
         self._open_outputs(workdir, process_index=0)
 
     def _score(self, params) -> dict[str, float]:
@@ -52,6 +54,8 @@ class _CountingTrainer(CheckpointedTrainer):
         return {"score": float(params)}
 
     def train_step(self) -> dict[str, float]:
+        if int(self.state.rounds) + 1 == self.crash_at:
+            raise RuntimeError(f"crashed during step {self.crash_at}")
         self.state = self.state.replace(params=self.state.params + 1, rounds=self.state.rounds + 1)
         if int(self.state.rounds) == self.notice_at:
             os.kill(os.getpid(), signal.SIGTERM)  # the watch's handler takes it
@@ -108,6 +112,27 @@ def test_a_resumed_run_owes_nothing_after_the_owed_validation(tmp_path):
     finally:
         again.close()
     assert resumed.validated == [(2, 2.0)] and again.validated == [(4, 4.0), (6, 6.0)]
+
+
+def test_an_owed_validation_already_logged_is_not_done_again_after_a_crash(tmp_path):
+    """A resume that did the owed validation and then died before its next checkpoint left the flag in the
+    checkpoint it resumed from: every later resume validated (and logged) the same step again."""
+    workdir = str(tmp_path / "run")
+    first = _CountingTrainer(workdir, total_steps=6, validate_every=2, notice_at=2)
+    with pytest.raises(Preempted):
+        first.train()
+    first.close()
+    for attempt in range(2):
+        resumed = _CountingTrainer(workdir, total_steps=6, validate_every=2, crash_at=3)
+        try:
+            assert resumed.restore_latest() and int(resumed.state.rounds) == 2
+            resumed.logger.keep_through(2)
+            with pytest.raises(RuntimeError, match="crashed during step 3"):
+                resumed.train()
+        finally:
+            resumed.close()
+        assert resumed.validated == ([(2, 2.0)] if attempt == 0 else []), attempt
+    assert [(r["step"], r["val/score"]) for r in read_metrics(workdir) if "val/score" in r] == [(2, 2.0)]
 
 
 def test_the_trainer_removes_a_deletion_cut_short_when_it_opens_its_checkpoints(tmp_path):
