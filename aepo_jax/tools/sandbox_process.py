@@ -183,20 +183,31 @@ def remove_cgroup(path: str) -> None:
             time.sleep(0.01)
 
 
-# The write ends of the workers' stdin pipes this process holds (what a worker watches for its parent).
-_WORKER_STDIN_FDS: set[int] = set()
+# The write ends of the workers' stdin pipes this process holds (what a worker watches for its parent): fd ->
+# (device, inode) of its pipe, so that an fd number closed and reused for something else is left alone.
+_WORKER_STDIN_FDS: dict[int, tuple[int, int]] = {}
+
+
+def _pipe_identity(fd: int) -> tuple[int, int] | None:
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _release_worker_pipes_in_child() -> None:
     """In a child forked without exec: its copies of the workers' stdin write ends become /dev/null (the
     file objects stay valid, and no fd number is freed for reuse), so only the parent holds the pipes."""
-    fds = list(_WORKER_STDIN_FDS)
+    held = dict(_WORKER_STDIN_FDS)
     _WORKER_STDIN_FDS.clear()
-    if not fds:
+    if not held:
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        for fd in fds:
+        for fd, identity in held.items():
+            if _pipe_identity(fd) != identity:  # closed, or its number reused by another file
+                continue
             try:
                 os.dup2(devnull, fd)
             except OSError:
@@ -260,7 +271,7 @@ def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroups: tupl
         os.close(result_write)
     for stream in (process.stdout, process.stderr):
         os.set_blocking(stream.fileno(), False)
-    _WORKER_STDIN_FDS.add(process.stdin.fileno())
+    _WORKER_STDIN_FDS[process.stdin.fileno()] = _pipe_identity(process.stdin.fileno())
     return Worker(process=process, result_read=result_read, cgroups=cgroups, calls_left=calls,
                   memory_cgroup=memory_cgroup)
 
@@ -284,7 +295,7 @@ def dispose_worker(worker: Worker) -> None:
     """Kill, reap, close pipes and remove the cgroup."""
     kill_worker(worker)
     if worker.process.stdin is not None and not worker.process.stdin.closed:
-        _WORKER_STDIN_FDS.discard(worker.process.stdin.fileno())
+        _WORKER_STDIN_FDS.pop(worker.process.stdin.fileno(), None)
     for stream in (worker.process.stdin, worker.process.stdout, worker.process.stderr):
         try:
             if stream is not None:

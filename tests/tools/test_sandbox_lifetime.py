@@ -233,3 +233,24 @@ def test_worker_memory_cgroups_go_inside_the_callers_own(tmp_path, lines, v2_alo
         (mount / "cgroup.controllers").write_text("cpu memory pids\n")
     found = own_memory_cgroup(str(tmp_path / "cgroup"), str(mount))
     assert found == (os.path.join(str(mount), expected) if expected else "")
+
+
+def test_the_at_fork_hook_leaves_a_reused_fd_number_alone(tmp_path):
+    """A worker's stdin fd closed without `dispose_worker` can have its number reused (by a pipe a
+    fork-based `multiprocessing` makes before forking): the child's copy of that file must stay what it is."""
+    from aepo_jax.tools import sandbox_process
+
+    read_end, write_end = os.pipe()
+    stale = {write_end: (0, 0)}  # recorded for another pipe, long gone
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sandbox_process, "_WORKER_STDIN_FDS", stale)
+        pid = os.fork()
+        if pid == 0:  # the hook ran in this child
+            try:
+                os.write(write_end, b"still a pipe")
+            finally:
+                os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write_end)
+    assert os.read(read_end, 100) == b"still a pipe"
+    os.close(read_end)
