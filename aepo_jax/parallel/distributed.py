@@ -67,7 +67,8 @@ def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | 
 
     Recognised, in order: explicit `JAX_COORDINATOR_ADDRESS` + `JAX_NUM_PROCESSES`
     (+ `JAX_PROCESS_ID`), a multi-worker Cloud TPU slice (`TPU_WORKER_HOSTNAMES`
-    with several entries), SLURM (`SLURM_NTASKS` > 1), Open MPI
+    with several entries), SLURM (`SLURM_NTASKS` > 1 in a task of an `srun` step, which sets
+    `SLURM_PROCID`), Open MPI
     (`OMPI_COMM_WORLD_SIZE` > 1).
     """
     env = os.environ if env is None else env
@@ -77,7 +78,9 @@ def detect_multihost(env: Mapping[str, str] | None = None) -> MultiHostLaunch | 
     workers = [w for w in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if w.strip()]
     if len(workers) > 1:
         return MultiHostLaunch("tpu_pod")
-    if (_int_env(env, "SLURM_NTASKS") or 1) > 1:
+    # A task of an `srun` step (SLURM_PROCID names it); a process started by hand in an `salloc` shell sees
+    # SLURM_NTASKS too but is one process (JAX's own SLURM detection would fail it for want of a task id).
+    if (_int_env(env, "SLURM_NTASKS") or 1) > 1 and env.get("SLURM_PROCID", "") != "":
         return MultiHostLaunch("slurm")
     if (_int_env(env, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
         return MultiHostLaunch("mpi")

@@ -25,7 +25,10 @@ def test_multi_host_environments_are_recognised():
     assert (launch.reason, launch.coordinator_address, launch.num_processes, launch.process_id) == (
         "env", "10.0.0.1:1234", 4, 3)
     assert detect_multihost({"TPU_WORKER_HOSTNAMES": "w0,w1,w2,w3"}).reason == "tpu_pod"
-    assert detect_multihost({"SLURM_NTASKS": "16"}).reason == "slurm"
+    assert detect_multihost({"SLURM_NTASKS": "16", "SLURM_PROCID": "3"}).reason == "slurm"
+    # One process started by hand in an `salloc -n 16` shell: no task id, no multi-host launch (JAX's own
+    # detection failed it with "coordinator_address should be defined").
+    assert detect_multihost({"SLURM_NTASKS": "16", "SLURM_JOB_ID": "7"}) is None
     assert detect_multihost({"OMPI_COMM_WORLD_SIZE": "2"}).reason == "mpi"
 
 
@@ -69,7 +72,7 @@ def test_distributed_arguments_of_multi_host_and_auto_detected_launches():
     expected = {"coordinator_address": "h:1", "num_processes": 4, "process_id": 2}
     assert initialize_arguments("auto", four) == initialize_arguments("on", four) == expected
     auto_detected = {"coordinator_address": None, "num_processes": None, "process_id": None}
-    assert initialize_arguments("auto", {"SLURM_NTASKS": "4"}) == auto_detected
+    assert initialize_arguments("auto", {"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) == auto_detected
     assert initialize_arguments("on", {}) == auto_detected  # "on" without a named coordinator: JAX looks
     assert initialize_arguments("auto", {}) is None
 
