@@ -67,6 +67,7 @@ from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, require_counter_schedule, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 from aepo_jax.tools.timing import TimedTools
+from aepo_jax.training.atomic_write import write_json_atomically
 
 
 # -- rollout pieces ------------------------------------------------------------
@@ -332,12 +333,8 @@ def parameter_count(params: Any) -> int:
 
 # -- run directories -----------------------------------------------------------
 def save_run_files(cfg: ml_collections.ConfigDict, run_dir: str, env: Environment, env_dir: str) -> None:
-    """Write RUN_DIR/config.json (resolved) and copy the tokenizer and task files from `env_dir`, so the
-    run can be rebuilt from RUN_DIR alone (`config_from_run`, `launch.evaluate --checkpoint RUN_DIR`).
-    config.json is replaced whole (`write_json_atomically`): a kill mid-write left a truncated one that no
-    resume could read."""
-    from aepo_jax.training.atomic_write import write_json_atomically
-
+    """Write RUN_DIR/config.json (resolved, replaced whole) and copy the tokenizer and task files from
+    `env_dir`, so the run can be rebuilt from RUN_DIR alone (`config_from_run`, `launch.evaluate`)."""
     os.makedirs(run_dir, exist_ok=True)
     write_json_atomically(os.path.join(run_dir, "config.json"), json.loads(cfg.to_json_best_effort()))
     if os.path.abspath(run_dir) == os.path.abspath(env_dir):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from aepo_jax.training.metrics_log import read_metrics, without_wall_clock
-from tests.training.local_cluster import outputs, start_processes
+from tests.training.local_cluster import outputs, start_processes, stderr_of
 
 TIMEOUT_S = 400
 RUN = ["-m", "launch.train", "--config", "configs/aepo_tiny.py", "--config.deterministic=True",
@@ -86,17 +86,6 @@ def test_a_preemption_notice_to_one_host_saves_one_agreed_step_on_both(tmp_path)
     assert os.path.exists(workdir / "checkpoints" / str(reached) / "commit_success.txt")
 
 
-def _stderr_of(procs) -> list[str]:
-    """Each process's stderr once it has exited (killed after `TIMEOUT_S`), whatever its exit status."""
-    try:
-        return [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
 def test_processes_started_with_different_configs_are_refused_on_every_host(tmp_path):
     """Each host reads its own command line: a host started with another learning rate trained on, its
     parameters drifting from the replica the others held. Now every process stops before the model is
@@ -117,7 +106,7 @@ def test_processes_started_with_different_configs_are_refused_on_every_host(tmp_
         procs.append(subprocess.Popen([sys.executable, *RUN, "--config.total_steps=1", f"--config.optim.lr={lr}",
                                        "--workdir", str(tmp_path / "run")],
                                       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    errors = _stderr_of(procs)
+    errors = [err for _, err in stderr_of(procs, TIMEOUT_S)]
     for p, err in zip(procs, errors):
         assert p.returncode != 0
         assert "error: the processes of this run hold different config (config: process 0 " in err, err[-3000:]
@@ -140,7 +129,7 @@ def test_one_process_failing_ends_every_process_at_once_with_its_reason(tmp_path
     (workdir / blocked).write_text("a file where a folder should be")
     start = time.monotonic()
     procs = start_processes([*RUN, "--config.total_steps=1", "--workdir", str(workdir)], 2, 4)
-    errors = _stderr_of(procs)
+    errors = [err for _, err in stderr_of(procs, TIMEOUT_S)]
     healthy = 1 - failing
     assert [p.returncode for p in procs] == [1, 1], [e[-3000:] for e in errors]
     assert blocked in errors[failing] and "Error" in errors[failing], errors[failing][-3000:]

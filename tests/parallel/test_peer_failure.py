@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.local_cluster import start_processes
+from tests.training.local_cluster import start_processes, stderr_of
 
 _WORKER = r"""
 import os, sys, time
@@ -31,14 +31,7 @@ with peer_failure_watch(poll_s=0.2):
 
 
 def _run(tmp_path, failing: str) -> list[tuple[int, str]]:
-    procs = start_processes(["-c", _WORKER, str(tmp_path), failing], 2, 1)
-    try:
-        return [(p.wait(timeout=120), p.communicate()[1]) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    return stderr_of(start_processes(["-c", _WORKER, str(tmp_path), failing], 2, 1), 120)
 
 
 def test_processes_failing_together_each_clean_up_and_report_their_own_error(tmp_path):

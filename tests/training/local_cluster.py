@@ -57,3 +57,15 @@ def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
         raise AssertionError(f"process {hung} did not exit within {timeout_s:g} s\n" + "\n".join(failed))
     assert not failed, "\n".join(failed)
     return texts
+
+
+def stderr_of(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, str]]:
+    """(exit status, stderr) of each process, whatever the status, once it has exited; kills stragglers
+    after `timeout_s` (a hang fails here instead of blocking the suite)."""
+    try:
+        return [(proc.wait(timeout=timeout_s), proc.communicate()[1]) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
