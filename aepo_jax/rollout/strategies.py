@@ -13,6 +13,7 @@ advantage group; `stats` are the tree statistics of spec section 2.4.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,6 +72,11 @@ class RolloutConfig:
             raise ValueError(f"branch_width must be >= 1, got {self.branch_width}")
         if self.entropy_tokens < 1:
             raise ValueError(f"entropy_tokens must be >= 1, got {self.entropy_tokens}")
+        for name in ("beta", "entropy_weight", "branch_threshold", "penalty_slope"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.beta < 0:  # spec 2.3: more uncertainty in the question means more global samples, never fewer
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.penalty_slope < 0:
             raise ValueError(f"penalty_slope must be >= 0, got {self.penalty_slope}")
         if self.initial_rollouts is not None and self.initial_rollouts < 1:

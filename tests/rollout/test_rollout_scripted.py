@@ -83,6 +83,18 @@ def test_global_budget_at_its_edges(k):
         global_sample_budget(k, float("nan"), 1.0)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("beta", float("inf"), "beta must be a finite number"),  # inf * 0 was NaN and crashed mid-rollout
+    ("beta", -0.5, "beta must be >= 0"),  # reversed the budget's direction silently
+    ("entropy_weight", float("nan"), "entropy_weight must be a finite number"),
+    ("branch_threshold", float("inf"), "branch_threshold must be a finite number"),
+    ("penalty_slope", float("nan"), "penalty_slope must be a finite number"),
+])
+def test_rollout_config_refuses_budget_and_branch_weights_out_of_range(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutConfig(**{field: value})
+
+
 def test_premonitor_budget_reads_root_and_tool_segments():
     script_entropies = iter([3.0, 1.0, 0.5, 2.0])  # root segment, then three tool-result segments
 
@@ -170,7 +182,11 @@ def check_branch_prefix(parent: Trajectory, child: Trajectory) -> None:
     assert child.logp_old[:bp] == parent.logp_old[:bp]
     assert child.entropy[:bp] == parent.entropy[:bp]
     assert child.h_init == parent.h_init
-    assert child.lineage[-1] if len(child.response_ids) == bp else True
+    # The child's decisions are the parent's up to the branch point, ending with the fork it was born from
+    # (spec 2.3: the penalty counts along the chain of branch points from the root).
+    prefix = [d for d in parent.decisions if d[0] <= bp]
+    assert prefix and prefix[-1] == (bp, True), (parent.decisions, bp)
+    assert child.decisions[:len(prefix)] == prefix, (child.decisions, prefix)
 
 
 def check_masks(trajs: list[Trajectory]) -> None:
