@@ -23,10 +23,16 @@ tokenizer (`WORKDIR/tokenizer.model`) is reused so token ids match the
 checkpoint. Everything is built by `aepo_jax.experiment`. The
 questions are the config's held-out split (the synthetic task's held-out
 towns) or its training data (`--split train`), or any local JSONL file
-(`--data_path`). Decoding is the paper's evaluation setting (temperature 0.6,
-top-p 0.95) or greedy with `--n 1 --greedy`. Prints the per-dataset table and
-writes OUT/reports.json, OUT/reports.csv, OUT/samples.jsonl,
-OUT/eval_config.json and, for a tree strategy, OUT/tree_stats.json.
+(`--data_path`, which replaces the split: passing both is refused). Decoding is
+the paper's evaluation setting (temperature 0.6, top-p 0.95) or greedy with
+`--n 1 --greedy`. Prints the per-dataset table (pass@k and F1 in percent, and
+`correct_by`, the reward that decided each dataset's correctness) and writes
+OUT/reports.json (fractions; per dataset also `correctness` and
+`math_timeouts`, sympy checks that ran out of time and counted as wrong),
+OUT/reports.csv, OUT/samples.jsonl, OUT/eval_config.json (with `split`, null
+under `--data_path`, and `correctness`, the rule per data source) and, for a
+tree strategy, OUT/tree_stats.json. A tree strategy's `n` samples of a
+question share prefixes, so its pass@k is not that of independent samples.
 
 Questions whose reward is the LLM judge (the gaia, hle, webwalker, ... data
 sources under `--reward auto`) need a judge: an OpenAI-compatible chat server
@@ -82,6 +88,20 @@ _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
 flags.mark_flags_as_required(["checkpoint"])
 
 
+def check_flags() -> None:
+    """Refuse flag values that cannot run, before any checkpoint is read or tool started."""
+    if _N.value < 1:
+        raise SystemExit(f"error: --n must be >= 1 (samples per question), got --n {_N.value}")
+    if _GREEDY.value and _N.value != 1:
+        raise SystemExit(f"error: --greedy needs --n 1 (greedy samples are identical), got --n {_N.value}")
+    for flag in (_BATCH, _MAX_QUESTIONS):
+        if flag.value < 0:
+            raise SystemExit(f"error: --{flag.name} must be >= 0 (0 = the default), got {flag.value}")
+    if _DATA_PATH.value and flags.FLAGS["split"].present:
+        raise SystemExit(f"error: --data_path {_DATA_PATH.value!r} replaces the config's split, so --split "
+                         f"{_SPLIT.value} would be ignored: pass one of them")
+
+
 def eval_examples(cfg: Any, env: Any, split: str, data_path: str, scratch: str) -> list[dict]:
     """The questions to evaluate: `data_path`, else the config's split (see module docstring)."""
     if data_path:
@@ -125,6 +145,7 @@ def _write_outputs(out: str, result: Any, meta: dict) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_flags()
     cfg = _CONFIG.value
     quiet_library_logs(cfg is not None and bool(cfg.get("verbose_logs", False)))  # orbax logs every read at INFO
     baseline = _CHECKPOINT.value.strip().lower() == "none"
@@ -146,8 +167,6 @@ def main(argv: list[str]) -> int:
             cfg = config_from_run(location.run_dir)
         except FileNotFoundError as err:
             raise SystemExit(f"error: {err}") from err
-    if _GREEDY.value and _N.value != 1:
-        raise SystemExit(f"error: --greedy needs --n 1 (greedy samples are identical), got --n {_N.value}")
     shape = mesh_shape(cfg, _MESH.value)
     from aepo_jax.parallel.distributed import maybe_initialize_distributed
 
@@ -221,8 +240,11 @@ def main(argv: list[str]) -> int:
         examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
         if _MAX_QUESTIONS.value > 0:
             examples = examples[:_MAX_QUESTIONS.value]
+        # The reward deciding correctness per data source (unknown sources warn: they get the default).
+        correctness = {source: correctness_reward({"data_source": source}, _REWARD.value)
+                       for source in sorted({ex["data_source"] for ex in examples})}
         try:
-            require_judge({correctness_reward(ex, _REWARD.value) for ex in examples}, env, "this evaluation")
+            require_judge(set(correctness.values()), env, "this evaluation")
             require_prompts_fit(examples, env.encode_prompt, "this evaluation")
         except ValueError as err:
             raise SystemExit(f"error: {err}") from err
@@ -244,10 +266,14 @@ def main(argv: list[str]) -> int:
     if process_index != 0:
         return 0  # every process holds the whole result; the first one reports it
     print(format_report_table(result.reports), flush=True)
+    if config.tree_strategy:
+        print(f"note: {config.rollout.strategy} samples of a question share prefixes (branches of one tree), so "
+              "pass@k > 1 is not the pass@k of independent samples", flush=True)
     meta = {"checkpoint": None if baseline else _CHECKPOINT.value, "step": step, "n": config.n,
             "greedy": config.greedy, "temperature": config.temperature, "top_p": config.top_p, "seed": seed,
-            "strategy": config.rollout.strategy, "split": _SPLIT.value, "data_path": _DATA_PATH.value or None,
-            "num_questions": len(examples), "reward": _REWARD.value, "mesh": dict(mesh.shape),
+            "strategy": config.rollout.strategy, "split": None if _DATA_PATH.value else _SPLIT.value,
+            "data_path": _DATA_PATH.value or None, "num_questions": len(examples), "reward": _REWARD.value,
+            "correctness": correctness, "math_timeouts": result.math_timeouts, "mesh": dict(mesh.shape),
             "processes": process_count, "config": json.loads(cfg.to_json_best_effort())}
     _write_outputs(out, result, meta)
     print(f"wrote {out}/reports.json, reports.csv, samples.jsonl", flush=True)

@@ -28,6 +28,11 @@ _TOOL_CLOSE_PATTERN = re.compile("|".join(re.escape(close_tag(t)) for t in TOOL_
 _RESULT_BLOCK = re.compile(re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE), re.DOTALL)
 
 
+def model_text(trajectory_text: str) -> str:
+    """`trajectory_text` without its tool result blocks: what the model itself wrote."""
+    return _RESULT_BLOCK.sub("", trajectory_text)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
     """One complete tool call: the tag name (`search`, `python`, `browse`) and its content."""
@@ -158,15 +163,15 @@ def validate_format(trajectory_text: str) -> tuple[bool, str]:
     reason = _check_results(trajectory_text)
     if reason:
         return False, reason
-    model_text = _RESULT_BLOCK.sub("", trajectory_text)
-    reason = _check_think(model_text)
+    own = model_text(trajectory_text)
+    reason = _check_think(own)
     if reason:
         return False, reason
-    opens, closes = model_text.count(ANSWER_OPEN), model_text.count(ANSWER_CLOSE)
+    opens, closes = own.count(ANSWER_OPEN), own.count(ANSWER_CLOSE)
     if opens != 1 or closes != 1:
         return False, f"expected exactly one <answer>...</answer>, found {opens} open and {closes} close tags"
-    if model_text.find(ANSWER_OPEN) > model_text.find(ANSWER_CLOSE):
+    if own.find(ANSWER_OPEN) > own.find(ANSWER_CLOSE):
         return False, "</answer> comes before <answer>"
-    if extract_boxed_answer(model_text) is None:
+    if extract_boxed_answer(own) is None:
         return False, "no \\boxed{} in the answer"
     return True, ""

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,14 +119,25 @@ class EvalResult:
     samples: list[dict[str, Any]]
     tree_stats: dict[str, dict[str, Any]] | None = None
 
+    @property
+    def math_timeouts(self) -> int:
+        """Sympy checks that ran out of time over the whole evaluation (each scored as wrong)."""
+        return sum(q.math_timeouts for q in self.questions)
+
 
 def _check_examples(examples: Sequence[dict]) -> None:
+    """Refuse examples without the keys scoring reads, or sharing an id (each copy would count in pass@k)."""
     if not examples:
         raise ValueError("evaluate needs at least one example")
     for i, ex in enumerate(examples):
         missing = [key for key in ("id", "question", "answers", "data_source") if key not in ex]
         if missing:
             raise ValueError(f"example {i} ({ex.get('id', '?')!r}) lacks {missing}")
+    repeated = [qid for qid, count in Counter(str(ex["id"]) for ex in examples).items() if count > 1]
+    if repeated:
+        raise ValueError(f"{len(repeated)} question id(s) occur more than once, e.g. {repeated[:5]}: every copy "
+                         "would be sampled and counted in pass@k; drop the duplicates or give each question its "
+                         "own id")
 
 
 def batch_keys(seed: int, batch_index: int, part: int | None = None) -> tuple[jax.Array, np.random.Generator]:
@@ -266,7 +279,12 @@ def evaluate(
     questions = [result for _, result, _, _ in scored]
     samples = [record for _, _, records, _ in scored for record in records]
     tree = _tree_stats(examples, [group for *_, group in scored], batch_stats) if config.tree_strategy else None
-    return EvalResult(build_reports(questions), questions, samples, tree)
+    result = EvalResult(build_reports(questions), questions, samples, tree)
+    if result.math_timeouts and part == 0:
+        warnings.warn(f"{result.math_timeouts} sympy equivalence check(s) ran out of time in this evaluation and "
+                      "counted as wrong, so math pass@k may be too low (per data source: the reports' "
+                      "math_timeouts); pass a SympyWorkerPool with a longer timeout_s as pool=", stacklevel=2)
+    return result
 
 
 # One scored question: (index in the input, its result, its sample records, its trajectories or []).

@@ -62,7 +62,11 @@ def pass_at_k_table(
 
 @dataclass
 class QuestionResult:
-    """The `n` sampled answers to one question, scored."""
+    """The `n` sampled answers to one question, scored.
+
+    `correctness` names the reward that decided `correct` (e.g. "exact_match"); `math_timeouts` counts the
+    sympy checks that ran out of time while scoring it, each of which counted as "not equal".
+    """
 
     question_id: str
     data_source: str
@@ -70,6 +74,8 @@ class QuestionResult:
     f1: list[float]
     tool_calls: list[int]
     response_length: list[int]
+    correctness: str = ""
+    math_timeouts: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.correct)
@@ -85,7 +91,11 @@ class QuestionResult:
 
 @dataclass
 class DatasetReport:
-    """Aggregate metrics of one data source; `pass_at_k` maps k to the mean estimate."""
+    """Aggregate metrics of one data source; `pass_at_k` maps k to the mean estimate (a fraction).
+
+    `correctness`: the reward(s) that decided correctness, comma-separated when the row mixes several;
+    `math_timeouts`: sympy checks that ran out of time (each scored "not equal") over its questions.
+    """
 
     dataset: str
     num_questions: int
@@ -94,6 +104,8 @@ class DatasetReport:
     mean_f1: float = 0.0
     tool_calls_per_question: float = 0.0
     mean_response_length: float = 0.0
+    correctness: str = ""
+    math_timeouts: int = 0
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -104,16 +116,21 @@ def _report(
     name: str, results: Sequence[QuestionResult], ks: Sequence[int] | None
 ) -> DatasetReport:
     n_min = min(len(r.correct) for r in results)
-    use_ks = [k for k in ks if k <= n_min] if ks is not None else None
+    too_large = [k for k in ks or () if k > n_min]
+    if too_large:
+        raise ValueError(f"pass@k for k={too_large} needs k samples per question, but {name!r} has only "
+                         f"n={n_min}; ask for k <= {n_min} or sample more")
     return DatasetReport(
         dataset=name,
         num_questions=len(results),
         samples_per_question=n_min,
-        pass_at_k=pass_at_k_table([r.correct for r in results], use_ks),
+        pass_at_k=pass_at_k_table([r.correct for r in results], ks),
         # Per question first, then over questions, so every question weighs the same.
         mean_f1=_mean([_mean(r.f1) for r in results]),
         tool_calls_per_question=_mean([_mean(r.tool_calls) for r in results]),
         mean_response_length=_mean([_mean(r.response_length) for r in results]),
+        correctness=",".join(sorted({r.correctness for r in results if r.correctness})),
+        math_timeouts=sum(r.math_timeouts for r in results),
     )
 
 
@@ -122,7 +139,10 @@ def build_reports(
     ks: Sequence[int] | None = None,
     overall: bool = True,
 ) -> list[DatasetReport]:
-    """One report per data source (sorted by name), plus an `all` row over every question."""
+    """One report per data source (sorted by name), plus an `all` row over every question.
+
+    `ks` (default: every k up to each row's n) must not exceed any data source's samples per question.
+    """
     if not results:
         raise ValueError("build_reports needs at least one QuestionResult")
     by_source: dict[str, list[QuestionResult]] = {}
@@ -139,16 +159,20 @@ def _columns(reports: Sequence[DatasetReport]) -> list[int]:
 
 
 def report_rows(reports: Sequence[DatasetReport]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows (strings; pass@k and F1 in percent) shared by the table and the CSV."""
+    """Header and rows (strings) shared by the table and the CSV.
+
+    pass@k and F1 are in percent here, and the headers say so (`pass@1_pct`); the JSON keeps fractions.
+    """
     ks = _columns(reports)
     header = [
         "dataset",
         "questions",
         "n",
-        *[f"pass@{k}" for k in ks],
-        "f1",
+        *[f"pass@{k}_pct" for k in ks],
+        "f1_pct",
         "tool_calls",
         "resp_len",
+        "correct_by",
     ]
     rows = []
     for r in reports:
@@ -158,6 +182,7 @@ def report_rows(reports: Sequence[DatasetReport]) -> tuple[list[str], list[list[
             f"{100 * r.mean_f1:.1f}",
             f"{r.tool_calls_per_question:.2f}",
             f"{r.mean_response_length:.1f}",
+            r.correctness,
         ]
         rows.append(cells)
     return header, rows

@@ -3,7 +3,9 @@
 Turns response texts into a `QuestionResult`: per sample, whether it is
 correct (exact match for QA sources, math equivalence for math sources, the
 judge elsewhere, as chosen by `reward_for_source`) and the token F1 of its
-boxed answer (0 when the format is invalid), plus tool calls and length.
+boxed answer (0 when the format is invalid), plus tool calls and length,
+the reward that decided correctness and how many sympy checks timed out (a
+timed-out check counts as wrong, so the count says how far to trust it).
 The evaluation driver calls this once per question.
 """
 
@@ -21,6 +23,7 @@ from aepo_jax.rewards import (
     reward_for_source,
     token_f1,
 )
+from aepo_jax.rewards.math_equiv import count_timeouts
 
 # Correctness of one sample for each reward family; QA sources count an exact match.
 _CORRECTNESS_REWARD = {"qa_f1": "exact_match"}
@@ -83,13 +86,14 @@ def score_question(
     reward_kw.setdefault("question", example["question"])  # shown to a judge; other rewards take no question
     answers = example["answers"]
     correct, f1 = [], []
-    for text in responses:
-        score = compute_reward(
-            correctness, text, answers, require_format=require_format, **reward_kw
-        )
-        correct.append(score >= 1.0)
-        answer = graded_answer(text, require_format)
-        f1.append(0.0 if answer is None else token_f1(answer, answers))
+    with count_timeouts() as timeouts:
+        for text in responses:
+            score = compute_reward(
+                correctness, text, answers, require_format=require_format, **reward_kw
+            )
+            correct.append(score >= 1.0)
+            answer = graded_answer(text, require_format)
+            f1.append(0.0 if answer is None else token_f1(answer, answers))
     if tool_calls is None:
         tool_calls = [sum(count_tool_calls(text).values()) for text in responses]
     return QuestionResult(
@@ -99,4 +103,6 @@ def score_question(
         f1=f1,
         tool_calls=list(tool_calls),
         response_length=list(response_lengths),
+        correctness=correctness,
+        math_timeouts=timeouts.count,
     )

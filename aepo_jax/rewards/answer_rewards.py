@@ -3,35 +3,25 @@
 Every reward here has the signature `(response_text, answers, **kw) -> float`
 and starts with the same gate: a response whose format is invalid (spec §5,
 `aepo_jax.agent.protocol.validate_format`) scores `-1`. Pass
-`require_format=False` to score the last `\\boxed{}` anywhere in the text
-instead (plain reasoning outputs without agent tags), or the whole text when
-there is no box.
+`require_format=False` to score the last `\\boxed{}` anywhere in the model's
+own text instead (plain reasoning outputs without agent tags), or that whole
+text when there is no box; tool result blocks are never read as the answer.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aepo_jax.agent.protocol import extract_boxed_answer, validate_format
-from aepo_jax.agent.tags import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    RESULT_CLOSE,
-    RESULT_OPEN,
-    open_tag,
-)
+from aepo_jax.agent.protocol import extract_boxed_answer, model_text, validate_format
+from aepo_jax.agent.tags import ANSWER_CLOSE, ANSWER_OPEN, open_tag
 from aepo_jax.rewards.math_equiv import SympyWorkerPool, math_equal_any
 from aepo_jax.rewards.qa import exact_match, token_f1
 from aepo_jax.rollout.critical_path import NO_CALL_TAG
 
 FORMAT_PENALTY = -1.0
 MULTI_TOOL_BONUS = 0.1
-_RESULT_BLOCK = re.compile(
-    re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE), re.DOTALL
-)
 
 
 def last_boxed(text: str) -> str | None:
@@ -42,12 +32,18 @@ def last_boxed(text: str) -> str | None:
 
 
 def graded_answer(response_text: str, require_format: bool = True) -> str | None:
-    """The answer string to score, or None when the format gate fails (reward -1)."""
+    """The answer string to score, or None when the format gate fails (reward -1).
+
+    With the gate: the box of the model's one `<answer>`; without: the last box of the model's own text,
+    else that whole text. Tool results are left out either way, so a `\\boxed{42}` (or an `<answer>`)
+    in a fetched page is not the model's answer.
+    """
+    text = model_text(response_text)
     if require_format:
         ok, _ = validate_format(response_text)
-        return extract_boxed_answer(response_text) if ok else None
-    boxed = last_boxed(response_text)
-    return response_text.strip() if boxed is None else boxed
+        return extract_boxed_answer(text) if ok else None
+    boxed = last_boxed(text)
+    return text.strip() if boxed is None else boxed
 
 
 def count_tool_calls(response_text: str) -> dict[str, int]:
@@ -56,10 +52,8 @@ def count_tool_calls(response_text: str) -> dict[str, int]:
     Written, not necessarily run: a tag mentioned inside `<think>` or a call left unclosed counts too.
     Rewards read it only for a text without a record of the calls the agent loop ran (`executed_tool_calls`).
     """
-    model_text = _RESULT_BLOCK.sub("", response_text)
-    return {
-        tag: model_text.count(open_tag(tag)) for tag in ("search", "python", "browse")
-    }
+    text = model_text(response_text)
+    return {tag: text.count(open_tag(tag)) for tag in ("search", "python", "browse")}
 
 
 def executed_tool_calls(trajectory: Any) -> dict[str, int] | None:

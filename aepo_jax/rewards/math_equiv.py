@@ -6,7 +6,10 @@ sets and bare lists of solutions as multisets). Only what they
 cannot decide goes to sympy, which runs in a separate worker process
 (`sympy_worker.py`) with a hard wall-clock limit: a request that runs past
 `timeout_s` gets its worker killed and counts as "not equal", so an
-expression such as `10**10**10**10` cannot hang the trainer.
+expression such as `10**10**10**10` cannot hang the trainer. Such a verdict is
+a guess, so it is counted: per pool (`SympyWorkerPool.timeouts`, with a warning
+at the first one) and per block of work (`count_timeouts`, which the evaluation
+reports).
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -86,6 +92,31 @@ class _Worker:
 
 
 @dataclass
+class TimeoutTally:
+    """Sympy requests that ran past their time limit inside a `count_timeouts` block."""
+
+    count: int = 0
+
+
+_open_tallies = threading.local()  # .stack: the tallies of the enclosing `count_timeouts` blocks of this thread
+
+
+@contextmanager
+def count_timeouts() -> Iterator[TimeoutTally]:
+    """Count the sympy requests of this thread (any pool) that time out inside the block.
+
+    Per thread, so work other threads do on a shared pool at the same time is not counted.
+    """
+    stack = _open_tallies.__dict__.setdefault("stack", [])
+    tally = TimeoutTally()
+    stack.append(tally)
+    try:
+        yield tally
+    finally:
+        stack.remove(tally)
+
+
+@dataclass
 class SympyWorkerPool:
     """A fixed number of sympy worker processes shared by threads (blocking checkout).
 
@@ -93,6 +124,7 @@ class SympyWorkerPool:
       size: worker processes (requests beyond this wait for a free worker).
       timeout_s: wall-clock limit per equivalence request.
       startup_timeout_s: limit for a worker to import sympy and report ready.
+      timeouts: requests so far that ran past their limit (each answered "not equal").
     """
 
     size: int = 2
@@ -100,6 +132,7 @@ class SympyWorkerPool:
     startup_timeout_s: float = 60.0
     timeouts: int = field(default=0, init=False)
     _slots: queue.Queue = field(init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -119,7 +152,7 @@ class SympyWorkerPool:
                 worker = _Worker(self.startup_timeout_s)
             reply = worker.ask(a_source, b_source, limit)
             if reply is None:
-                self.timeouts += 1
+                self._record_timeout(limit, a_source, b_source)
                 worker.close()
                 worker = None
                 return False
@@ -131,6 +164,18 @@ class SympyWorkerPool:
             return False
         finally:
             self._slots.put(worker)
+
+    def _record_timeout(self, limit: float, a_source: str, b_source: str) -> None:
+        """Count a timed-out request here and in this thread's open tallies; warn at the pool's first."""
+        with self._lock:
+            self.timeouts += 1
+            first = self.timeouts == 1
+        for tally in getattr(_open_tallies, "stack", ()):
+            tally.count += 1
+        if first:
+            warnings.warn(f"a sympy equivalence check ran past its {limit} s limit and counted as 'not equal' "
+                          f"({a_source[:80]!r} vs {b_source[:80]!r}); later timeouts of this pool are counted in "
+                          "SympyWorkerPool.timeouts without a warning", stacklevel=4)
 
     def close(self) -> None:
         """Kill every worker process."""

@@ -4,6 +4,12 @@ The normalisation is the one the SQuAD evaluation script made standard and
 the released deep-research reward uses: lower case, drop punctuation, drop
 the articles "a", "an", "the", collapse whitespace. Scores take the best
 match over a list of gold answers.
+
+One departure: a gold answer that SQuAD normalisation empties ("A", "The The",
+"." — a multiple-choice letter, say) is compared by its lower-cased,
+whitespace-collapsed raw text instead (`comparison_tokens`). Under plain SQuAD
+rules every prediction that also normalises to "" (`\\boxed{}`, `\\boxed{the}`)
+would match it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,19 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def comparison_tokens(prediction: str, gold: str) -> tuple[list[str], list[str]]:
+    """The (prediction, gold) tokens that exact match and F1 compare.
+
+    SQuAD-normalised tokens; when the gold answer normalises to nothing, both
+    sides' lower-cased raw whitespace tokens instead, so "The The" matches
+    "the the" but neither "the" nor an empty prediction.
+    """
+    gold_tokens = normalize_answer(gold).split()
+    if gold_tokens:
+        return normalize_answer(prediction).split(), gold_tokens
+    return prediction.lower().split(), gold.lower().split()
+
+
 def _as_list(answers: str | Sequence[str]) -> list[str]:
     if isinstance(answers, str):
         return [answers]
@@ -37,14 +56,16 @@ def _as_list(answers: str | Sequence[str]) -> list[str]:
 
 
 def exact_match(prediction: str, answers: str | Sequence[str]) -> float:
-    """1.0 if the normalised prediction equals any normalised gold answer, else 0.0."""
-    pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(gold) for gold in _as_list(answers)))
+    """1.0 if the prediction's tokens equal some gold answer's (`comparison_tokens`), else 0.0."""
+    for gold in _as_list(answers):
+        pred_tokens, gold_tokens = comparison_tokens(prediction, gold)
+        if pred_tokens == gold_tokens:
+            return 1.0
+    return 0.0
 
 
 def _token_f1(prediction: str, gold: str) -> float:
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
+    pred_tokens, gold_tokens = comparison_tokens(prediction, gold)
     if not pred_tokens or not gold_tokens:
         # Both empty counts as a match; one empty scores zero.
         return float(pred_tokens == gold_tokens)
@@ -58,5 +79,5 @@ def _token_f1(prediction: str, gold: str) -> float:
 
 
 def token_f1(prediction: str, answers: str | Sequence[str]) -> float:
-    """Best token-level F1 (bag of normalised words) over the gold answers."""
+    """Best token-level F1 (bag of `comparison_tokens`) over the gold answers."""
     return max(_token_f1(prediction, gold) for gold in _as_list(answers))

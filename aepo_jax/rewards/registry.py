@@ -9,6 +9,8 @@ caller's side, so threads overlap them).
 from __future__ import annotations
 
 import inspect
+import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,15 +30,19 @@ REWARDS: Mapping[str, RewardFn] = {
     "llm_judge": llm_judge_reward,
 }
 
-# Data-source tags (lower case, matched as substrings, first match wins) and their reward.
-# F1 for the multi-hop QA sets as in the paper (§6); judge for open-ended web tasks.
+# Data-source tags and their reward. A tag matches when its tokens appear, in order and whole, among the
+# tokens of the data-source name (`source_tokens`: lower case, split on non-alphanumerics and between letters
+# and digits), so "math" routes "math500" and "MATH-500" but "hle" does not route "athlete_bios". First match
+# wins. F1 for the multi-hop QA sets as in the paper (§6); judge for open-ended web tasks.
 SOURCE_REWARDS: tuple[tuple[str, str], ...] = (
     ("gaia", "llm_judge"),
     ("hle", "llm_judge"),
     ("webwalker", "llm_judge"),
+    ("webwalkerqa", "llm_judge"),
     ("xbench", "llm_judge"),
     ("browsecomp", "llm_judge"),
     ("math", "math_equiv"),
+    ("deepmath", "math_equiv"),
     ("gsm", "math_equiv"),
     ("aime", "math_equiv"),
     ("amc", "math_equiv"),
@@ -45,19 +51,48 @@ SOURCE_REWARDS: tuple[tuple[str, str], ...] = (
     ("arithmetic", "math_equiv"),
     ("synthetic_facts", "math_equiv"),  # the demo task (aepo_jax/envs): numeric answers
     ("hotpot", "qa_f1"),
+    ("hotpotqa", "qa_f1"),
     ("2wiki", "qa_f1"),
+    ("2wikimultihopqa", "qa_f1"),
     ("musique", "qa_f1"),
     ("bamboogle", "qa_f1"),
     ("fanout", "qa_f1"),
+    ("fanoutqa", "qa_f1"),
     ("multihop", "qa_f1"),
 )
 DEFAULT_REWARD = "qa_f1"
+_TOKEN = re.compile(r"[a-z]+|[0-9]+")
+
+
+def source_tokens(name: str) -> list[str]:
+    """Lower-case runs of letters or of digits: "2WikiMultihopQA_dev" -> ["2", "wikimultihopqa", "dev"]."""
+    return _TOKEN.findall(name.lower())
+
+
+def matched_source_tag(data_source: str) -> str | None:
+    """The first tag of `SOURCE_REWARDS` whose tokens appear whole and in order in `data_source`, or None."""
+    tokens = source_tokens(data_source)
+    for tag, _ in SOURCE_REWARDS:
+        want = source_tokens(tag)
+        if any(tokens[i:i + len(want)] == want for i in range(len(tokens) - len(want) + 1)):
+            return tag
+    return None
 
 
 def reward_for_source(data_source: str) -> str:
-    """The reward name for a data-source tag; the spec's default `qa_f1` when no rule matches."""
-    tag = data_source.lower()
-    return next((name for key, name in SOURCE_REWARDS if key in tag), DEFAULT_REWARD)
+    """The reward name for a data-source tag; the spec's default `qa_f1` when no tag matches.
+
+    The default is a guess, so it warns naming the source and the reward used (once per source under
+    Python's default warning filter, which shows each distinct message once per call site).
+    """
+    tag = matched_source_tag(data_source)
+    if tag is not None:
+        return dict(SOURCE_REWARDS)[tag]
+    warnings.warn(f"data source {data_source!r} matches no tag of aepo_jax.rewards.registry.SOURCE_REWARDS: "
+                  f"scored with the default reward {DEFAULT_REWARD!r} (token F1; exact match decides "
+                  "correctness in evaluation). Pass a reward name explicitly, or add a tag, if that is wrong.",
+                  stacklevel=2)
+    return DEFAULT_REWARD
 
 
 def get_reward(name: str) -> RewardFn:

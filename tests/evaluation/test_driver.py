@@ -24,6 +24,7 @@ from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.evaluation import format_report_table
 from aepo_jax.evaluation.driver import EvalConfig, evaluate
 from aepo_jax.models import Decoder, get_preset
+from aepo_jax.rewards import SympyWorkerPool
 from aepo_jax.rollout.strategies import RolloutConfig
 from aepo_jax.servers import start_search_server
 from aepo_jax.tokenizers import train_sentencepiece
@@ -64,7 +65,7 @@ def setup(tmp_path_factory):
         registry = ToolRegistry({"search": SearchTool(server.url, topk=1, max_result_chars=40),
                                  "python": PythonTool(sandbox)}, max_workers=4)
 
-        def run(config: EvalConfig, free_tokens: int = 3, examples=EXAMPLES, plan_texts=None):
+        def run(config: EvalConfig, free_tokens: int = 3, examples=EXAMPLES, plan_texts=None, **reward_kw):
             segments = plan if plan_texts is None else [tok.encode(text) for text in plan_texts]
             return evaluate(
                 examples, graphdef=graphdef, params=params, tokenizer=tok, tools=registry,
@@ -72,6 +73,7 @@ def setup(tmp_path_factory):
                 config=config, progress=False,
                 make_generator=lambda s: ToolForcingGenerator(s, segments, free_tokens=free_tokens,
                                                               temperature=config.temperature),
+                **reward_kw,
             )
 
         yield run
@@ -184,6 +186,26 @@ def test_bad_config_and_examples_are_clear_errors(setup):
         setup(EvalConfig(loop=LOOP), examples=[{"id": "x", "question": "q?"}])
     with pytest.raises(ValueError, match="at least one example"):
         setup(EvalConfig(loop=LOOP), examples=[])
+
+
+def test_duplicate_question_ids_are_refused_naming_them():
+    """Two copies of one id were both sampled and counted in pass@k."""
+    copies = [EXAMPLES[0], EXAMPLES[1], EXAMPLES[0], {**EXAMPLES[2], "id": "b"}]
+    with pytest.raises(ValueError, match=r"2 question id\(s\) occur more than once, e.g. \['a', 'b'\]"):
+        evaluate(copies, graphdef=None, params=None, tokenizer=None, tools=None, encode_prompt=None,
+                 config=EvalConfig())
+
+
+def test_timed_out_math_checks_are_reported_and_warned(setup):
+    """A sympy check past its limit counted as wrong, and nothing said so."""
+    examples = [{"id": "m", "question": "What is six times seven?", "answers": ["\\sqrt{1764}"],
+                 "data_source": "math"}]
+    with SympyWorkerPool(size=1, timeout_s=1e-6) as pool, \
+            pytest.warns(UserWarning, match=r"sympy equivalence check\(s\) ran out of time in this evaluation"):
+        result = setup(EvalConfig(n=2, loop=LOOP, seed=3), free_tokens=0, examples=examples, pool=pool)
+    assert result.math_timeouts == pool.timeouts > 0
+    assert result.reports[0].math_timeouts == result.math_timeouts
+    assert result.reports[0].correctness == "math_equiv"
 
 
 def test_batch_keys_of_one_process_are_unchanged_and_each_part_gets_its_own():

@@ -84,13 +84,15 @@ def test_cli_evaluates_a_trainer_checkpoint_and_writes_json_and_csv(trained_run,
     assert [r["dataset"] for r in reports] == ["synthetic_facts"]
     report = reports[0]
     assert set(report) == {"dataset", "num_questions", "samples_per_question", "pass_at_k", "mean_f1",
-                           "tool_calls_per_question", "mean_response_length"}
+                           "tool_calls_per_question", "mean_response_length", "correctness", "math_timeouts"}
+    assert report["correctness"] == "math_equiv" and report["math_timeouts"] == 0
     assert report["num_questions"] == 2 and report["samples_per_question"] == 2
     assert set(report["pass_at_k"]) == {"1", "2"}
     with open(out / "reports.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["dataset", "questions", "n", "pass@1", "pass@2", "f1", "tool_calls", "resp_len"]
-    assert rows[1][:3] == ["synthetic_facts", "2", "2"]
+    assert rows[0] == ["dataset", "questions", "n", "pass@1_pct", "pass@2_pct", "f1_pct", "tool_calls", "resp_len",
+                       "correct_by"]
+    assert rows[1][:3] == ["synthetic_facts", "2", "2"] and rows[1][-1] == "math_equiv"
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and {s["question_id"] for s in samples} == {"heldout-0", "heldout-1"}
     # pass@1 in the JSON is the mean of the per-sample correctness the samples file records.
@@ -98,8 +100,53 @@ def test_cli_evaluates_a_trainer_checkpoint_and_writes_json_and_csv(trained_run,
     assert report["mean_response_length"] == pytest.approx(np.mean([s["response_length"] for s in samples]))
     meta = json.loads((out / "eval_config.json").read_text())
     assert meta["step"] == STEP and meta["n"] == 2 and meta["temperature"] == 0.6 and meta["top_p"] == 0.95
+    assert meta["split"] == "heldout" and meta["data_path"] is None
+    assert meta["correctness"] == {"synthetic_facts": "math_equiv"} and meta["math_timeouts"] == 0
     # The run's tokenizer was reused, not retrained.
     assert (out / "env" / "tokenizer.model").read_bytes() == (run_dir / "tokenizer.model").read_bytes()
+
+
+def test_cli_with_a_data_path_records_no_split_and_the_rule_of_each_source(trained_run, tmp_path):
+    """--data_path replaced the split, but eval_config.json still recorded split 'heldout'; a source no tag
+    matched was scored by the default rule without a word; a tree strategy's pass@k had no caveat."""
+    run_dir, _, _ = trained_run
+    data = tmp_path / "questions.jsonl"
+    rows = [{"id": "f1", "question": "How many people live in Brindle?", "answer": "42",
+             "data_source": "athlete_bios"},
+            {"id": "f2", "question": "How many people live in Ostwick?", "answer": "7", "data_source": "hotpot_dev"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "eval"
+    proc = run_cli("--checkpoint", str(run_dir), "--data_path", str(data), "--n", "2", "--questions_per_batch", "2",
+                   "--strategy", "arpo", "--out", str(out), "--progress=false", *OVERRIDES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'athlete_bios' matches no tag" in proc.stderr and "'hotpot_dev'" not in proc.stderr
+    meta = json.loads((out / "eval_config.json").read_text())
+    assert meta["split"] is None and meta["data_path"] == str(data)
+    assert meta["correctness"] == {"athlete_bios": "exact_match", "hotpot_dev": "exact_match"}
+    reports = {r["dataset"]: r for r in json.loads((out / "reports.json").read_text())}
+    assert reports["athlete_bios"]["correctness"] == "exact_match"
+    assert "correct_by" in proc.stdout
+    assert "note: arpo samples of a question share prefixes" in proc.stdout and (out / "tree_stats.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n", "0"], "error: --n must be >= 1 (samples per question), got --n 0"),
+        (["--questions_per_batch", "-1"], "error: --questions_per_batch must be >= 0 (0 = the default), got -1"),
+        (["--max_questions", "-2"], "error: --max_questions must be >= 0 (0 = the default), got -2"),
+        (["--greedy", "--n", "2"], "error: --greedy needs --n 1 (greedy samples are identical), got --n 2"),
+        (["--split", "train", "--data_path", "q.jsonl"],
+         ("error: --data_path 'q.jsonl' replaces the config's split, so --split train would be ignored: pass one "
+          "of them")),
+    ],
+)
+def test_cli_refuses_bad_flag_values_before_starting_anything(tmp_path, args, message):
+    """`--n 0` failed with a traceback after the model and tools were built."""
+    proc = run_cli("--checkpoint", "none", *args, "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
 def test_cli_refuses_a_missing_checkpoint_directory_before_starting_anything(tmp_path):

@@ -96,17 +96,28 @@ def test_report_writers_round_trip(tmp_path):
     assert read_report_json(tmp_path / "r.json") == reports
     write_report_csv(reports, tmp_path / "r.csv")
     rows = list(csv.reader((tmp_path / "r.csv").read_text().splitlines()))
+    # Percent in the table and the CSV (fractions in the JSON), and the headers say so.
     assert rows[0] == [
         "dataset",
         "questions",
         "n",
-        "pass@1",
-        "pass@2",
-        "f1",
+        "pass@1_pct",
+        "pass@2_pct",
+        "f1_pct",
         "tool_calls",
         "resp_len",
+        "correct_by",
     ]
     assert rows[1][:5] == ["hotpotqa", "2", "2", "25.0", "50.0"]
+    assert reports[0].pass_at_k[1] == 0.25
     table = format_report_table(reports)
     assert table.splitlines()[0].split() == rows[0]
     assert "hotpotqa" in table and "37.5" in table
+
+
+def test_build_reports_refuses_k_above_the_samples_per_question():
+    """`ks=[5]` over n=2 returned an empty pass@k table, and `ks=[1, 5]` dropped k=5, silently."""
+    for ks in ([5], [1, 5]):
+        with pytest.raises(ValueError, match=r"k=\[5\].*'hotpotqa' has only n=2"):
+            build_reports(_results(), ks=ks)
+    assert set(build_reports(_results(), ks=[2])[0].pass_at_k) == {2}

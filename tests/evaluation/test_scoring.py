@@ -83,3 +83,40 @@ def test_mixed_sources_share_one_option_set_each_reward_taking_its_own():
     # Only the gaia answers with a valid format reached the judge, each with its question.
     prompts = [body["messages"][-1]["content"] for _, body in server.requests]
     assert len(prompts) == 2 and all("Question: Capital of France?" in p for p in prompts)
+
+
+@pytest.mark.parametrize("gold", ["A", "The The", "An"])
+def test_an_empty_or_article_only_box_does_not_match_a_gold_that_normalises_to_nothing(gold):
+    """SQuAD normalisation empties these golds; `\\boxed{}`, `\\boxed{the}` and `\\boxed{.}` counted as correct."""
+    example = {"id": "q", "question": "Which option?", "answers": [gold], "data_source": "hotpotqa"}
+    result = score_question(example, [answer(""), answer("the"), answer("."), answer("B"), answer(gold.lower())],
+                            [1] * 5)
+    assert result.correct == [False, False, False, False, True]
+    # F1 falls back to the same raw tokens: "the" is half of "The The", none of "A".
+    assert result.f1 == pytest.approx([0.0, 2 / 3 if gold == "The The" else 0.0, 0.0, 0.0, 1.0])
+
+
+def test_each_result_and_report_names_the_reward_that_decided_correctness():
+    qa = score_question({"id": "q", "question": "?", "answers": ["Paris"], "data_source": "hotpotqa"},
+                        [answer("Paris")], [1])
+    with SympyWorkerPool(size=1) as pool:
+        math = score_question({"id": "m", "question": "?", "answers": ["0.5"], "data_source": "math500"},
+                              [answer("\\frac{1}{2}")], [1], pool=pool)
+    assert (qa.correctness, math.correctness) == ("exact_match", "math_equiv")
+    reports = {r.dataset: r for r in build_reports([qa, math])}
+    assert reports["hotpotqa"].correctness == "exact_match" and reports["math500"].correctness == "math_equiv"
+    assert reports["all"].correctness == "exact_match,math_equiv"
+
+
+def test_timed_out_math_checks_are_counted_per_question_and_per_dataset():
+    """A sympy check past its limit counts as wrong; the count was kept only in `pool.timeouts`."""
+    example = {"id": "m", "question": "?", "answers": ["\\frac{\\sqrt{2}}{2}"], "data_source": "math500"}
+    with SympyWorkerPool(size=1, timeout_s=1e-6) as pool, pytest.warns(UserWarning, match="ran past its"):
+        result = score_question(example, [answer("\\sqrt{2}/2"), answer("\\sqrt{2}/2"), "no answer"],
+                                [1, 1, 1], pool=pool)
+    assert result.correct == [False, False, False]
+    assert result.math_timeouts == 2 == pool.timeouts
+    assert build_reports([result])[0].math_timeouts == 2
+    qa = score_question({"id": "q", "question": "?", "answers": ["Paris"], "data_source": "hotpotqa"},
+                        [answer("Paris")], [1])
+    assert qa.math_timeouts == 0

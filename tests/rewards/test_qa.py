@@ -45,7 +45,7 @@ def test_exact_match(prediction, answers, expected):
         ("new york city", ["New York"], 0.8),  # P 2/3, R 1
         ("red", ["blue", "Red!"], 1.0),  # best over several gold answers
         ("big red barn", ["small green barn", "red"], 0.5),  # max(1/3, 1/2)
-        ("the", ["a"], 1.0),  # both normalise to nothing
+        ("the", ["a"], 0.0),  # gold normalises to nothing: raw text compared
         ("the", ["cat"], 0.0),
         ("dog", ["cat"], 0.0),
     ],
@@ -59,3 +59,34 @@ def test_empty_gold_list_is_an_error():
         token_f1("x", [])
     with pytest.raises(ValueError, match="empty"):
         exact_match("x", [])
+
+
+@pytest.mark.parametrize("prediction", ["", "the", ".", "B", "  "])
+def test_prediction_that_normalises_to_nothing_does_not_match_a_gold_that_does(prediction):
+    """Gold "A" and "An" normalise to "" under SQuAD rules; so do `\\boxed{}`, `\\boxed{the}` and
+    `\\boxed{.}`, which all counted as an exact match with F1 1."""
+    for gold in ("A", "An"):
+        assert exact_match(prediction, [gold]) == 0.0
+        assert token_f1(prediction, [gold]) == 0.0
+    assert exact_match(prediction, ["The The"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em", "f1"),
+    [
+        ("a", "A", 1.0, 1.0),
+        ("the  THE", "The The", 1.0, 1.0),  # lower case, whitespace collapsed
+        ("the", "The The", 0.0, 2 / 3),  # raw tokens: P 1, R 1/2
+        ("an", "An", 1.0, 1.0),
+        (".", ".", 1.0, 1.0),
+        ("A.", "A", 0.0, 0.0),  # punctuation is kept when the gold is compared raw
+    ],
+)
+def test_gold_that_normalises_to_nothing_is_compared_by_its_raw_text(prediction, gold, em, f1):
+    assert exact_match(prediction, [gold]) == em
+    assert token_f1(prediction, [gold]) == pytest.approx(f1)
+
+
+def test_a_normalisable_gold_still_uses_squad_normalisation():
+    assert exact_match("The  Eiffel Tower.", ["eiffel tower"]) == 1.0
+    assert token_f1("", ["Paris"]) == 0.0

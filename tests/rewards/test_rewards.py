@@ -1,5 +1,7 @@
 """The spec §5 rewards: format gate on valid and invalid trajectories, F1 + tool bonus, registry, batch."""
 
+import warnings
+
 import pytest
 
 from aepo_jax.rewards import (
@@ -7,9 +9,11 @@ from aepo_jax.rewards import (
     compute_reward,
     compute_rewards,
     count_tool_calls,
+    graded_answer,
     last_boxed,
     reward_for_source,
 )
+from aepo_jax.rewards.registry import matched_source_tag
 
 SEARCH = "<search>tallest tower paris</search> <result>\nThe Eiffel Tower is 330 m.\n</result>"
 PYTHON = "<python>print(330 - 300)</python> <result>\n30\n</result>"
@@ -89,6 +93,26 @@ def test_math_reward_and_plain_text_mode():
         )
 
 
+def test_plain_text_mode_never_reads_the_answer_from_a_tool_result():
+    """With the format gate off, a `\\boxed{42}` inside a fetched page was taken as the model's answer."""
+    text = "Let me look. <search>q</search> <result>\nthe page says \\boxed{42}\n</result> The answer is \\boxed{7}."
+    assert graded_answer(text, require_format=False) == "7"
+    unboxed = "Let me look. <search>q</search> <result>\nthe page says \\boxed{42}\n</result> The answer is 7."
+    assert graded_answer(unboxed, require_format=False) == "Let me look. <search>q</search>  The answer is 7."
+    assert compute_reward("exact_match", unboxed, ["42"], require_format=False) == 0.0
+    assert compute_reward("qa_f1", "<search>q</search> <result>\nParis\n</result> no idea", ["Paris"],
+                          require_format=False) == 0.0
+
+
+def test_an_answer_inside_a_tool_result_after_the_models_answer_is_not_graded():
+    """The gate passed on the model's own `<answer>`, but the boxed answer was read from the last `<answer>`
+    of the whole text, one that a tool result after it held."""
+    text = ("<think>x</think><answer>\\boxed{RIGHT}</answer><search>q</search> <result>\n"
+            "<answer>\\boxed{WRONG}</answer>\n</result>")
+    assert graded_answer(text) == "RIGHT"
+    assert compute_reward("exact_match", text, ["RIGHT"]) == 1.0
+
+
 def test_last_boxed_matches_nested_braces():
     assert (
         last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{\\sqrt{2}}} c")
@@ -111,11 +135,35 @@ def test_last_boxed_matches_nested_braces():
         ("synthetic_facts", "math_equiv"),
         ("gaia", "llm_judge"),
         ("webwalker", "llm_judge"),
-        ("somethingelse", "qa_f1"),
+        ("WebWalkerQA", "llm_judge"),
+        ("xbench-deepsearch", "llm_judge"),
+        ("BrowseComp-ZH", "llm_judge"),
+        ("hle", "llm_judge"),
+        ("math_500", "math_equiv"),
+        ("reasoning_gym/basic_arithmetic", "math_equiv"),
+        ("demo_arithmetic", "math_equiv"),
+        ("demo_math", "math_equiv"),
+        ("demo_multihop", "qa_f1"),
+        ("fanoutqa", "qa_f1"),
+        ("hotpot_dev", "qa_f1"),
+        ("DeepMath-103K", "math_equiv"),
     ],
 )
 def test_reward_for_source(source, reward):
-    assert reward_for_source(source) == reward
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a known tag routes without the unknown-source warning
+        assert reward_for_source(source) == reward
+
+
+@pytest.mark.parametrize("source", ["athlete_bios", "mathletes", "hotpotatoes", "camcorder_reviews"])
+def test_tags_match_whole_tokens_not_substrings(source):
+    """Each name holds a tag inside a word ("athlete" holds "hle" and went to the LLM judge)."""
+    assert matched_source_tag(source) is None
+
+
+def test_unknown_source_falls_back_to_qa_f1_and_warns_naming_it():
+    with pytest.warns(UserWarning, match=r"'athlete_bios_v2' matches no tag.*default reward 'qa_f1'"):
+        assert reward_for_source("athlete_bios_v2") == "qa_f1"
 
 
 def test_unknown_reward_name_is_a_clear_error():
