@@ -38,7 +38,7 @@ from flax import nnx
 
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
-from benchmarks.sampler_bench import add_shape_args, build_model
+from benchmarks.sampler_bench import add_shape_args, build_model, peer_max_prompt_length
 
 VARIANTS = {"auto": None, "layerwise": True, "stacked": False}
 
@@ -157,7 +157,7 @@ def profile_tunix(args: argparse.Namespace, trace_dir: Path) -> dict:
                                    kv_heads=args.kv_heads, dtype=args.dtype, seed=0)
     model, config = driver.build_model(peer_args)
     tokenizer = driver.ToyTokenizer(args.vocab)
-    max_prompt = 32
+    max_prompt = peer_max_prompt_length(args.prompt_len)  # no padding: tunix does the prompt's work only
     sampler = sampler_lib.Sampler(transformer=model, tokenizer=tokenizer, cache_config=sampler_lib.CacheConfig(
         cache_size=max_prompt + args.new_tokens, num_layers=config.num_layers, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim))

@@ -22,7 +22,9 @@ tree steps alternating.
 
     python -m benchmarks.packing_bench [--json OUT.json]
 
-(`benchmarks/packing_bench.json`, cited by docs/packing.md, is one such run.)
+(`benchmarks/packing_bench.json`, cited by docs/packing.md, is not one run of this code: it merges two
+runs made at commit 0f19e36 (see its `meta`); the current code reproduces its counts and ratios
+(`case_layout`, checked by tests/benchmarks/test_packing_bench_json.py), not its times.)
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ def pack_like_trainer(config: ModelConfig, sequences, group_ids, length: int, pr
     return row_len, packed, stats, micro
 
 
-def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, repeats: int, seed: int) -> dict:
+def case_layout(model: str, k: int, prompt_len: int, prompts: int, budget: int, seed: int) -> tuple[dict, dict, dict]:
+    """The case's flat and packed batches and its counts (everything in a result but the times); no step runs."""
     config = MODELS[model]
     rng = np.random.default_rng(seed)
     sequences, group_ids = make_sequences(rng, prompts, prompt_len, k, config.vocab_size)
@@ -161,21 +164,24 @@ def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, rep
     row_len, packed, stats, micro = pack_like_trainer(config, sequences, group_ids, length, prompts, budget)
     attn_ratio = rows * length**2 / (stats.rows * stats.row_len**2)
     flop_ratio = forward_flops(config, rows, length) / forward_flops(config, stats.rows, stats.row_len)
+    counts = {"model": model, "k": k, "prompt_len": prompt_len, "prompts": prompts, "flat_rows": rows, "T": length,
+              "flat_micro_batch_rows": micro_rows, "packed_micro_batches": micro, "attn_ratio": attn_ratio,
+              "flop_ratio": flop_ratio, "row_len_chosen": row_len}
+    counts.update(stats.as_dict())
+    return flat, packed, counts
 
-    graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))
+
+def run_case(model: str, k: int, prompt_len: int, prompts: int, budget: int, repeats: int, seed: int) -> dict:
+    flat, packed, counts = case_layout(model, k, prompt_len, prompts, budget, seed)
+    graphdef, params = nnx.split(Decoder(MODELS[model], rngs=nnx.Rngs(0)))
     tx = optax.adamw(1e-6, weight_decay=0.01)
-    flat_cfg = StepConfig(micro_batch_size=micro_rows)
+    flat_cfg = StepConfig(micro_batch_size=counts["flat_micro_batch_rows"])
     runs = {"flat": prepare_step(make_rl_train_step(graphdef, tx, flat_cfg), params, tx, flat),
             "tree": prepare_step(make_train_step_for_pack(graphdef, tx, StepConfig(), "tree"), params, tx,
                                  packed)}
     times = interleaved_min_times(runs, repeats)
     t_flat, t_tree = times["flat"], times["tree"]
-    out = {"model": model, "k": k, "prompt_len": prompt_len, "prompts": prompts, "flat_rows": rows, "T": length,
-           "flat_micro_batch_rows": micro_rows, "packed_micro_batches": micro, "attn_ratio": attn_ratio,
-           "flop_ratio": flop_ratio, "row_len_chosen": row_len,
-           "t_flat_s": t_flat,
-           "t_tree_s": t_tree}
-    out.update(stats.as_dict())
+    out = dict(counts, t_flat_s=t_flat, t_tree_s=t_tree)
     out["time_ratio"] = t_flat / t_tree
     out["time_over_slot_ratio"] = out["time_ratio"] / out["slot_ratio"]
     return out

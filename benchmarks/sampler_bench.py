@@ -19,7 +19,9 @@ Floors of one decode step, both measured in this run:
     live KV slots (prompt + tokens so far, averaged over the decode); the copy
     bandwidth is measured on a buffer of that size (so it is the cache level the
     working set lives in), the matmul peak on square matmuls in the model's
-    dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size).
+    dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size),
+    read before and after the timed runs: the floor uses the higher reading
+    (both are printed).
   * `step_products_*` (CPU only): what the step's weight products cost at their own
     shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
     part of the step no sampler on this backend can remove, and how far it is
@@ -27,8 +29,17 @@ Floors of one decode step, both measured in this run:
 
 `--peer tunix` runs `../shared/bench/tunix_sampler_bench.py` (tunix's vanilla
 sampler on a random Qwen3 of the same shapes) in `--peer-python`'s venv,
-interleaved with this sampler's runs in the same process tree and minute;
-google-tunix is never a project dependency.
+interleaved with this sampler's runs (`--rounds`) in the same process tree and
+minute; google-tunix is never a project dependency. The driver gets
+`--max-prompt-length` = prompt + 1 (tunix prepends BOS and left-pads to that
+length), so tunix pads nothing and its cache is prompt + 1 + new tokens
+(`peer_max_prompt_length`).
+
+The table and the JSON's top level cover all rounds: the first call is round
+1's (the compile), means are over every round's timed calls, bests the best
+call of any round (and the best step is the one against the floors); `rounds`
+keeps each round's own figures. ours / peer is the mean over rounds of our
+per-round tokens/s over the same for the peer.
 """
 
 from __future__ import annotations
@@ -163,9 +174,19 @@ def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], arg
         prefill_s.append(prefill)
         decode_s.append(decode)
         floor_s.append(floor(args.new_tokens))
-    tokens = args.batch * args.new_tokens
+    return summarise_calls(first_call, prefill_s, decode_s, floor_s, args.batch, args.new_tokens) | {
+        "batch_bucket": batch,
+        "layerwise_decode": sampler.layerwise_decode,
+        "cache_length": cache_length,
+    }
+
+
+def summarise_calls(first_call: float, prefill_s: list[float], decode_s: list[float], floor_s: list[float],
+                    batch: int, new_tokens: int) -> dict:
+    """Means and bests of timed calls (seconds per call; `floor_s` per one-token forward), with the raw seconds."""
+    tokens = batch * new_tokens
     total = [p + d for p, d in zip(prefill_s, decode_s, strict=True)]
-    step_s = [d / args.new_tokens for d in decode_s]
+    step_s = [d / new_tokens for d in decode_s]
     ratios = [s / f for s, f in zip(step_s, floor_s, strict=True)]
     return {
         "first_call_s": first_call,
@@ -181,9 +202,35 @@ def time_sampler(sampler: Sampler, model: Decoder, prompts: list[list[int]], arg
         "floor_ms_best": 1e3 * min(floor_s),
         "step_over_floor_median": statistics.median(ratios),
         "step_over_floor_best": min(step_s) / min(floor_s),
-        "batch_bucket": batch,
-        "layerwise_decode": sampler.layerwise_decode,
-        "cache_length": cache_length,
+        "prefill_s": list(prefill_s),
+        "decode_s": list(decode_s),
+        "floor_s": list(floor_s),
+    }
+
+
+def combine_rounds(rounds: list[dict], batch: int, new_tokens: int) -> dict:
+    """One summary of every round's timed calls (the rounds are `time_sampler`'s results, in order).
+
+    `first_call_s` is the first round's first call, the only one that compiles
+    (later rounds' first calls reuse the compiled programs: kept per round in
+    `first_call_s_per_round`); means are over all rounds' calls, bests are the
+    best call of any round; `rounds` keeps each round's own summary.
+    """
+    if not rounds:
+        raise ValueError("no rounds to combine")
+    for key in ("batch_bucket", "layerwise_decode", "cache_length"):
+        if len({r[key] for r in rounds}) != 1:
+            raise ValueError(f"rounds disagree on {key}: {[r[key] for r in rounds]}")
+    joined = summarise_calls(rounds[0]["first_call_s"], *([x for r in rounds for x in r[key]]
+                                                           for key in ("prefill_s", "decode_s", "floor_s")),
+                             batch, new_tokens)
+    return joined | {
+        "first_call_s_per_round": [r["first_call_s"] for r in rounds],
+        "calls_timed": len(joined["decode_s"]),
+        "batch_bucket": rounds[0]["batch_bucket"],
+        "layerwise_decode": rounds[0]["layerwise_decode"],
+        "cache_length": rounds[0]["cache_length"],
+        "rounds": rounds,
     }
 
 
@@ -323,22 +370,61 @@ def step_products_time(products: list[tuple[int, int, int]], xla: ProductTimer =
             "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}
 
 
+def peer_max_prompt_length(prompt_len: int) -> int:
+    """The `--max-prompt-length` the tunix driver gets: the prompt's tokens plus tunix's BOS.
+
+    tunix 0.1.7's `Sampler.__call__` prepends BOS to each prompt and left-pads
+    every prompt to `max_prompt_length`, unless that is shorter than the
+    longest prompt, in which case it pads to the next power of two of the
+    longest prompt instead; it then refuses (ValueError) a call whose
+    `max_prompt_length + max_generation_steps` exceeds the cache, which the
+    driver sizes `--max-prompt-length + --new-tokens`. The driver's words are
+    one token each, so `prompt_len + 1` is the smallest value tunix accepts
+    as given: no padding slot, and a cache of exactly prompt + BOS + new
+    tokens (the driver's default of 32 pads a 16-token prompt to 32 and crashes
+    on prompts of 32 tokens or more).
+    """
+    return prompt_len + 1
+
+
+def peer_command(args: argparse.Namespace) -> list[str]:
+    """The peer driver's command line for this benchmark's shapes."""
+    return [args.peer_python, args.peer_script, "--batch", str(args.batch), "--new-tokens", str(args.new_tokens),
+            "--prompt-len", str(args.prompt_len), "--max-prompt-length", str(peer_max_prompt_length(args.prompt_len)),
+            "--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
+            "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--dtype", args.dtype,
+            "--mode", args.mode, "--iters", str(args.iters)]
+
+
 def run_peer(args: argparse.Namespace) -> dict:
     """One run of the peer's driver on this benchmark's shapes (its own compile, warm-up and timing)."""
     if not args.peer_python:
         raise SystemExit("--peer tunix needs --peer-python (a scratch venv with google-tunix installed)")
     if not Path(args.peer_script).is_file():
         raise SystemExit(f"--peer-script {args.peer_script} does not exist")
-    command = [args.peer_python, args.peer_script, "--batch", str(args.batch), "--new-tokens", str(args.new_tokens),
-               "--prompt-len", str(args.prompt_len),  # tunix pads prompts to its --max-prompt-length (default 32)
-               "--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
-               "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--dtype", args.dtype,
-               "--mode", args.mode, "--iters", str(args.iters)]
+    command = peer_command(args)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the peer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    if peer.get("max_prompt_length") != peer_max_prompt_length(args.prompt_len):
+        raise RuntimeError(f"the peer ran with max_prompt_length {peer.get('max_prompt_length')}, "
+                           f"not {peer_max_prompt_length(args.prompt_len)}")
+    return peer
+
+
+def peer_comparison(name: str, ours: list[dict], peers: list[dict], prompt_len: int, new_tokens: int) -> dict:
+    """Ours against the peer, round by round (`ours[i]` and `peers[i]` ran back to back): each side's
+    tokens/s per round is the mean of that round's calls, and the speedup is the ratio of the two sides'
+    means over the same rounds."""
+    ours_tps = [r["tokens_per_s_mean"] for r in ours]
+    peer_tps = [r["tokens_per_s"] for r in peers]
+    max_prompt = peer_max_prompt_length(prompt_len)
+    return {"name": name, "runs": peers, "tokens_per_s": peer_tps, "ours_tokens_per_s": ours_tps,
+            "max_prompt_length": max_prompt, "cache_size": max_prompt + new_tokens,
+            "speedup_of_means": statistics.mean(ours_tps) / statistics.mean(peer_tps),
+            "speedup_per_round": [o / q for o, q in zip(ours_tps, peer_tps, strict=True)]}
 
 
 def _timed(fn) -> float:
@@ -366,8 +452,9 @@ def main() -> None:
         ours.append(time_sampler(sampler, model, prompts, args))
         if args.peer != "none":
             peers.append(run_peer(args))
-    gflops = min(gflops_before, matmul_gflops(args.dtype, peak_size))
-    result = dict(ours[-1])
+    gflops_readings = [gflops_before, matmul_gflops(args.dtype, peak_size)]
+    gflops = max(gflops_readings)  # the best the machine did: a lower peak would raise the compute floor
+    result = combine_rounds(ours, args.batch, args.new_tokens)
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
     result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
     if on_cpu:
@@ -378,13 +465,10 @@ def main() -> None:
         result.update(dict.fromkeys(("step_products_xla_ms", "step_products_xla_gflops", "step_products_numpy_ms",
                                      "step_products_numpy_gflops", "step_over_xla_products")))
     if peers:
-        ours_tps = [r["tokens_per_s_mean"] for r in ours]
-        peer_tps = [r["tokens_per_s"] for r in peers]
-        result["peer"] = {"name": args.peer, "runs": peers, "tokens_per_s": peer_tps, "ours_tokens_per_s": ours_tps,
-                          "speedup_of_means": statistics.mean(ours_tps) / statistics.mean(peer_tps),
-                          "speedup_per_round": [o / q for o, q in zip(ours_tps, peer_tps, strict=True)]}
+        result["peer"] = peer_comparison(args.peer, ours, peers, args.prompt_len, args.new_tokens)
     result.update(
         matmul_gflops=gflops,
+        matmul_gflops_readings=gflops_readings,
         matmul_peak_shape=f"{peak_size}^3 {args.dtype}",
         device_kind=jax.devices()[0].device_kind,
         load_average_1min=max(load_before, os.getloadavg()[0]),
@@ -396,10 +480,13 @@ def main() -> None:
         jax_version=jax.__version__,
     )
     r = result
+    over = f"{len(ours)} round{'s' if len(ours) > 1 else ''} x {args.iters} calls"
     rows = [
-        ("tokens/s (prefill+decode) mean / best", f"{r['tokens_per_s_mean']:.0f} / {r['tokens_per_s_best']:.0f}"),
-        ("tokens/s (decode only) mean / best", f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
-        ("first call (compile) s", f"{r['first_call_s']:.2f}"),
+        (f"tokens/s (prefill+decode) mean / best call, {over}",
+         f"{r['tokens_per_s_mean']:.0f} / {r['tokens_per_s_best']:.0f}"),
+        ("tokens/s (decode only) mean / best call",
+         f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
+        ("first call of round 1 (compile) s", f"{r['first_call_s']:.2f}"),
         ("prefill ms mean / best", f"{r['prefill_ms_mean']:.2f} / {r['prefill_ms_best']:.2f}"),
         ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
         ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
@@ -408,7 +495,8 @@ def main() -> None:
          f"{r['physical_floor_ms']:.4f} ({r['floor_memory_ms']:.4f} / {r['floor_compute_ms']:.4f})"),
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
         ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
-        (f"matmul GFLOP/s, {r['matmul_peak_shape']} (median; on a CPU lower = busier)", f"{r['matmul_gflops']:.0f}"),
+        (f"matmul GFLOP/s, {r['matmul_peak_shape']}, before / after (median each; the floor uses the max)",
+         " / ".join(f"{x:.0f}" for x in r["matmul_gflops_readings"])),
     ]
     if on_cpu:
         rows += [
@@ -424,9 +512,11 @@ def main() -> None:
     if peers:
         peer = r["peer"]
         rows += [
-            ("ours tokens/s per round", " ".join(f"{x:.0f}" for x in peer["ours_tokens_per_s"])),
+            (f"{args.peer} max_prompt_length (prompt + BOS), cache",
+             f"{peer['max_prompt_length']}, {peer['cache_size']} (ours: cache {r['cache_length']})"),
+            ("ours tokens/s per round (mean of its calls)", " ".join(f"{x:.0f}" for x in peer["ours_tokens_per_s"])),
             (f"{args.peer} tokens/s per round", " ".join(f"{x:.0f}" for x in peer["tokens_per_s"])),
-            (f"ours / {args.peer} (ratio of means; per round)",
+            (f"ours / {args.peer} (ratio of the per-round means' means; per round)",
              f"{peer['speedup_of_means']:.2f}x; " + " ".join(f"{x:.2f}" for x in peer["speedup_per_round"])),
         ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
