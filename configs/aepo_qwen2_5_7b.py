@@ -6,7 +6,8 @@ Hardware: 7.6B params x 12 bytes (float32 master + AdamW moments) ~ 91 GB
 plus a bfloat16 copy (15 GB). Mesh: fsdp=8 x tensor=4 (32 devices), `data`
 taking any extra devices. The train step, the scorer and a step's rollouts
 (2048 trajectories, a ragged 8k-slot KV cache of 0.9 TiB) fit a v5p-64 slice
-(32 chips; at most 34.9 GiB per chip, `make memory-plan`, docs/scaling.md). No GPU plan was compiled.
+(32 chips; the per-chip figures, planned by `make memory-plan`, are in docs/scaling.md, "Meshes that fit").
+No GPU plan was compiled.
 Qwen2.5-7B has 28 query / 4 key-value heads, so tensor must divide 4 (a launch refuses other sizes).
 
 One 8-GPU node cannot hold this config's rollout. Its KV cache is rows x slots x 56 KiB (28 layers x K and V

@@ -8,8 +8,10 @@ Hardware: float32 master weights + AdamW moments are 14.8B x 12 bytes
 sequences. Mesh: fsdp=8 x tensor=4 per replica and `data` taking the rest.
 The train step, the scorer and a step's rollouts (768 trajectories, a ragged
 8k-slot KV cache of 1.25 TiB) fit a TPU v5p-64 slice (32 chips, 95 GB HBM
-each; at most 44.9 GiB per chip, `make memory-plan`, docs/scaling.md); a
-v5p-128 slice adds data parallelism. On GPUs: 8 nodes of 8 x H100/H200. Qwen3-14B has 40 query / 8 key-value heads, so tensor must
+each; the per-chip figures, planned by `make memory-plan`, are in
+docs/scaling.md, "Meshes that fit"); a v5p-128 slice adds data parallelism.
+On GPUs: the mesh's 32 devices are 4 nodes of 8 x H100/H200 (docs/scaling.md,
+"Launch"). Qwen3-14B has 40 query / 8 key-value heads, so tensor must
 divide 8.
 
 Variants (`--config configs/aepo_qwen3_14b.py:ARG`): no ARG is the paper's

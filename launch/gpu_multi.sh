@@ -8,8 +8,10 @@
 # Host 0's address is the coordinator. `maybe_initialize_distributed` reads the
 # three variables and calls jax.distributed.initialize(); each process then
 # drives all local GPUs (one process per host) and reads its own data shard.
-# Under SLURM the variables may be left out: with SLURM_NTASKS > 1 JAX detects
-# the cluster itself (`srun launch/gpu_multi.sh CONFIG WORKDIR`).
+# Under SLURM the variables may be left out in a task of an srun step (SLURM_PROCID
+# set): JAX detects the cluster itself. Run one task per node, with the node's GPUs:
+#   srun -N4 --ntasks-per-node=1 --gpus-per-node=8 launch/gpu_multi.sh CONFIG WORKDIR
+# (the process takes the GPUs CUDA_VISIBLE_DEVICES lists, `slurm_local_device_ids`).
 # WORKDIR must be on a filesystem shared by every host (checkpoints are
 # written collectively by orbax).
 # Attention backend: the paper configs default to model.attention=splash (TPU
@@ -18,14 +20,15 @@
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  sed -n '2,18p' "$0" >&2
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" >&2  # the header comment
   exit 2
 fi
 CONFIG="$1"
 WORKDIR="$2"
 shift 2
 
-if [[ -z "${SLURM_NTASKS:-}" ]]; then
+# A task of an srun step names itself (SLURM_PROCID); a shell inside salloc sees SLURM_NTASKS but is no task.
+if [[ -z "${SLURM_PROCID:-}" ]]; then
   : "${JAX_COORDINATOR_ADDRESS:?set JAX_COORDINATOR_ADDRESS=host0:port (the same on every host)}"
   : "${JAX_NUM_PROCESSES:?set JAX_NUM_PROCESSES to the number of hosts}"
   : "${JAX_PROCESS_ID:?set JAX_PROCESS_ID to the index of this host (0 on the coordinator)}"

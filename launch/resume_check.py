@@ -20,11 +20,13 @@ from typing import Any
 # (`lr_schedule_follows_run_length`).
 RUN_LENGTH_KEYS: tuple[str, ...] = ("total_steps", "train.total_steps")
 
-# Dotted keys (a trailing "." covers a whole section) a resumed run may set differently.
+# Dotted keys a resumed run may set differently: a trailing "." covers a whole section, a key without
+# one is that key alone (`distributed` is a plain string, not a section).
 RESUME_MAY_CHANGE: tuple[str, ...] = (
     *RUN_LENGTH_KEYS,  # run longer (a decaying lr schedule refuses it: `check_resume_config`)
     "log.", "checkpoint.", "verbose_logs", "validation.",  # logging, saving and held-out validation
-    "distributed.", "mesh.",  # the layout: orbax reshards the state, the data position is global
+    "distributed",  # how the processes start (auto: launch.train; on: tpu_vm.sh, gpu_multi.sh)
+    "mesh.",  # the layout: orbax reshards the state, the data position is global
     "train.micro_batch_size", "train.compilation_cache_dir",  # the same update, in pieces / compiled once
     "model.attention", "model.remat", "model.logits_chunk_size",  # the same maths, other kernels or memory
     "rollout.tool_concurrency", "rollout.python_preload", "rollout.background_compile", "rollout.layerwise_decode",

@@ -1,7 +1,7 @@
-"""Shared start-up of the `launch` training entry points: print and save the
-resolved config, refuse to mix a new run into an old workdir, and report a
-configuration error as one line (`launch.config_args` checks the command line
-before this runs)."""
+"""Shared start-up of the `launch` training entry points: check the settings before anything is built,
+check that every host sees one WORKDIR, print and save the resolved config, refuse to mix a new run
+into an old workdir, and report a configuration error as one line (`launch.config_args` checks the
+command line before this runs)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import ml_collections
 
@@ -112,12 +113,15 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
 
 def define_run_flags() -> tuple:
     """`--config`, `--workdir`, `--resume` and `--allow_config_changes` of the training entry points (call
-    once, at import)."""
+    once, at import), listed by the entry point's `--help`."""
     from absl import flags
     from ml_collections import config_flags
 
+    # The flags are the calling entry point's own (its key flags, which `--help` lists), not this module's.
+    flags.disclaim_key_flags()
     config = config_flags.DEFINE_config_file("config", None, "experiment config file (configs/*.py[:arg])",
                                              lock_config=True)
+    flags.declare_key_flag("config")  # config_flags names the module that called it: this one
     workdir = flags.DEFINE_string("workdir", None, "run directory: metrics, checkpoints, config")
     resume = flags.DEFINE_bool("resume", False, "continue from the newest complete checkpoint in WORKDIR")
     allow_changes = flags.DEFINE_bool("allow_config_changes", False,
@@ -125,6 +129,23 @@ def define_run_flags() -> tuple:
                                       "(launch/resume_check.py; the old config is kept beside it)")
     flags.mark_flags_as_required(["config", "workdir"])
     return config, workdir, resume, allow_changes
+
+
+def require_loadable_config(argv: list[str]) -> None:
+    """Exit with `error: MESSAGE` when the `--config FILE[:ARG]` of `argv` is there but cannot be loaded (an
+    unknown variant ARG, a `launch/run_config.py:RUN_DIR` whose config.json is refused), which config_flags
+    would report as a traceback inside flag parsing. A missing file or a bad override is
+    `config_args.check_config_arguments`'s to report."""
+    from launch.config_args import config_spec, expand_flagfiles, load_config_file
+
+    spec = config_spec(expand_flagfiles(argv)[1:])
+    path = None if spec is None else spec.partition(":")[0]
+    if path is None or not os.path.isfile(path):
+        return
+    try:
+        load_config_file(spec)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"error: {err}" if path in str(err) else f"error: --config {spec}: {err}") from err
 
 
 def require_same_run(cfg: ml_collections.ConfigDict, env) -> None:
@@ -174,23 +195,93 @@ def process_environment(cfg: ml_collections.ConfigDict, workdir: str, process_in
     return environment_from(cfg, env_dir)
 
 
-def check_before_start(cfg: ml_collections.ConfigDict) -> None:
-    """The settings a launch checks before any tool or model starts: the agent loop's
-    (`experiment.loop_config_from`) and an attention kernel this platform has. A bad one exits with
-    `error: MESSAGE` (`config_args.configuration_errors`)."""
+def check_before_start(cfg: ml_collections.ConfigDict, process_index: int = 0, process_count: int = 1,
+                       process_shares: Callable | None = None) -> None:
+    """The settings a launch checks before any tool or model starts (after `jax.distributed` starts, so that
+    every device is known): the agent loop's (`experiment.loop_config_from`), an attention kernel this
+    platform has, a mesh shape that fits the devices (`training.build.make_mesh_from`) and a
+    `model.checkpoint_dir` that is a checkpoint (its config.json, `models.hf_checkpoint.checkpoint_config`).
+    `process_shares(cfg, mesh, process_index, process_count)` is the trainer's own check of what each
+    process takes (RL: `training.rl_trainer.process_shares`, the global batch sizes divided by the
+    processes). A bad one exits with `error: MESSAGE` (`config_args.configuration_errors`), as it would
+    later while the run is built, but before the checkpoint is read and the environment built."""
     from aepo_jax.experiment import loop_config_from
     from aepo_jax.experiment_checks import require_runnable_attention
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+    from aepo_jax.training.build import make_mesh_from
 
     with configuration_errors(bool(cfg.get("verbose_logs", False))):
         loop_config_from(cfg)
         require_runnable_attention(cfg)
+        mesh = make_mesh_from(cfg)
+        if process_shares is not None:
+            process_shares(cfg, mesh, process_index, process_count)
+        # (A GGUF policy brings its own weights: `model_from` reads no checkpoint_dir then.)
+        if cfg.model.get("checkpoint_dir") and cfg.tokenizer.get("kind") != "gguf":
+            try:
+                checkpoint_config(cfg.model.checkpoint_dir)
+            except NotADirectoryError as err:
+                raise SystemExit(f"error: {err}") from err
+
+
+# Written by process 0 at every multi-process start, read by every process (`require_shared_workdir`).
+SHARED_WORKDIR_TOKEN = ".shared-workdir-"
+
+
+def shared_workdir_error(workdir: str, tokens_read: Sequence[str | None], expected: str) -> str | None:
+    """The error for the processes whose `tokens_read` (process i's read of the token file process 0 wrote in
+    WORKDIR; None: no such file) are not `expected`, or None when every process read it."""
+    missing = [index for index, token in enumerate(tokens_read) if token != expected]
+    if not missing:
+        return None
+    return (f"--workdir {workdir} is not one folder shared by every host: process(es) {missing} of "
+            f"{len(tokens_read)} do not see the file process 0 wrote in it. It must be one shared folder at the "
+            "same path on every host (e.g. the same bucket mounted with gcsfuse on every host, or a Filestore or "
+            "NFS share), not each host's own disk: checkpoints are written by every host together, and the "
+            "first save would wait forever")
+
+
+def require_shared_workdir(workdir: str, process_index: int, process_count: int) -> None:
+    """With several processes, a ValueError on every process unless every one sees the file process 0 writes
+    (atomically) in WORKDIR: hosts given the same path on their own disks (a relative path, a bucket mounted
+    on some hosts only) trained a step and then hung forever in the first checkpoint save. A collective:
+    every process calls it at the same point. Each start writes a file of another name, so a filesystem
+    cache (gcsfuse's) cannot answer with an earlier start's; process 0 removes it once all have read."""
+    if process_count == 1:
+        return
+    from aepo_jax.parallel.multihost import gather_objects
+    from aepo_jax.run_paths import require_local_path
+    from aepo_jax.training.atomic_write import write_json_atomically
+
+    require_local_path(workdir, "--workdir")
+    token = None
+    if process_index == 0:
+        token = secrets.token_hex(16)
+        os.makedirs(workdir, exist_ok=True)
+        write_json_atomically(os.path.join(workdir, SHARED_WORKDIR_TOKEN + token), token)
+    expected = gather_objects(token)[0]  # every process waits here until process 0 has written it
+    path = os.path.join(workdir, SHARED_WORKDIR_TOKEN + expected)
+    try:
+        with open(path, encoding="utf-8") as f:
+            read = json.load(f)
+    except (OSError, ValueError):
+        read = None
+    tokens_read = gather_objects(read)
+    if process_index == 0:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    error = shared_workdir_error(workdir, tokens_read, expected)
+    if error:
+        raise ValueError(error)
 
 
 def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer,
-                 allow_config_changes: bool = False) -> int:
+                 allow_config_changes: bool = False, process_shares: Callable | None = None) -> int:
     """The body `launch.train` and `launch.sft` share.
 
-    Initialises multi-host JAX when the environment asks for it, prepares
+    Initialises multi-host JAX when the environment asks for it, checks the settings
+    (`check_before_start`, with the trainer's `process_shares`) and that every process sees the one
+    WORKDIR (`require_shared_workdir`), prepares
     WORKDIR, builds the environment (`aepo_jax.experiment.environment_from`:
     task, tokenizer, tools; each process in its own folder, `process_environment`), sizes a fresh model's vocabulary to the tokenizer,
     then `make_trainer(cfg, env,
@@ -209,16 +300,23 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
 
     from aepo_jax.experiment import start_runtime
 
-    check_before_start(cfg)
-    start_runtime(cfg)
+    check_before_start(cfg, process_index, process_count, process_shares)
+    with configuration_errors(verbose):  # e.g. a gs:// train.compilation_cache_dir
+        try:
+            start_runtime(cfg)
+        except NotADirectoryError as err:
+            raise SystemExit(f"error: {err}") from err
 
     from aepo_jax.parallel.peer_failure import peer_failure_watch
     from aepo_jax.training.preemption import Preempted
 
     # Several processes: one's failure ends them all at once, with its reason (`parallel.peer_failure`).
-    with peer_failure_watch(quiet=(Preempted,)), \
-            workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
-        return _train_in(cfg, workdir, resume, make_trainer, allow_config_changes, process_index, process_count)
+    with peer_failure_watch(quiet=(Preempted,)):
+        with configuration_errors(verbose):  # raised on every process alike
+            require_shared_workdir(workdir, process_index, process_count)
+        with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():
+            return _train_in(cfg, workdir, resume, make_trainer, allow_config_changes, process_index,
+                             process_count)
 
 
 def _train_in(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, make_trainer, allow_config_changes: bool,

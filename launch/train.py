@@ -38,13 +38,18 @@ def make_rl_trainer(cfg, env, process_index: int, process_count: int):
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from aepo_jax.training.rl_trainer import process_shares
     from launch.run_setup import run_training
 
     return run_training(_CONFIG.value, _WORKDIR.value, _RESUME.value, make_rl_trainer,
-                        allow_config_changes=_ALLOW_CONFIG_CHANGES.value)
+                        allow_config_changes=_ALLOW_CONFIG_CHANGES.value, process_shares=process_shares)
 
 
 if __name__ == "__main__":
-    from launch.config_args import run_with_config
+    import sys
 
+    from launch.config_args import run_with_config
+    from launch.run_setup import require_loadable_config
+
+    require_loadable_config(sys.argv)
     run_with_config(main, _CONFIG)

@@ -99,7 +99,9 @@ def initialize_arguments(mode: str | bool = "auto", env: Mapping[str, str] | Non
 
     A one-process launch with "on" passes its variables through: without them
     `initialize()` looks for a cluster (SLURM, a TPU pod...) and, on a plain GPU
-    node, fails with "Number of processes must be defined".
+    node, fails with "Number of processes must be defined". Under SLURM with one
+    task on this node, `local_device_ids` lists the node's GPUs
+    (`slurm_local_device_ids`).
     """
     if isinstance(mode, bool):
         mode = "on" if mode else "off"
@@ -113,8 +115,82 @@ def initialize_arguments(mode: str | bool = "auto", env: Mapping[str, str] | Non
         launch = _named_launch(env) or MultiHostLaunch("flag")
     if launch is None:
         return None
-    return {"coordinator_address": launch.coordinator_address, "num_processes": launch.num_processes,
-            "process_id": launch.process_id}
+    arguments: dict[str, object] = {"coordinator_address": launch.coordinator_address,
+                                    "num_processes": launch.num_processes, "process_id": launch.process_id}
+    devices = slurm_local_device_ids(env)
+    if devices is not None:
+        arguments["local_device_ids"] = devices
+    return arguments
+
+
+# The variables JAX's own SLURM detection needs (jax._src.clusters.SlurmCluster.is_env_present): with them,
+# `initialize()` fills every argument left None from SLURM, local_device_ids=[SLURM_LOCALID] included.
+SLURM_TASK_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:
+    """How many tasks of this SLURM step run on this node, or None when SLURM does not say.
+
+    From `SLURM_STEP_TASKS_PER_NODE` (the step's layout), else `SLURM_NTASKS_PER_NODE` (the
+    `--ntasks-per-node` request), else `SLURM_TASKS_PER_NODE` (the job's layout). A layout lists the
+    nodes in order, compressed ("2(x3),1": three nodes of 2 tasks, then one of 1); where the nodes
+    differ, this node is entry `SLURM_NODEID`.
+    """
+    step = env.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    if step:
+        return _tasks_in_layout(env, "SLURM_STEP_TASKS_PER_NODE")
+    requested = _int_env(env, "SLURM_NTASKS_PER_NODE")
+    if requested is not None:
+        return requested
+    return _tasks_in_layout(env, "SLURM_TASKS_PER_NODE")
+
+
+def _tasks_in_layout(env: Mapping[str, str], name: str) -> int | None:
+    """This node's entry of the task layout in variable `name` (`slurm_tasks_on_this_node`)."""
+    layout = env.get(name, "").strip()
+    if not layout:
+        return None
+    counts: list[int] = []
+    for part in layout.split(","):
+        count, _, repeat = part.strip().partition("(x")
+        try:
+            counts += [int(count)] * (int(repeat.removesuffix(")")) if repeat else 1)
+        except ValueError as err:
+            raise ValueError(f"environment variable {name}={layout!r} is not a SLURM task layout such as "
+                             "'2(x3),1'") from err
+    if len(set(counts)) == 1:
+        return counts[0]
+    node = _int_env(env, "SLURM_NODEID")
+    return counts[node] if node is not None and 0 <= node < len(counts) else None
+
+
+def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
+    """`local_device_ids` for `jax.distributed.initialize` under SLURM when one task runs on this node, so
+    that it drives every GPU of the node; None to leave JAX's choice.
+
+    JAX's SLURM detection gives each process the one GPU `SLURM_LOCALID` (one task per GPU). Launched one
+    task per node, as `launch/gpu_multi.sh` documents, each process would see 1 of the node's GPUs: the
+    mesh would be an eighth of the devices, and a config sized for them would not fit. Here one task on
+    the node takes the GPUs `CUDA_VISIBLE_DEVICES` lists (JAX counts them from 0 in that list). Several
+    tasks on a node keep JAX's one GPU each; `JAX_LOCAL_DEVICE_IDS`, when set, is JAX's own and wins; a
+    platform list without a GPU (`JAX_PLATFORMS=cpu`, tpu) has no GPU to choose. With one task here and
+    no `CUDA_VISIBLE_DEVICES`, the GPUs are not known before JAX starts: a ValueError says what to set.
+    """
+    if not all(env.get(name, "") != "" for name in SLURM_TASK_VARIABLES) or env.get("JAX_LOCAL_DEVICE_IDS"):
+        return None
+    if slurm_tasks_on_this_node(env) != 1:
+        return None
+    platforms = {p.strip() for p in env.get("JAX_PLATFORMS", "").split(",") if p.strip()}
+    if platforms and not platforms & {"cuda", "gpu", "rocm"}:
+        return None
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if visible and not set(visible) & {"-1", "NoDevFiles"}:
+        return list(range(len(visible)))
+    raise ValueError("SLURM runs one task on this node, but CUDA_VISIBLE_DEVICES does not list its GPUs: JAX "
+                     f"would give this process only GPU SLURM_LOCALID={env['SLURM_LOCALID']}. Request the GPUs "
+                     "from SLURM (--gpus-per-node=8 or --gres=gpu:8, which sets CUDA_VISIBLE_DEVICES), or set "
+                     "CUDA_VISIBLE_DEVICES=0,1,...,7 (the node's GPUs) or JAX_LOCAL_DEVICE_IDS yourself; on "
+                     "nodes without GPUs, set JAX_PLATFORMS=cpu")
 
 
 def maybe_initialize_distributed(mode: str | bool = "auto", env: Mapping[str, str] | None = None) -> tuple[int, int]:

@@ -131,6 +131,25 @@ def check_rl_config(config: ml_collections.ConfigDict) -> None:
                          "train.recompute_logp_old=False (the sampler's log-probs are then the ratio's denominator)")
 
 
+def process_shares(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, process_index: int,
+                   process_count: int) -> tuple[int, int, int]:
+    """(prompts of a step, prompts of a mini-batch, batch slices of the mesh) that process `process_index`
+    of `process_count` takes: the config's sizes are global, and each must divide by the processes
+    (`local_share`, a ValueError naming it). With several processes, DAPO's dynamic sampling (a
+    data-dependent number of groups per process) is refused, and the process's batch slices must be whole
+    and one contiguous run (`require_whole_batch_slices`). `launch.run_setup.check_before_start` runs it
+    before anything is built; the trainer again on its own mesh."""
+    prompts = local_share(int(config.data.prompts_per_step), process_count, "data.prompts_per_step")
+    mini_prompts = local_share(mini_batch_prompts(config), process_count, "train.mini_batch_prompts")
+    if process_count > 1 and preset_from(config).dynamic_sampling:
+        raise ValueError("DAPO dynamic sampling keeps a data-dependent number of groups per process; "
+                         "it is not supported with several processes")
+    data_parallel = local_share(data_parallel_size(mesh), process_count, "the mesh's data x fsdp devices")
+    if process_count > 1:
+        require_whole_batch_slices(mesh, process_index, data_parallel)
+    return prompts, mini_prompts, data_parallel
+
+
 class RLTrainer(CheckpointedTrainer):
     """Drives RL training for one config; see the module docstring.
 
@@ -195,17 +214,8 @@ class RLTrainer(CheckpointedTrainer):
         self._logprobs = make_logprob_fn_for_pack(self.run.graphdef, self.step_config, self.pack, self.run.mesh)
         # Multi-host: config sizes are global, this process rolls out and packs its share.
         self.process_count = jax.process_count()
-        self.local_prompts = local_share(int(config.data.prompts_per_step), self.process_count,
-                                         "data.prompts_per_step")
-        self.local_mini_prompts = local_share(mini_batch_prompts(config), self.process_count,
-                                              "train.mini_batch_prompts")
-        if self.process_count > 1 and self.preset.dynamic_sampling:
-            raise ValueError("DAPO dynamic sampling keeps a data-dependent number of groups per process; "
-                             "it is not supported with several processes")
-        self.local_data_parallel = local_share(data_parallel_size(self.run.mesh), self.process_count,
-                                               "the mesh's data x fsdp devices")
-        if self.process_count > 1:
-            require_whole_batch_slices(self.run.mesh, jax.process_index(), self.local_data_parallel)
+        self.local_prompts, self.local_mini_prompts, self.local_data_parallel = process_shares(
+            config, self.run.mesh, jax.process_index(), self.process_count)
         # This process's rows of one micro-batch: its share of the step's (a tree micro-batch is packed here,
         # per process; `train.micro_batch_size` is global, as the flat step splits it).
         self.local_micro_rows = local_micro_batch_rows(self.step_config.micro_batch_size, self.local_data_parallel,

@@ -202,3 +202,26 @@ def test_a_runs_own_config_takes_overrides_typed_by_its_algorithms_defaults(tmp_
         _parse(["prog", f"--config={spec}", "--config.model.logits_chunk_size=abc"])
     with pytest.raises(SystemExit, match="rollout.max_tool_calls cannot be None"):
         _parse(["prog", f"--config={spec}", "--config.rollout.max_tool_calls=None"])
+
+
+def test_an_unknown_config_variant_is_one_line_with_or_without_overrides():
+    """`--config configs/aepo_qwen3_14b.py:bogus` with no override was loaded only inside absl's flag parsing,
+    which printed the config file's ValueError as a traceback (`check_config_arguments` returns early)."""
+    from launch.run_setup import require_loadable_config
+
+    spec = os.path.join(REPO, "configs", "aepo_qwen3_14b.py") + ":bogus"
+    for argv in (["train", "--config", spec], ["train", f"--config={spec}", "--config.seed=1"]):
+        with pytest.raises(SystemExit, match=r"^error: .*aepo_qwen3_14b.py: unknown variant 'bogus'; choose from "
+                                             r"\('release',\)"):
+            require_loadable_config(argv)
+    require_loadable_config(["train", "--config", TINY])  # a config that loads: nothing to say
+    out = _run("launch.train", "--config", spec, "--workdir", "/nonexistent/run")  # stops before any run
+    assert out.returncode == 1 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+
+
+def test_train_help_lists_its_run_flags():
+    """--workdir, --resume and --allow_config_changes are defined in launch.run_setup, and `--help` (the
+    main module's key flags) listed none of them, nor --config."""
+    out = _run("launch.train", "--help")  # (absl exits 1 after its help)
+    for flag in ("--config:", "--workdir:", "--[no]resume:", "--[no]allow_config_changes:"):
+        assert flag in out.stdout, out.stdout

@@ -32,6 +32,23 @@ def test_gpu_script_requires_coordinator_environment():
     assert "JAX_COORDINATOR_ADDRESS" in out.stderr
 
 
+def test_gpu_script_in_an_salloc_shell_still_requires_the_coordinator_environment(tmp_path):
+    """A shell inside `salloc -N4` sees SLURM_NTASKS but is no task of an srun step (no SLURM_PROCID): the
+    script went on without the JAX_* variables, and JAX's SLURM detection then failed it. It tests
+    SLURM_PROCID, as `detect_multihost` does; a task of an srun step goes on."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\nexit 0\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+    env.update(PYTHON=str(fake), SLURM_NTASKS="4", SLURM_JOB_ID="7")
+    script = [os.path.join(REPO, "launch/gpu_multi.sh"), "configs/aepo_tiny.py", "/tmp/w"]
+    out = subprocess.run(["bash", *script], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode != 0 and "JAX_COORDINATOR_ADDRESS" in out.stderr
+    out = subprocess.run(["bash", *script], capture_output=True, text=True, env={**env, "SLURM_PROCID": "0"},
+                         check=False)
+    assert out.returncode == 0, out.stderr
+
+
 def test_gpu_sampler_check_without_an_output_folder_prints_usage_and_writes_nothing(tmp_path):
     out = subprocess.run(["bash", os.path.join(REPO, "benchmarks/gpu_sampler_check.sh")], capture_output=True,
                          text=True, check=False, cwd=tmp_path)
@@ -52,6 +69,7 @@ def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_confi
     settings = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "RUNTIME_VERSION", "PROJECT", "REPO_URL", "BRANCH", "PYTHON")
     env = {k: v for k, v in os.environ.items() if k not in settings}
     env["PATH"] = f"{fake.parent}:{os.environ['PATH']}"
+    env["REPO_URL"] = "https://example.org/aepo-jax.git"  # required (tests/launch/test_tpu_vm_script.py)
     out = subprocess.run(["bash", os.path.join(REPO, "launch/tpu_vm.sh"), "create"], capture_output=True,
                          text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
@@ -65,6 +83,7 @@ def test_tpu_create_installs_the_tested_versions_with_the_extras_the_paper_confi
     install = ssh.split("--command\n", 1)[1]
     assert ".venv/bin/pip install -q -c constraints.txt -e '.[hf,server,tensorboard]' 'jax[tpu]'" in install
     assert "sys.version_info >= (3, 11)" in install
+    assert "git clone --branch main https://example.org/aepo-jax.git aepo-jax" in install
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
         setup = f.read()
     assert '"hf":' in setup and '"server":' in setup and '"tensorboard":' in setup and 'python_requires=">=3.11"' in setup

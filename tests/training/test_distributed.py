@@ -6,6 +6,7 @@ from aepo_jax.parallel.distributed import (
     detect_multihost,
     initialize_arguments,
     maybe_initialize_distributed,
+    slurm_tasks_on_this_node,
 )
 from tests.training.local_cluster import result_lines, start_processes
 
@@ -75,6 +76,59 @@ def test_distributed_arguments_of_multi_host_and_auto_detected_launches():
     assert initialize_arguments("auto", {"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) == auto_detected
     assert initialize_arguments("on", {}) == auto_detected  # "on" without a named coordinator: JAX looks
     assert initialize_arguments("auto", {}) is None
+
+
+# Task 1 of `srun -N4 --ntasks-per-node=1 --gpus-per-node=8 launch/gpu_multi.sh ...`.
+SLURM_ONE_TASK_PER_NODE = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[001-004]", "SLURM_NTASKS": "4",
+                           "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+                           "SLURM_STEP_TASKS_PER_NODE": "1(x4)", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+
+
+def test_one_slurm_task_per_node_drives_every_gpu_of_its_node():
+    """JAX's SLURM detection sets local_device_ids=[SLURM_LOCALID] whenever it is left None, so one
+    process per node (what gpu_multi.sh documents) saw 1 of its 8 GPUs. The named JAX_* variables
+    did not help: initialize() still auto-detects the missing local_device_ids."""
+    every_gpu = list(range(8))
+    assert initialize_arguments("on", SLURM_ONE_TASK_PER_NODE)["local_device_ids"] == every_gpu
+    assert initialize_arguments("auto", SLURM_ONE_TASK_PER_NODE)["local_device_ids"] == every_gpu
+    named = {**SLURM_ONE_TASK_PER_NODE, "JAX_COORDINATOR_ADDRESS": "gpu001:1", "JAX_NUM_PROCESSES": "4",
+             "JAX_PROCESS_ID": "1"}
+    assert initialize_arguments("on", named)["local_device_ids"] == every_gpu
+    one_node = {**SLURM_ONE_TASK_PER_NODE, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_NODEID": "0",
+                "SLURM_STEP_TASKS_PER_NODE": "1"}
+    assert initialize_arguments("on", one_node)["local_device_ids"] == every_gpu
+    # JAX counts the visible GPUs from 0, whichever physical ones SLURM gave the job.
+    four = {**SLURM_ONE_TASK_PER_NODE, "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert initialize_arguments("on", four)["local_device_ids"] == [0, 1, 2, 3]
+
+
+def test_several_slurm_tasks_on_a_node_keep_jaxs_gpu_per_task():
+    per_gpu = {**SLURM_ONE_TASK_PER_NODE, "SLURM_NTASKS": "32", "SLURM_PROCID": "9",
+               "SLURM_STEP_TASKS_PER_NODE": "8(x4)"}
+    assert "local_device_ids" not in initialize_arguments("on", per_gpu)
+    assert "local_device_ids" not in initialize_arguments(  # JAX_LOCAL_DEVICE_IDS is JAX's own, and wins
+        "on", {**SLURM_ONE_TASK_PER_NODE, "JAX_LOCAL_DEVICE_IDS": "0,1"})
+    assert "local_device_ids" not in initialize_arguments("on", {**SLURM_ONE_TASK_PER_NODE, "JAX_PLATFORMS": "cpu"})
+
+
+@pytest.mark.parametrize(("layout", "expected"), [
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x4)"}, 1),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "0"}, 2),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}, None),  # nodes differ and this one is not named
+    ({"SLURM_NTASKS_PER_NODE": "1", "SLURM_TASKS_PER_NODE": "8(x2)"}, 1),  # the request before the job layout
+    ({"SLURM_TASKS_PER_NODE": "8(x2)"}, 8),
+    ({}, None),
+])
+def test_the_tasks_on_this_node_come_from_slurms_layouts(layout, expected):
+    assert slurm_tasks_on_this_node(layout) == expected
+
+
+def test_one_slurm_task_per_node_without_its_gpus_listed_says_what_to_set():
+    unlisted = {k: v for k, v in SLURM_ONE_TASK_PER_NODE.items() if k != "CUDA_VISIBLE_DEVICES"}
+    with pytest.raises(ValueError, match=r"SLURM runs one task on this node, but CUDA_VISIBLE_DEVICES does not list "
+                                         r"its GPUs: .*--gpus-per-node=8.*JAX_LOCAL_DEVICE_IDS"):
+        initialize_arguments("on", unlisted)
 
 
 _ONE_PROCESS_ON = (
