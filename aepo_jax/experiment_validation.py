@@ -52,13 +52,14 @@ def validation_from(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     with the run's agent loop and tools, on the rollout's placement (`placement`: every process calls it),
     scored by each question's data source as `launch.evaluate` scores it. Settings that cannot run are
     refused here, before the first step."""
-    from aepo_jax.evaluation.driver import evaluate
+    from aepo_jax.evaluation.driver import check_examples, evaluate
     from aepo_jax.evaluation.scoring import correctness_reward
 
     every = int(cfg.validation.every)
     if every == 0:
         return None
     examples = validation_examples(cfg, env, workdir)
+    check_examples(examples)  # here, not at the first validation steps later (repeated ids, missing keys)
     require_judge({correctness_reward(ex, None) for ex in examples}, env, "validation")
     require_prompts_fit(examples, env.encode_prompt, "validation")
     batch = int(cfg.validation.batch_questions) or int(cfg.data.prompts_per_step)

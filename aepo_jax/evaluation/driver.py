@@ -125,7 +125,7 @@ class EvalResult:
         return sum(q.math_timeouts for q in self.questions)
 
 
-def _check_examples(examples: Sequence[dict]) -> None:
+def check_examples(examples: Sequence[dict]) -> None:
     """Refuse examples without the keys scoring reads, or sharing an id (each copy would count in pass@k)."""
     if not examples:
         raise ValueError("evaluate needs at least one example")
@@ -229,7 +229,7 @@ def evaluate(
         rolls out its share of every batch (`share_bounds`) on its own devices.
       **reward_kw: passed to the reward (e.g. `pool=`, `judge=`).
     """
-    _check_examples(examples)
+    check_examples(examples)
     placement = placement if placement is not None else HostRolloutPlacement(None)
     part, parts = (jax.process_index(), jax.process_count()) if placement.per_host else (0, 1)
     prompts = [list(map(int, encode_prompt(ex))) for ex in examples]

@@ -6,8 +6,8 @@ the articles "a", "an", "the", collapse whitespace. Scores take the best
 match over a list of gold answers.
 
 One departure: a gold answer that SQuAD normalisation empties ("A", "The The",
-"." — a multiple-choice letter, say) is compared by its lower-cased,
-whitespace-collapsed raw text instead (`comparison_tokens`). Under plain SQuAD
+"." — a multiple-choice letter, say) is compared with articles kept
+(`comparison_tokens`). Under plain SQuAD
 rules every prediction that also normalises to "" (`\\boxed{}`, `\\boxed{the}`)
 would match it.
 """
@@ -31,16 +31,26 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def _without_punctuation(text: str) -> list[str]:
+    """Lower-case words with punctuation dropped and articles kept."""
+    return "".join(ch for ch in text.lower() if ch not in _PUNCTUATION).split()
+
+
 def comparison_tokens(prediction: str, gold: str) -> tuple[list[str], list[str]]:
     """The (prediction, gold) tokens that exact match and F1 compare.
 
     SQuAD-normalised tokens; when the gold answer normalises to nothing, both
-    sides' lower-cased raw whitespace tokens instead, so "The The" matches
-    "the the" but neither "the" nor an empty prediction.
+    sides lower-cased with punctuation dropped but articles kept (so "The The"
+    matches "the the" and "(A)" matches "A", but neither matches "the" or an
+    empty prediction), and when that is empty too (a gold of punctuation only),
+    both sides' lower-cased raw words.
     """
     gold_tokens = normalize_answer(gold).split()
     if gold_tokens:
         return normalize_answer(prediction).split(), gold_tokens
+    gold_tokens = _without_punctuation(gold)
+    if gold_tokens:
+        return _without_punctuation(prediction), gold_tokens
     return prediction.lower().split(), gold.lower().split()
 
 

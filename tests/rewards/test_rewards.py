@@ -155,10 +155,19 @@ def test_reward_for_source(source, reward):
         assert reward_for_source(source) == reward
 
 
-@pytest.mark.parametrize("source", ["athlete_bios", "mathletes", "hotpotatoes", "camcorder_reviews"])
-def test_tags_match_whole_tokens_not_substrings(source):
-    """Each name holds a tag inside a word ("athlete" holds "hle" and went to the LLM judge)."""
+@pytest.mark.parametrize("source", ["athlete_bios", "camcorder_reviews", "dogsmell"])
+def test_short_tags_match_whole_tokens_only(source):
+    """Each name holds a three-letter tag inside a word ("athlete" holds "hle" and went to the LLM judge)."""
     assert matched_source_tag(source) is None
+
+
+@pytest.mark.parametrize(("source", "reward"), [
+    ("NuminaMath-CoT", "math_equiv"), ("OpenMathReasoning", "math_equiv"), ("MetaMathQA", "math_equiv"),
+    ("xbenchdeepsearch", "llm_judge"), ("browsecompzh", "llm_judge"), ("hle_text_only", "llm_judge"),
+    ("gsm8k_test", "math_equiv"), ("amc23", "math_equiv"),
+])
+def test_longer_tags_match_inside_a_word(source, reward):
+    assert reward_for_source(source) == reward
 
 
 def test_unknown_source_falls_back_to_qa_f1_and_warns_naming_it():

@@ -105,3 +105,20 @@ def test_a_run_without_held_out_questions_is_refused_naming_validation_data_path
             validation_examples(cfg, env, str(tmp_path / "run"))
     finally:
         env.close()
+
+
+def test_held_out_questions_sharing_an_id_are_refused_before_the_first_step(tmp_path):
+    """Two files concatenated, each numbered from 0: every copy would be sampled and counted, and the
+    evaluation refuses them; the run refuses them when validation is built, not at its first validation."""
+    cfg = _config()
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(f'{{"id": "q{i % 2}", "question": "what is {i} plus {i}?", "answer": "{2 * i}"}}\n'
+                                for i in range(4)))
+    cfg.validation.every = 2
+    cfg.validation.data_path = str(held_out)
+    env = environment_from(cfg, str(tmp_path / "env"))
+    try:
+        with pytest.raises(ValueError, match=r"question id\(s\) occur more than once, e\.g\. \['q0'"):
+            validation_from(cfg, env, graphdef=None, placement=None, workdir=str(tmp_path / "run"))
+    finally:
+        env.close()
