@@ -184,18 +184,34 @@ def _free_tokens(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--free-tokens takes N or LOW:HIGH, got {text!r}") from None
 
 
-# Seconds this process spent making programs so far (jax.monitoring, below): on the thread that runs the
-# rollout (on the spot), or on the sampler's background compile threads; and how many XLA compiles.
-_COMPILE_SECONDS = {"on_the_spot": 0.0, "background": 0.0}
+# Time this process spent making programs so far (jax.monitoring, below): on the thread that runs the
+# rollout (on the spot) as (start, end) intervals, whose union is the time (a jit traced inside another's
+# trace reports its own event within the outer one's), and as summed event seconds on the sampler's
+# background compile threads; and how many XLA compiles.
+_ON_THE_SPOT: list[tuple[float, float]] = []
+_COMPILE_SECONDS = {"background": 0.0}
 _BACKEND_COMPILES = [0]
 
 
 def _count_compile(event: str, seconds: float, **_) -> None:
     if event in COMPILE_EVENTS:
-        where = "on_the_spot" if threading.current_thread() is threading.main_thread() else "background"
-        _COMPILE_SECONDS[where] += seconds
+        if threading.current_thread() is threading.main_thread():
+            end = time.perf_counter()
+            _ON_THE_SPOT.append((end - seconds, end))
+        else:
+            _COMPILE_SECONDS["background"] += seconds
     if event == BACKEND_COMPILE_EVENT:
         _BACKEND_COMPILES[0] += 1
+
+
+def on_the_spot_seconds(since: int = 0) -> float:
+    """The union of the on-the-spot compile intervals recorded from index `since` on, in seconds."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(_ON_THE_SPOT[since:]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
@@ -208,7 +224,7 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
     with `census`, also the most KV cache alive at once (`LiveCacheCensus`)."""
     device_before = sampler.device_seconds
     counters_before = sampler.compile_counters
-    compile_before = dict(_COMPILE_SECONDS)
+    compile_before, spot_before = dict(_COMPILE_SECONDS), len(_ON_THE_SPOT)
     programs_before = _BACKEND_COMPILES[0]
     counting = LiveCacheCensus(sampler) if census else contextlib.nullcontext()
     start = time.perf_counter()
@@ -217,7 +233,7 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
                                 rng=np.random.default_rng(repeat), key=jax.random.key(repeat))
     seconds = time.perf_counter() - start
     caches = {"peak_caches": counting.peak_caches, "largest_batch": counting.largest_batch} if census else {}
-    compile_seconds = _COMPILE_SECONDS["on_the_spot"] - compile_before["on_the_spot"]
+    compile_seconds = on_the_spot_seconds(spot_before)
     # Background compiles this run queued and did not finish: finished here, outside its time, so they do
     # not run during (and slow) the next timed run, which may be another schedule's.
     drain_start = time.perf_counter()

@@ -299,19 +299,18 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
         process_index, process_count = maybe_initialize_distributed(cfg.distributed)
 
     from aepo_jax.experiment import start_runtime
-
-    check_before_start(cfg, process_index, process_count, process_shares)
-    with configuration_errors(verbose):  # e.g. a gs:// train.compilation_cache_dir
-        try:
-            start_runtime(cfg)
-        except NotADirectoryError as err:
-            raise SystemExit(f"error: {err}") from err
-
     from aepo_jax.parallel.peer_failure import peer_failure_watch
     from aepo_jax.training.preemption import Preempted
 
-    # Several processes: one's failure ends them all at once, with its reason (`parallel.peer_failure`).
+    # Several processes: one's failure ends them all at once, with its reason (`parallel.peer_failure`); the
+    # checks too, since one host may fail one alone (its own copy of model.checkpoint_dir missing, say).
     with peer_failure_watch(quiet=(Preempted,)):
+        check_before_start(cfg, process_index, process_count, process_shares)
+        with configuration_errors(verbose):  # e.g. a gs:// train.compilation_cache_dir
+            try:
+                start_runtime(cfg)
+            except NotADirectoryError as err:
+                raise SystemExit(f"error: {err}") from err
         with configuration_errors(verbose):  # raised on every process alike
             require_shared_workdir(workdir, process_index, process_count)
         with workdir_lock(workdir) if process_index == 0 else contextlib.nullcontext():

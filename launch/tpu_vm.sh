@@ -28,6 +28,8 @@
 #     https://github.com/ORG/aepo-jax.git], BRANCH [main], PYTHON [python3; it must be >= 3.11: if the
 #     runtime image's is older, install one on the workers (e.g. python3.11 and python3.11-venv) and
 #     run `PYTHON=python3.11 launch/tpu_vm.sh install`],
+#   START_CHECK_S [15: `run` waits this long and fails if a worker's training has already exited with an
+#     error],
 #   FORWARD_ENV [none: names of local environment variables whose values `run` and `evaluate` export on
 #     every worker, e.g. FORWARD_ENV="JUDGE_API_KEY LIBTPU_INIT_ARGS XLA_FLAGS" (the judge's key is the
 #     variable reward.judge_api_key_env names). They travel inside the ssh command, which this script
@@ -51,6 +53,7 @@ PYTHON="${PYTHON:-python3}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-v2-alpha-tpuv5}"
 REPO_URL="${REPO_URL:-}"
 BRANCH="${BRANCH:-main}"
+START_CHECK_S="${START_CHECK_S:-15}"
 PROJECT_FLAG=()
 if [[ -n "${PROJECT:-}" ]]; then
   PROJECT_FLAG=(--project "${PROJECT}")
@@ -129,8 +132,16 @@ run() {
   # Every argument quoted (printf %q), so that it reaches every worker as one argument, spaces included.
   train="$(printf ' %q' .venv/bin/python -m launch.train --config "${config}" --workdir "${workdir}" \
     --config.distributed=on "$@")"
+  # A worker that still runs an earlier training refuses a second one (both would claim its chips);
+  # a training that fails within START_CHECK_S seconds (a bad setting) fails the command, with its log's end.
   remote="${exports}cd aepo-jax && mkdir -p logs || exit 1; log=logs/train-\$(hostname).log; "
-  remote+="nohup${train} >> \"\${log}\" 2>&1 < /dev/null & "
+  remote+="if [[ -f logs/train.pid ]] && kill -0 \$(cat logs/train.pid) 2>/dev/null; then "
+  remote+="echo \"\$(hostname): a training started earlier still runs (pid \$(cat logs/train.pid))\" >&2; exit 1; fi; "
+  remote+="nohup${train} >> \"\${log}\" 2>&1 < /dev/null & pid=\$!; echo \${pid} > logs/train.pid; "
+  remote+="sleep $(printf '%q' "${START_CHECK_S}"); "
+  remote+="if ! kill -0 \${pid} 2>/dev/null && ! wait \${pid}; then "
+  remote+="echo \"\$(hostname): the training exited at once; the end of ~/aepo-jax/\${log}:\" >&2; "
+  remote+="tail -n 20 \"\${log}\" >&2; exit 1; fi; "
   remote+="echo \"\$(hostname): training in the background, log ~/aepo-jax/\${log}\""
   on_all_workers "${remote}"
 }
@@ -146,7 +157,8 @@ evaluate() {
   [[ $# -ge 1 ]] || usage
   local workdir="$1"
   shift 1
-  require_absolute_workdir "${workdir}"
+  # `none`: the base model's own evaluation (launch.evaluate --checkpoint none), no run directory.
+  [[ "${workdir,,}" == none ]] || require_absolute_workdir "${workdir}"
   local exports
   exports="$(forwarded_env)"
   on_all_workers "${exports}cd aepo-jax &&$(printf ' %q' .venv/bin/python -m launch.evaluate \

@@ -186,6 +186,8 @@ def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if visible and not set(visible) & {"-1", "NoDevFiles"}:
         return list(range(len(visible)))
+    if not platforms and "CUDA_VISIBLE_DEVICES" not in env:
+        return None  # nothing says this node has GPUs (a CPU cluster): JAX's own choice
     raise ValueError("SLURM runs one task on this node, but CUDA_VISIBLE_DEVICES does not list its GPUs: JAX "
                      f"would give this process only GPU SLURM_LOCALID={env['SLURM_LOCALID']}. Request the GPUs "
                      "from SLURM (--gpus-per-node=8 or --gres=gpu:8, which sets CUDA_VISIBLE_DEVICES), or set "

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,11 @@ def test_rollout_bench_counts_tracing_lowering_and_compiling_of_a_new_program():
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         before, compiles_before = dict(rollout_bench._COMPILE_SECONDS), rollout_bench._BACKEND_COMPILES[0]
-        jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+        spot_before = len(rollout_bench._ON_THE_SPOT)
+        inner = jax.jit(lambda x: jnp.sin(x) * 2.0)  # traced inside the outer trace: its events nest in the outer's
+        start = time.perf_counter()
+        jax.jit(lambda x: jnp.tanh(inner(x)) * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+        wall = time.perf_counter() - start
         on_the_spot = [(event, seconds) for event, seconds in seen if event in rollout_bench.COMPILE_EVENTS]
         # A compile on another thread (the sampler's background compiles) is counted apart: it is not
         # taken out of a run's seconds.
@@ -65,9 +70,23 @@ def test_rollout_bench_counts_tracing_lowering_and_compiling_of_a_new_program():
     background = made[len(on_the_spot):]
     assert {event for event, _ in on_the_spot} == set(rollout_bench.COMPILE_EVENTS), seen
     assert {event for event, _ in background} == set(rollout_bench.COMPILE_EVENTS), seen
-    spot = rollout_bench._COMPILE_SECONDS["on_the_spot"] - before["on_the_spot"]
-    assert spot == pytest.approx(sum(seconds for _, seconds in on_the_spot), abs=1e-9)
+    # Every event counted, nested ones once: the union of the intervals, within the call's own wall time.
+    assert len(rollout_bench._ON_THE_SPOT) - spot_before == len(on_the_spot)
+    spot = rollout_bench.on_the_spot_seconds(spot_before)
+    assert max(seconds for _, seconds in on_the_spot) <= spot + 1e-9 and spot <= wall + 1e-3
+    assert rollout_bench.on_the_spot_seconds(len(rollout_bench._ON_THE_SPOT)) == 0.0
     behind = rollout_bench._COMPILE_SECONDS["background"] - before["background"]
     assert behind == pytest.approx(sum(seconds for _, seconds in background), abs=1e-9)
     xla_compiles = sum(event == rollout_bench.BACKEND_COMPILE_EVENT for event, _ in seen)
     assert xla_compiles >= 2 and rollout_bench._BACKEND_COMPILES[0] - compiles_before == xla_compiles
+
+
+def test_on_the_spot_compile_time_is_the_union_of_nested_and_separate_intervals():
+    from benchmarks import rollout_bench
+
+    since = len(rollout_bench._ON_THE_SPOT)
+    rollout_bench._ON_THE_SPOT.extend([(2.0, 3.0), (0.0, 10.0), (12.0, 13.0), (12.5, 14.0)])
+    try:
+        assert rollout_bench.on_the_spot_seconds(since) == pytest.approx(10.0 + 2.0)  # [0, 10] and [12, 14]
+    finally:
+        del rollout_bench._ON_THE_SPOT[since:]

@@ -15,7 +15,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "launch/tpu_vm.sh")
 SETTINGS = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "RUNTIME_VERSION", "PROJECT", "REPO_URL", "BRANCH", "PYTHON",
-            "FORWARD_ENV")
+            "FORWARD_ENV", "START_CHECK_S")
 
 
 @pytest.fixture
@@ -39,6 +39,7 @@ def slice_(tmp_path):
     gcloud.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in SETTINGS and k != "SECRET_KEY"}
     env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    env["START_CHECK_S"] = "0"  # the fake python is done at once
     return env, home, calls, record
 
 
@@ -110,3 +111,31 @@ def test_settings_that_cannot_work_are_refused_before_any_gcloud_call(slice_, ar
     assert out.returncode == 2
     assert message in out.stderr
     assert not calls.exists()
+
+
+def test_a_training_that_fails_at_once_fails_the_command_with_its_log(slice_):
+    """Started in the background, a run refused at start (a bad setting) looked like a run under way."""
+    env, home, _, _ = slice_
+    python = home / "aepo-jax" / ".venv" / "bin" / "python"
+    python.write_text("#!/usr/bin/env bash\necho 'error: train.mini_batch_prompts=1 is global'\nexit 1\n")
+    out = _run({**env, "START_CHECK_S": "1"}, "run", "configs/aepo_tiny.py", "/mnt/b/run")
+    assert out.returncode != 0
+    assert "the training exited at once" in out.stderr and "error: train.mini_batch_prompts=1" in out.stderr
+
+
+def test_a_second_run_while_a_training_still_runs_is_refused(slice_):
+    env, home, _, record = slice_
+    logs = home / "aepo-jax" / "logs"
+    logs.mkdir()
+    (logs / "train.pid").write_text(f"{os.getpid()}\n")  # a process that is alive
+    out = _run(env, "run", "configs/aepo_tiny.py", "/mnt/b/run")
+    assert out.returncode != 0 and "a training started earlier still runs" in out.stderr
+    assert not record.exists()
+
+
+def test_evaluate_none_is_the_base_models_evaluation(slice_):
+    """`launch.evaluate --checkpoint none` needs no run directory; the absolute-path check refused it."""
+    env, _, _, record = slice_
+    out = _run(env, "evaluate", "none", "--config", "configs/aepo_tiny.py")
+    assert out.returncode == 0, out.stderr
+    assert _recorded(record)[:4] == ["[-m]", "[launch.evaluate]", "[--checkpoint]", "[none]"]

@@ -126,9 +126,16 @@ def test_the_tasks_on_this_node_come_from_slurms_layouts(layout, expected):
 
 def test_one_slurm_task_per_node_without_its_gpus_listed_says_what_to_set():
     unlisted = {k: v for k, v in SLURM_ONE_TASK_PER_NODE.items() if k != "CUDA_VISIBLE_DEVICES"}
-    with pytest.raises(ValueError, match=r"SLURM runs one task on this node, but CUDA_VISIBLE_DEVICES does not list "
-                                         r"its GPUs: .*--gpus-per-node=8.*JAX_LOCAL_DEVICE_IDS"):
-        initialize_arguments("on", unlisted)
+    for gpu_node in ({**unlisted, "JAX_PLATFORMS": "cuda"}, {**unlisted, "CUDA_VISIBLE_DEVICES": ""}):
+        with pytest.raises(ValueError, match=r"SLURM runs one task on this node, but CUDA_VISIBLE_DEVICES does not "
+                                             r"list its GPUs: .*--gpus-per-node=8.*JAX_LOCAL_DEVICE_IDS"):
+            initialize_arguments("on", gpu_node)
+
+
+def test_one_slurm_task_on_a_node_nothing_says_has_gpus_keeps_jaxs_choice():
+    """No JAX_PLATFORMS and no CUDA_VISIBLE_DEVICES: a CPU cluster's node; JAX chooses, as before."""
+    cpu_node = {k: v for k, v in SLURM_ONE_TASK_PER_NODE.items() if k != "CUDA_VISIBLE_DEVICES"}
+    assert "local_device_ids" not in initialize_arguments("on", cpu_node)
 
 
 _ONE_PROCESS_ON = (
