@@ -38,7 +38,8 @@ from flax import nnx
 
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
-from benchmarks.sampler_bench import add_shape_args, build_model, peer_max_prompt_length
+from benchmarks.sampler_bench import add_shape_args, build_model
+from benchmarks.sampler_peer import peer_max_prompt_length
 
 VARIANTS = {"auto": None, "layerwise": True, "stacked": False}
 

@@ -33,7 +33,7 @@ interleaved with this sampler's runs (`--rounds`) in the same process tree and
 minute; google-tunix is never a project dependency. The driver gets
 `--max-prompt-length` = prompt + 1 (tunix prepends BOS and left-pads to that
 length), so tunix pads nothing and its cache is prompt + 1 + new tokens
-(`peer_max_prompt_length`).
+(`benchmarks/sampler_peer.py`, `peer_max_prompt_length`).
 
 The table and the JSON's top level cover all rounds: the first call is round
 1's (the compile), means are over every round's timed calls, bests the best
@@ -47,12 +47,10 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import json
 import math
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +64,7 @@ from aepo_jax.agent.loop_config import LAYERWISE_DECODE
 from aepo_jax.models import Decoder, KVCache, get_preset
 from aepo_jax.sampling import Sampler, SamplingParams
 from benchmarks.bench_json import add_json_flag, write_json
+from benchmarks.sampler_peer import peer_comparison, run_peer
 
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tunix_sampler_bench.py"
 
@@ -368,63 +367,6 @@ def step_products_time(products: list[tuple[int, int, int]], xla: ProductTimer =
     flops = sum(2 * r * k * n for r, k, n in products)
     return {"step_products_xla_ms": 1e3 * xla_s, "step_products_numpy_ms": 1e3 * numpy_s,
             "step_products_xla_gflops": flops / xla_s / 1e9, "step_products_numpy_gflops": flops / numpy_s / 1e9}
-
-
-def peer_max_prompt_length(prompt_len: int) -> int:
-    """The `--max-prompt-length` the tunix driver gets: the prompt's tokens plus tunix's BOS.
-
-    tunix 0.1.7's `Sampler.__call__` prepends BOS to each prompt and left-pads
-    every prompt to `max_prompt_length`, unless that is shorter than the
-    longest prompt, in which case it pads to the next power of two of the
-    longest prompt instead; it then refuses (ValueError) a call whose
-    `max_prompt_length + max_generation_steps` exceeds the cache, which the
-    driver sizes `--max-prompt-length + --new-tokens`. The driver's words are
-    one token each, so `prompt_len + 1` is the smallest value tunix accepts
-    as given: no padding slot, and a cache of exactly prompt + BOS + new
-    tokens (the driver's default of 32 pads a 16-token prompt to 32 and crashes
-    on prompts of 32 tokens or more).
-    """
-    return prompt_len + 1
-
-
-def peer_command(args: argparse.Namespace) -> list[str]:
-    """The peer driver's command line for this benchmark's shapes."""
-    return [args.peer_python, args.peer_script, "--batch", str(args.batch), "--new-tokens", str(args.new_tokens),
-            "--prompt-len", str(args.prompt_len), "--max-prompt-length", str(peer_max_prompt_length(args.prompt_len)),
-            "--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
-            "--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--dtype", args.dtype,
-            "--mode", args.mode, "--iters", str(args.iters)]
-
-
-def run_peer(args: argparse.Namespace) -> dict:
-    """One run of the peer's driver on this benchmark's shapes (its own compile, warm-up and timing)."""
-    if not args.peer_python:
-        raise SystemExit("--peer tunix needs --peer-python (a scratch venv with google-tunix installed)")
-    if not Path(args.peer_script).is_file():
-        raise SystemExit(f"--peer-script {args.peer_script} does not exist")
-    command = peer_command(args)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the peer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    peer = json.loads(done.stdout.strip().splitlines()[-1])
-    if peer.get("max_prompt_length") != peer_max_prompt_length(args.prompt_len):
-        raise RuntimeError(f"the peer ran with max_prompt_length {peer.get('max_prompt_length')}, "
-                           f"not {peer_max_prompt_length(args.prompt_len)}")
-    return peer
-
-
-def peer_comparison(name: str, ours: list[dict], peers: list[dict], prompt_len: int, new_tokens: int) -> dict:
-    """Ours against the peer, round by round (`ours[i]` and `peers[i]` ran back to back): each side's
-    tokens/s per round is the mean of that round's calls, and the speedup is the ratio of the two sides'
-    means over the same rounds."""
-    ours_tps = [r["tokens_per_s_mean"] for r in ours]
-    peer_tps = [r["tokens_per_s"] for r in peers]
-    max_prompt = peer_max_prompt_length(prompt_len)
-    return {"name": name, "runs": peers, "tokens_per_s": peer_tps, "ours_tokens_per_s": ours_tps,
-            "max_prompt_length": max_prompt, "cache_size": max_prompt + new_tokens,
-            "speedup_of_means": statistics.mean(ours_tps) / statistics.mean(peer_tps),
-            "speedup_per_round": [o / q for o, q in zip(ours_tps, peer_tps, strict=True)]}
 
 
 def _timed(fn) -> float:

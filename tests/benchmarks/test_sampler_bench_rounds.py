@@ -8,13 +8,12 @@ import sys
 
 import pytest
 
-from benchmarks.sampler_bench import (
-    combine_rounds,
+from benchmarks.sampler_bench import combine_rounds, summarise_calls
+from benchmarks.sampler_peer import (
     peer_command,
     peer_comparison,
     peer_max_prompt_length,
     run_peer,
-    summarise_calls,
 )
 
 BATCH, NEW = 2, 4
