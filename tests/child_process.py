@@ -2,10 +2,9 @@
 
 One home for the test-only XLA settings, so that children compile with the
 same flags as the suite's own process (tests/conftest.py): LLVM backend
-optimisation off (the programs are tiny and run once) and, through the
-inherited `JAX_COMPILATION_CACHE_DIR`, the suite's persistent compilation
-cache. Children that compile the same program with the same device count then
-load it from the cache instead of compiling it again.
+optimisation off (the programs are tiny and run once). The persistent
+compilation cache settings are inherited too (off by default; conftest.py
+says why).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""Test-wide setup: eight fake CPU devices and one persistent XLA compilation
-cache, both set before jax is imported anywhere, and the hypothesis profiles.
+"""Test-wide setup: eight fake CPU devices and fast-compile XLA flags, set before
+jax is imported anywhere, and the hypothesis profiles.
 
-Most of a test's time on CPU is XLA compilation, and many tests compile the
-same tiny programs (in both xdist workers and in the processes that tests
-start, which inherit the environment). JAX's persistent cache
-(`JAX_COMPILATION_CACHE_DIR`, every program however short its compile) shares
-them: a program is compiled once per run, and once per machine while
-`.pytest_cache/` lasts. The cache key covers the program, the devices, XLA
-flags and the jax version, so a hit is the same executable. Set
-`JAX_COMPILATION_CACHE_DIR` yourself to move it, or `JAX_ENABLE_COMPILATION_CACHE=false`
-to run without it.
+JAX's persistent compilation cache is off by default here
+(`JAX_ENABLE_COMPILATION_CACHE=false`, inherited by the processes tests start):
+writing an XLA:CPU executable to it (`executable.serialize()` in jax 0.10.2's
+`put_executable_and_time`) crashed a test worker with SIGSEGV twice in about ten
+suite-size runs on 2026-12-05 (once in a clean-clone CI run), and a crashed
+worker fails the run. It saved about 6% of the time of `tests/sampling
+tests/rollout` (one run each). Set `JAX_ENABLE_COMPILATION_CACHE=true` to use
+it anyway (`JAX_COMPILATION_CACHE_DIR`, default `.pytest_cache/jax-compilation-cache`,
+every program however short its compile).
 
 Profiles (`HYPOTHESIS_PROFILE=<name>`, default "ci"):
   ci:   derandomized (each test's examples come from a seed fixed by the test
@@ -40,6 +40,7 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + TEST_COMPILE_FLAGS
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
                                    "jax-compilation-cache"))
