@@ -117,7 +117,8 @@ def nullable_keys(config: ml_collections.ConfigDict) -> set[str]:
 
 
 def check_config_arguments(argv: list[str]) -> None:
-    """Exit with a clear message when `--config FILE` does not exist, a `--config.a.b=v` names a key the
+    """Exit with a clear message when `--config FILE[:ARG]` does not exist or does not load (an unknown
+    variant ARG, a `launch/run_config.py:RUN_DIR` whose config.json is refused), a `--config.a.b=v` names a key the
     config lacks, `--config.KEY=None` names a field that is not None-able, or `--config.algorithm` is given
     (it would only relabel the run: the objective and `rollout.strategy` were filled from the file's own
     preset when it loaded).
@@ -136,9 +137,10 @@ def check_config_arguments(argv: list[str]) -> None:
     if not os.path.isfile(path):
         raise SystemExit(f"config file not found: {path} (from --config {spec})")
     _put_root_on_path(path)  # for config_flags too, which loads the file again after this check
-    if not overrides:
-        return
-    config = load_config_file(spec)
+    try:  # config_flags would report an unknown variant ARG (or a refused run config) as a traceback
+        config = load_config_file(spec)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"error: {err}" if path in str(err) else f"error: --config {spec}: {err}") from err
     for index, dotted, _ in overrides:
         node, walked = config, []
         for part in dotted.split("."):

@@ -131,23 +131,6 @@ def define_run_flags() -> tuple:
     return config, workdir, resume, allow_changes
 
 
-def require_loadable_config(argv: list[str]) -> None:
-    """Exit with `error: MESSAGE` when the `--config FILE[:ARG]` of `argv` is there but cannot be loaded (an
-    unknown variant ARG, a `launch/run_config.py:RUN_DIR` whose config.json is refused), which config_flags
-    would report as a traceback inside flag parsing. A missing file or a bad override is
-    `config_args.check_config_arguments`'s to report."""
-    from launch.config_args import config_spec, expand_flagfiles, load_config_file
-
-    spec = config_spec(expand_flagfiles(argv)[1:])
-    path = None if spec is None else spec.partition(":")[0]
-    if path is None or not os.path.isfile(path):
-        return
-    try:
-        load_config_file(spec)
-    except (ValueError, OSError) as err:
-        raise SystemExit(f"error: {err}" if path in str(err) else f"error: --config {spec}: {err}") from err
-
-
 def require_same_run(cfg: ml_collections.ConfigDict, env) -> None:
     """A ValueError on every process when the processes hold different configs, data or tokenizers
     (`parallel.agreement`): each reads its own command line and builds its own environment."""

@@ -46,10 +46,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     from launch.config_args import run_with_config
-    from launch.run_setup import require_loadable_config
 
-    require_loadable_config(sys.argv)
     run_with_config(main, _CONFIG)

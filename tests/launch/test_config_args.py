@@ -206,17 +206,19 @@ def test_a_runs_own_config_takes_overrides_typed_by_its_algorithms_defaults(tmp_
 
 def test_an_unknown_config_variant_is_one_line_with_or_without_overrides():
     """`--config configs/aepo_qwen3_14b.py:bogus` with no override was loaded only inside absl's flag parsing,
-    which printed the config file's ValueError as a traceback (`check_config_arguments` returns early)."""
-    from launch.run_setup import require_loadable_config
-
+    which printed the config file's ValueError as a traceback (`check_config_arguments` returned early);
+    launch.sft and launch.evaluate still did after launch.train stopped."""
     spec = os.path.join(REPO, "configs", "aepo_qwen3_14b.py") + ":bogus"
-    for argv in (["train", "--config", spec], ["train", f"--config={spec}", "--config.seed=1"]):
+    for argv in (["--config", spec], [f"--config={spec}", "--config.seed=1"]):
         with pytest.raises(SystemExit, match=r"^error: .*aepo_qwen3_14b.py: unknown variant 'bogus'; choose from "
                                              r"\('release',\)"):
-            require_loadable_config(argv)
-    require_loadable_config(["train", "--config", TINY])  # a config that loads: nothing to say
-    out = _run("launch.train", "--config", spec, "--workdir", "/nonexistent/run")  # stops before any run
-    assert out.returncode == 1 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+            check_config_arguments(argv)
+    check_config_arguments(["--config", TINY])  # a config that loads: nothing to say
+    for module in ("launch.train", "launch.sft", "launch.evaluate"):  # each stops before any run
+        out = _run(module, "--config", spec, "--workdir", "/nonexistent/run")
+        assert out.returncode == 1 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr, \
+            (module, out.stderr)
+        assert "unknown variant 'bogus'" in out.stderr, (module, out.stderr)
 
 
 def test_train_help_lists_its_run_flags():
