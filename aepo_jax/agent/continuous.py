@@ -25,6 +25,7 @@ from typing import Any
 
 from aepo_jax.agent.protocol import ToolCall
 from aepo_jax.agent.trajectory import Trajectory
+from aepo_jax.parallel.device_turns import off_device_turn
 
 TOOL_THREADS = 32  # the continuous schedule's tool threads when the runner does not say its own limit
 
@@ -82,12 +83,13 @@ class ContinuousSchedule:
     def _wait_for_results(self) -> None:
         """Blocks until a tool result arrives, then while more keep arriving within the arrival window."""
         pending = [future for future in self.waiting.values() if not future.done()]
-        wait(pending, return_when=FIRST_COMPLETED)
-        window = self.cfg.arrival_window_ms / 1000.0
-        while window > 0:
-            pending = [f for f in pending if not f.done()]
-            if not pending or not wait(pending, timeout=window, return_when=FIRST_COMPLETED).done:
-                return
+        with off_device_turn():  # a rollout ahead of training: the trainer's programs run meanwhile
+            wait(pending, return_when=FIRST_COMPLETED)
+            window = self.cfg.arrival_window_ms / 1000.0
+            while window > 0:
+                pending = [f for f in pending if not f.done()]
+                if not pending or not wait(pending, timeout=window, return_when=FIRST_COMPLETED).done:
+                    return
 
     def _too_few_generating(self) -> bool:
         """No row can decode, or few can while the tool runner is busy: wait for results first. A row whose

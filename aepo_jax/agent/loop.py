@@ -58,11 +58,8 @@ from aepo_jax.agent.loop_config import (  # noqa: F401  (re-exported: the loop's
 from aepo_jax.agent.prompt_rounds import PromptRounds
 from aepo_jax.agent.segments import SegmentMeasures
 from aepo_jax.agent.tool_steps import ToolSteps
-from aepo_jax.agent.trajectory import (
-    END_CONTEXT,
-    END_LENGTH,
-    Trajectory,
-)
+from aepo_jax.agent.trajectory import END_CONTEXT, END_LENGTH, Trajectory
+from aepo_jax.parallel.device_turns import offer_device_turn
 
 
 class AgentLoop:
@@ -389,6 +386,7 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
     def _decode(self) -> list[tuple[list[int], str] | None]:
         """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row,
         None for a row waiting on a tool result (it gets no budget)."""
+        offer_device_turn()  # a rollout ahead of training: the trainer's waiting programs go first
         self.key, sub = jax.random.split(self.key)
         limits = [0 if t.traj_id in self.waiting or t.finished else self._limit(t) for t in self.rows]
         if self.cfg.max_segment_tokens is not None:

@@ -14,6 +14,7 @@ from aepo_jax.agent.trajectory import (
     END_TOOL_LIMIT,
     ToolStep,
 )
+from aepo_jax.parallel.device_turns import off_device_turn
 
 
 class ToolSteps:
@@ -24,7 +25,8 @@ class ToolSteps:
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
         calls, malformed = self._classify(outputs)
-        results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
+        with off_device_turn():  # a rollout ahead of training: the trainer's programs run meanwhile
+            results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
         done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
         for (i, call), res in zip(calls, results, strict=True):
             done[i] = (call, str(res.text), bool(res.ok))

@@ -48,6 +48,7 @@ import ml_collections
 import numpy as np
 
 from aepo_jax.objectives import compute_advantages, kl_penalty
+from aepo_jax.parallel.device_turns import off_device_turn
 from aepo_jax.parallel.mesh import require_whole_batch_slices
 from aepo_jax.parallel.multihost import (
     gather_metrics,
@@ -180,10 +181,7 @@ class RLTrainer(CheckpointedTrainer):
         pipeline: Any,
         encode_prompt: Callable[[Any], list[int]],
         reward_fn: RewardFn,
-        graphdef: Any = None,
-        params: Any = None,
-        pad_id: int = 0,
-        process_index: int = 0,
+        graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0,
         mesh: jax.sharding.Mesh | None = None,
     ):
         check_rl_config(config)
@@ -259,7 +257,8 @@ class RLTrainer(CheckpointedTrainer):
         groups, stats = self.rollout_fn(prompts, int(self.config.rollout.k), params, key, rng)
         if len(groups) != len(examples):
             raise RuntimeError(f"rollout_fn returned {len(groups)} groups for {len(examples)} prompts")
-        rewards = [[float(self.reward_fn(ex, traj)) for traj in group] for ex, group in zip(examples, groups)]
+        with off_device_turn():  # rewards launch no device program (a judge may take seconds)
+            rewards = [[float(self.reward_fn(ex, traj)) for traj in group] for ex, group in zip(examples, groups)]
         return groups, rewards, stats
 
     def _collect(self, key: jax.Array, rng: np.random.Generator, params: Any):
@@ -371,6 +370,8 @@ class RLTrainer(CheckpointedTrainer):
     def _batch(self, seqs: RolloutSequences, index: np.ndarray):
         """The one batch builder call: sequences `index` in the `train.pack` layout, shapes
         agreed with the other processes, placed on the mesh as global arrays."""
+        if self._ahead is not None:  # between mini-batches: the rollout in flight launches its waiting programs
+            self._ahead.offer_devices()
         train = self.config.train
         batch, stats = build_train_batch(
             [seqs.sequences[i] for i in index], self.pack, group_ids=seqs.group_ids[index], length=seqs.length,

@@ -16,7 +16,10 @@ over other processes' devices (two threads launching multi-host programs in
 different orders on different hosts can deadlock): the trainer places the
 parameters and draws the key on its own thread, and only rollout functions that
 then sample on their own process's devices (`samples_on_own_devices`, the
-composition root's `AgentRollout`) are accepted.
+composition root's `AgentRollout`) are accepted. Within a process the two threads
+take turns at the devices (`parallel.device_turns`): the rollout holds the turn
+except while it waits for tools, the trainer from a launch to the next `take`,
+offering it between its programs (`offer_devices`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from aepo_jax.parallel.device_turns import DeviceTurns, process_device_turns
 
 THREAD_NAME = "rollout-ahead"
 
@@ -57,9 +62,10 @@ class _Pending:
 class RolloutAhead:
     """At most one rollout in flight on a background thread, for a given step and key."""
 
-    def __init__(self):
+    def __init__(self, turns: DeviceTurns | None = None):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         self._pending: _Pending | None = None
+        self.turns = turns if turns is not None else process_device_turns()
 
     @property
     def pending_step(self) -> int | None:
@@ -71,7 +77,21 @@ class RolloutAhead:
         if self._pending is not None:
             raise RuntimeError(f"rollout_ahead: step {step}'s rollout launched while step "
                                f"{self._pending.step}'s is still pending")
-        self._pending = _Pending(step, _key_data(key), self._pool.submit(collect))
+        if not self.turns.holds():  # the caller (the trainer) holds the turn until it takes this rollout
+            self.turns.acquire()
+        future = self._pool.submit(self._collect_in_turn, collect)
+        self._pending = _Pending(step, _key_data(key), future)
+        # The rollout's first turn now: its first decode runs before the trainer's programs, and its first
+        # tool calls then overlap them.
+        self.turns.hand_over_when(future.done)
+
+    def _collect_in_turn(self, collect: Callable[[], Collected]) -> Collected:
+        with self.turns.turn():
+            return collect()
+
+    def offer_devices(self) -> None:
+        """Let the rollout in flight launch its waiting programs now (the trainer calls it between its own)."""
+        self.turns.offer()
 
     def take(self, step: int, key: jax.Array) -> tuple[Collected, float] | None:
         """(step `step`'s rollout, seconds waited for it), or None when none was launched. Raises
@@ -80,6 +100,8 @@ class RolloutAhead:
         if pending is None:
             return None
         start = time.perf_counter()
+        if self.turns.holds():
+            self.turns.release()
         collected = pending.future.result()
         waited = time.perf_counter() - start
         if pending.step != step or not np.array_equal(pending.key_data, _key_data(key)):
@@ -90,6 +112,8 @@ class RolloutAhead:
     def close(self) -> None:
         """Wait for a rollout in flight (its result is dropped) and stop the thread."""
         pending, self._pending = self._pending, None
+        if self.turns.holds():
+            self.turns.release()
         if pending is not None:
             pending.future.exception()  # waits; what it raised no longer matters to anyone
         self._pool.shutdown(wait=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,8 +20,9 @@ def start_processes(args: list[str], processes: int, devices_each: int) -> list[
         port = s.getsockname()[1]
     procs = []
     for pid in range(processes):
+        # PYTHONFAULTHANDLER: a process that hangs prints every thread's stack when `outputs` aborts it.
         env = child_env(devices_each, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                        JAX_PROCESS_ID=str(pid))
+                        JAX_PROCESS_ID=str(pid), PYTHONFAULTHANDLER="1")
         procs.append(subprocess.Popen([sys.executable, *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs
@@ -44,6 +46,7 @@ def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
             errors.append(err)
     except subprocess.TimeoutExpired:
         hung = len(texts)
+        _abort_with_stacks(procs)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -51,12 +54,26 @@ def outputs(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
                 proc.wait()
     if hung is not None:  # read what every process wrote before it was killed
         errors += [proc.communicate()[1] for proc in procs[len(errors):]]
-    failed = [f"process {i} exited {proc.returncode}:\n{err[-3000:]}"
+    tail = 12000 if hung is not None else 3000  # a hang's stacks: every thread of the process
+    failed = [f"process {i} exited {proc.returncode}:\n{err[-tail:]}"
               for i, (proc, err) in enumerate(zip(procs, errors)) if proc.returncode != 0]
     if hung is not None:
         raise AssertionError(f"process {hung} did not exit within {timeout_s:g} s\n" + "\n".join(failed))
     assert not failed, "\n".join(failed)
     return texts
+
+
+def _abort_with_stacks(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGABRT to each process still running: with PYTHONFAULTHANDLER set it writes every thread's Python
+    stack to its stderr before it dies, which shows where a hang waits."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def stderr_of(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, str]]:

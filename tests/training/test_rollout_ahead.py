@@ -4,12 +4,14 @@ function samples with the previous step's parameters), for overlap, exact resume
 
 import shutil
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from aepo_jax.parallel.device_turns import off_device_turn
 from aepo_jax.training.rollout_ahead import THREAD_NAME, RolloutAhead
 from configs.aepo_tiny import get_config as aepo_config
 from tests.training.fixtures import tiny_model
@@ -58,8 +60,10 @@ def ahead_run(tmp_path_factory):
     """A full rollout_ahead run of STEPS steps (checkpoints at 2, with step 2's rollout in flight, and 3)."""
     workdir = tmp_path_factory.mktemp("ahead")
     trainer = _trainer(_config(ahead=True), workdir)
-    records = trainer.train()
-    trainer.close()
+    try:
+        records = trainer.train()
+    finally:
+        trainer.close()
     return trainer, records, workdir
 
 
@@ -107,36 +111,59 @@ def test_rollout_ahead_runs_the_next_rollout_while_this_step_updates(tmp_path):
     graphdef, _ = tiny_model(seed=0)
     sample = make_sampling_rollout(graphdef)
     # A handshake that only overlap can complete: step s's first update starts only once step s + 1's rollout
-    # has started, and that rollout finishes only once the update has started. Run one after the other, the
-    # first wait would time out.
+    # has started, and that rollout samples only once the update has started. Run one after the other, the
+    # first wait would time out. The two threads take turns at the devices (`parallel.device_turns`): the
+    # rollout waits for the update without its turn (as for tool results), then samples in a turn the
+    # trainer offers before its next mini-batch, so it has finished before the step's last update.
     started = [threading.Event() for _ in range(STEPS)]
     updating = [threading.Event() for _ in range(STEPS)]
-    threads = []
+    finished = [threading.Event() for _ in range(STEPS)]
+    threads, rollout_turns, update_turns, done_before_last_update = [], [], [], []
+    updates_of_step: dict[int, int] = {}
 
     def rollout_fn(prompts, k, params, key, rng):
         step = len(threads)
         threads.append(threading.current_thread().name)
         started[step].set()
-        if step > 0 and not updating[step - 1].wait(timeout=120):
+        with off_device_turn():  # a wait outside the devices, as for tool results: the update may run
+            overlapped = step == 0 or updating[step - 1].wait(timeout=120)
+        if not overlapped:
             raise TimeoutError(f"step {step}'s rollout never overlapped step {step - 1}'s update")
-        return sample(prompts, k, params, key, rng)
+        if step > 0:
+            rollout_turns.append(trainer._ahead.turns.holds())
+        out = sample(prompts, k, params, key, rng)
+        finished[step].set()
+        return out
 
     trainer = _trainer(_config(ahead=True), tmp_path, rollout_fn)
     train_step = trainer._train_step
 
     def handshaking_train_step(state, batch):
         step = int(state.rounds)
-        if step + 1 < STEPS and not started[step + 1].wait(timeout=120):
-            raise TimeoutError(f"step {step + 1}'s rollout had not started when step {step}'s update began")
-        updating[step].set()
+        updates_of_step[step] = updates_of_step.get(step, 0) + 1
+        if step + 1 < STEPS and updates_of_step[step] == 1:
+            if not started[step + 1].wait(timeout=120):
+                raise TimeoutError(f"step {step + 1}'s rollout had not started when step {step}'s update began")
+            updating[step].set()
+            deadline = time.monotonic() + 120  # the rollout now waits for its turn to sample
+            while not trainer._ahead.turns.waiting() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        elif step + 1 < STEPS:  # a later mini-batch: the turn offered before it let the rollout sample
+            done_before_last_update.append(finished[step + 1].is_set())
+        if trainer._ahead.pending_step is not None:
+            update_turns.append(trainer._ahead.turns.holds())
         return train_step(state, batch)
 
     trainer._train_step = handshaking_train_step
-    records = trainer.train()
-    trainer.close()
+    try:
+        records = trainer.train()
+    finally:
+        trainer.close()
     assert len(records) == STEPS
     assert threads[0] == threading.current_thread().name
     assert all(name.startswith(THREAD_NAME) for name in threads[1:]), threads
+    assert rollout_turns == [True] * (STEPS - 1) and update_turns and all(update_turns), (rollout_turns, update_turns)
+    assert done_before_last_update == [True] * (STEPS - 1), (done_before_last_update, updates_of_step)
 
 
 def test_rollout_ahead_raises_what_the_background_rollout_raised(tmp_path):
