@@ -202,7 +202,10 @@ def test_timed_out_math_checks_are_reported_and_warned(setup):
                  "data_source": "math"}]
     with SympyWorkerPool(size=1, timeout_s=1e-6) as pool, \
             pytest.warns(UserWarning, match=r"sympy equivalence check\(s\) ran out of time in this evaluation"):
-        result = setup(EvalConfig(n=2, loop=LOOP, seed=3), free_tokens=0, examples=examples, pool=pool)
+        # The answer at once, no tool rounds first: with the search and python calls before it, one full
+        # suite run scored this question without any sympy check (no warning at all; not reproduced alone).
+        result = setup(EvalConfig(n=2, loop=LOOP, seed=3), free_tokens=0, examples=examples, pool=pool,
+                       plan_texts=["<answer>\\boxed{42}</answer>"])
     assert result.math_timeouts == pool.timeouts > 0
     assert result.reports[0].math_timeouts == result.math_timeouts
     assert result.reports[0].correctness == "math_equiv"
