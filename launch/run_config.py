@@ -7,6 +7,8 @@ algorithm starts from (`configs.base.get_base_config`): a field they declare Non
 (`config_dict.placeholder(T)`) takes `None` or a T whatever the run saved, and a field the run saved as
 null takes a value of the type the defaults give it. A null field the defaults do not know stays an
 untyped placeholder, whose override is read as a Python literal (`512` an int, `0.5` a float).
+JSON also turns tuples into lists, which ml-collections cannot override (`--config.rollout.python_preload=
+"('numpy',)"`): every list becomes a tuple again.
 
 JSON keeps no link between fields either. The defaults' shared references (`c.train.total_steps =
 c.get_ref("total_steps")`) are made again, so `--config.total_steps=N` on a resume sets the length the
@@ -42,6 +44,9 @@ def _type_like(node: ml_collections.ConfigDict, types: dict[str, type], nullable
         dotted = prefix + key
         if isinstance(value, ml_collections.ConfigDict):
             _type_like(value, types, nullable, dotted + ".")
+        elif isinstance(value, list):  # JSON made the config's tuples lists, which no override can set
+            del node[key]  # a list-typed field would keep a tuple assigned to it a list
+            node[key] = tuple(value)
         elif value is None or dotted in nullable:
             node[key] = config_dict.placeholder(types.get(dotted, object))
             if value is not None:

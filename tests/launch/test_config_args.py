@@ -204,6 +204,17 @@ def test_a_runs_own_config_takes_overrides_typed_by_its_algorithms_defaults(tmp_
         _parse(["prog", f"--config={spec}", "--config.rollout.max_tool_calls=None"])
 
 
+def test_a_runs_own_config_takes_overrides_of_its_tuple_fields(tmp_path):
+    """JSON saved `rollout.python_preload` (a tuple) as a list, and ml-collections refuses to override a
+    list field: `--config.rollout.python_preload="('numpy',)"` on a run's config was an
+    UnsupportedOperationError."""
+    spec = f"{os.path.join(REPO, 'launch', 'run_config.py')}:{_fake_run(tmp_path)}"
+    config, _ = _parse(["prog", f"--config={spec}", "--config.rollout.python_preload=('numpy', 'sympy')"])
+    assert config.rollout.python_preload == ("numpy", "sympy")
+    config, _ = _parse(["prog", f"--config={spec}"])
+    assert config.rollout.python_preload == () and isinstance(config.rollout.python_preload, tuple)
+
+
 def test_an_unknown_config_variant_is_one_line_with_or_without_overrides():
     """`--config configs/aepo_qwen3_14b.py:bogus` with no override was loaded only inside absl's flag parsing,
     which printed the config file's ValueError as a traceback (`check_config_arguments` returned early);
