@@ -386,7 +386,8 @@ class _Run(ContinuousSchedule, RoundDecisions, BranchDecisions, ToolSteps, Segme
     def _decode(self) -> list[tuple[list[int], str] | None]:
         """Generate one segment per row; record tokens, segments and H_init. Returns (ids, stop) per row,
         None for a row waiting on a tool result (it gets no budget)."""
-        offer_device_turn()  # a rollout ahead of training: the trainer's waiting programs go first
+        if self.round > 1:  # a rollout ahead of training: the trainer's waiting programs go first (the
+            offer_device_turn()  # first decode goes on, so the first tool calls overlap the trainer's work)
         self.key, sub = jax.random.split(self.key)
         limits = [0 if t.traj_id in self.waiting or t.finished else self._limit(t) for t in self.rows]
         if self.cfg.max_segment_tokens is not None:

@@ -25,8 +25,10 @@ class ToolSteps:
     def _run_tools(self, outputs: list[tuple[list[int], str]]) -> None:
         """Classify each row's stop, run the tool calls concurrently, append their results."""
         calls, malformed = self._classify(outputs)
-        with off_device_turn():  # a rollout ahead of training: the trainer's programs run meanwhile
-            results = self.loop.tools.run_many([c for _, c in calls]) if calls else []
+        results = []
+        if calls:
+            with off_device_turn():  # a rollout ahead of training: the trainer's programs run meanwhile
+                results = self.loop.tools.run_many([c for _, c in calls])
         done: dict[int, tuple[ToolCall | None, str, bool]] = {i: (None, msg, False) for i, msg in malformed.items()}
         for (i, call), res in zip(calls, results, strict=True):
             done[i] = (call, str(res.text), bool(res.ok))

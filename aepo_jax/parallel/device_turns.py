@@ -110,7 +110,8 @@ class DeviceTurns:
         try:
             yield
         finally:
-            self.release()
+            if self.holds():  # not when letting go inside failed (that error is the one to see)
+                self.release()
 
     @contextlib.contextmanager
     def released(self) -> Iterator[None]:
@@ -151,7 +152,6 @@ def process_device_turns() -> DeviceTurns:
         if not _PROCESS_TURNS:
             _PROCESS_TURNS.append(DeviceTurns())
         return _PROCESS_TURNS[0]
-
 
 
 def offer_device_turn() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -68,6 +70,8 @@ def _abort_with_stacks(procs: list[subprocess.Popen], grace_s: float = 10.0) -> 
     stack to its stderr before it dies, which shows where a hang waits."""
     for proc in procs:
         if proc.poll() is None:
+            with contextlib.suppress(OSError):  # no core file for an abort on purpose (a multi-GB jax process)
+                resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             proc.send_signal(signal.SIGABRT)
     for proc in procs:
         try:
