@@ -8,8 +8,8 @@ entry point:
 
 - the repository root of the config file (`config_root`) goes on `sys.path`, so a launch from any
   directory imports the `configs` package that file belongs to;
-- a missing file, an unknown key or `--config.algorithm` is one line naming it
-  (`check_config_arguments`);
+- a missing file, a file that does not load (an unknown variant ARG, a run's refused config.json, an
+  ARG missing), an unknown key or `--config.algorithm` is one line naming it (`check_config_arguments`);
 - `--config.KEY=None` for a None-able field (`nullable_keys`) is taken out of the arguments
   absl parses and set after parsing (`apply_none_overrides`).
 """
@@ -139,7 +139,7 @@ def check_config_arguments(argv: list[str]) -> None:
     _put_root_on_path(path)  # for config_flags too, which loads the file again after this check
     try:  # config_flags would report an unknown variant ARG (or a refused run config) as a traceback
         config = load_config_file(spec)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, TypeError) as err:  # TypeError: a get_config that needs an ARG got none
         raise SystemExit(f"error: {err}" if path in str(err) else f"error: --config {spec}: {err}") from err
     for index, dotted, _ in overrides:
         node, walked = config, []

@@ -225,6 +225,8 @@ def test_an_unknown_config_variant_is_one_line_with_or_without_overrides():
                                              r"\('release',\)"):
             check_config_arguments(argv)
     check_config_arguments(["--config", TINY])  # a config that loads: nothing to say
+    with pytest.raises(SystemExit, match=r"^error: --config .*run_config.py: .*missing 1 required positional"):
+        check_config_arguments(["--config", os.path.join(REPO, "launch", "run_config.py")])  # no RUN_DIR
     for module in ("launch.train", "launch.sft", "launch.evaluate"):  # each stops before any run
         out = _run(module, "--config", spec, "--workdir", "/nonexistent/run")
         assert out.returncode == 1 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr, \
