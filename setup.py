@@ -27,7 +27,6 @@ EXTRAS = {
         "pytest>=8",
         "pytest-timeout>=2.3",
         "pytest-xdist>=3.5",  # `make test` runs the suite on 2 workers, one test file per worker at a time
-        "pytest-rerunfailures>=16",  # `make test` reruns a test once only when its worker process crashed
         "hypothesis>=6.100",
         "torch==2.13.0",
         "transformers>=4.51",

