@@ -6,7 +6,10 @@ JAX's persistent compilation cache is off by default here
 writing an XLA:CPU executable to it (`executable.serialize()` in jax 0.10.2's
 `put_executable_and_time`) crashed a test worker with SIGSEGV twice in about ten
 suite-size runs on 2026-12-05 (once in a clean-clone CI run), and a crashed
-worker fails the run. It saved about 6% of the time of `tests/sampling
+worker fails the run. A later clean-clone run with the cache off crashed in the
+same test (`tests/training/test_validation.py`) inside the compile itself, so
+the cache may not be the cause; that test now runs in its own process
+(`tests/child_process.ran_in_child_process`). It saved about 6% of the time of `tests/sampling
 tests/rollout` (one run each). Set `JAX_ENABLE_COMPILATION_CACHE=true` to use
 it anyway (`JAX_COMPILATION_CACHE_DIR`, default `.pytest_cache/jax-compilation-cache`,
 every program however short its compile).

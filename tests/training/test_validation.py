@@ -18,6 +18,7 @@ from aepo_jax.training.build import model_config_from
 from aepo_jax.training.metrics_log import read_metrics
 from aepo_jax.training.validation import Validation
 from configs.aepo_tiny import get_config
+from tests.child_process import ran_in_child_process
 from tests.training.param_digest import value_digest
 
 
@@ -52,6 +53,8 @@ def _config():
 
 
 def test_logged_validation_equals_an_evaluation_of_the_steps_checkpoint(tmp_path):
+    if ran_in_child_process(__file__, "test_logged_validation_equals_an_evaluation_of_the_steps_checkpoint"):
+        return  # passed in its own process (tests/child_process.py says why)
     cfg = _config()
     env = environment_from(cfg, str(tmp_path / "env"))
     try:
