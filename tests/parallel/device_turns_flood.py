@@ -6,7 +6,8 @@ collective thread finished, or `HANG` and exits 3 when it made no progress for `
     python -m tests.parallel.device_turns_flood ITERATIONS STALL_S {turns,free}
 
 `free` runs the two threads without turns, to show the hang the turns prevent: on this 2-core machine 10
-of 10 runs hung with the suite's XLA flags (`tests/child_process.py`), 1 of 10 with XLA's defaults."""
+of 10 runs did not finish with the suite's XLA flags (`tests/child_process.py`; 5 stopped by the watchdog,
+5 killed after 60 s), 1 of 10 hung with XLA's defaults."""
 
 from __future__ import annotations
 
