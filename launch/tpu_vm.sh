@@ -32,8 +32,9 @@
 #     error],
 #   FORWARD_ENV [none: names of local environment variables whose values `run` and `evaluate` export on
 #     every worker, e.g. FORWARD_ENV="JUDGE_API_KEY LIBTPU_INIT_ARGS XLA_FLAGS" (the judge's key is the
-#     variable reward.judge_api_key_env names). They travel inside the ssh command, which this script
-#     never prints; a name that is not set here is refused]
+#     variable reward.judge_api_key_env names). They travel in a file copied to ~/.aepo-jax/ (mode 700)
+#     on every worker, which the remote command loads and deletes: never on a command line, never
+#     printed; a name that is not set here is refused]
 # WORKDIR is an absolute path every worker mounts at the same place (a bucket through
 # gcsfuse, e.g. /mnt/BUCKET/run, or a Filestore share): checkpoints must be
 # visible to every host (orbax writes them collectively). A gs:// URL or a relative
@@ -86,6 +87,25 @@ forwarded_env() {
   done
 }
 
+# Copy FORWARD_ENV's `export` lines to every worker; print the remote command that loads and deletes them.
+# The values travel by scp into ~/.aepo-jax (mode 700), not inside the ssh command, where every `ps`
+# listing on this machine showed them (the ssh command is gcloud's and ssh's argument).
+forwarded_env_loader() {
+  # Explicit exits: this runs in a command substitution, where `set -e` does not hold.
+  local exports file name
+  exports="$(forwarded_env)" || exit $?
+  [[ -n "${exports}" ]] || return 0
+  file="$(mktemp)"
+  trap "rm -f $(printf '%q' "${file}")" EXIT  # expanded now: the local is gone when the subshell exits
+  chmod 600 "${file}"
+  printf '%s\n' "${exports}" > "${file}"
+  name="forward-env.$(basename "${file}")"
+  on_all_workers "mkdir -p ~/.aepo-jax && chmod 700 ~/.aepo-jax" > /dev/null || exit 1
+  gcloud compute tpus tpu-vm scp "${file}" "${TPU_NAME}:.aepo-jax/${name}" --zone "${ZONE}" \
+    "${PROJECT_FLAG[@]}" --worker=all > /dev/null || exit 1
+  printf '. ~/.aepo-jax/%s || exit 1; rm -f ~/.aepo-jax/%s; ' "${name}" "${name}"
+}
+
 require_repo_url() {
   if [[ -z "${REPO_URL}" ]]; then
     echo "error: set REPO_URL to the git URL every worker clones (e.g." \
@@ -128,7 +148,7 @@ run() {
   shift 2
   require_absolute_workdir "${workdir}"
   local exports train remote
-  exports="$(forwarded_env)"
+  exports="$(forwarded_env_loader)"
   # Every argument quoted (printf %q), so that it reaches every worker as one argument, spaces included.
   train="$(printf ' %q' .venv/bin/python -m launch.train --config "${config}" --workdir "${workdir}" \
     --config.distributed=on "$@")"
@@ -160,7 +180,7 @@ evaluate() {
   # `none`: the base model's own evaluation (launch.evaluate --checkpoint none), no run directory.
   [[ "${workdir,,}" == none ]] || require_absolute_workdir "${workdir}"
   local exports
-  exports="$(forwarded_env)"
+  exports="$(forwarded_env_loader)"
   on_all_workers "${exports}cd aepo-jax &&$(printf ' %q' .venv/bin/python -m launch.evaluate \
     --checkpoint "${workdir}" --distributed=on "$@")"
 }

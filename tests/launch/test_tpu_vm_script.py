@@ -34,6 +34,8 @@ def slice_(tmp_path):
     gcloud = bin_dir / "gcloud"
     gcloud.write_text("#!/usr/bin/env bash\n"
                       f"{{ printf '%s\\n' \"$@\"; echo ---; }} >> {calls}\n"
+                      # scp FILE TPU:PATH: the file lands at PATH under the worker's home
+                      f'[[ "$4" == scp ]] && {{ cp "$5" "{home}/${{6#*:}}"; exit; }}\n'
                       'cmd=""; while [[ $# -gt 0 ]]; do [[ "$1" == --command ]] && { cmd="$2"; shift; }; shift; done\n'
                       f'[[ -z "$cmd" ]] || (cd {home} && env -i HOME={home} PATH=/usr/bin:/bin bash -c "$cmd")\n')
     gcloud.chmod(0o755)
@@ -92,6 +94,22 @@ def test_forwarded_variables_arrive_on_the_workers_and_are_not_printed(slice_):
     seen = _recorded(record)
     assert f"SECRET_KEY={secret}" in seen and "XLA_FLAGS=--xla_dump_to=/tmp/d --xla_x=1" in seen
     assert "secret" not in out.stdout + out.stderr
+
+
+def test_forwarded_values_are_on_no_command_line_and_leave_no_file_behind(slice_):
+    """The values travelled inside the ssh command, so `ps` on this machine showed them while gcloud ran
+    (they were in gcloud's and ssh's arguments)."""
+    env, home, calls, record = slice_
+    local_tmp = home.parent / "local_tmp"
+    local_tmp.mkdir()
+    out = _run({**env, "SECRET_KEY": "sk-very-secret-value", "FORWARD_ENV": "SECRET_KEY", "TMPDIR": str(local_tmp)},
+               "run", "configs/aepo_tiny.py", "/mnt/b/run")
+    assert out.returncode == 0, out.stderr
+    assert "SECRET_KEY=sk-very-secret-value" in _recorded(record)
+    assert "sk-very-secret-value" not in calls.read_text()
+    folder = home / ".aepo-jax"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert list(folder.iterdir()) == [] and list(local_tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize(("args", "extra", "message"), [
