@@ -153,8 +153,10 @@ class CheckpointedTrainer:
             owed, self._validation_owed = self._validation_owed, None
             if (owed is not None and owed == start and self.validation is not None
                     and not self._validation_logged(start)):
-                records.append(self._validate(start))  # a notice meanwhile is read after the next step
-            for _ in range(start, end):
+                records.append(self._validate(start))
+                if watch.reached(start):  # a notice that came while validating: `start` is saved already
+                    preempted_at = start
+            for _ in range(start, end if preempted_at is None else start):
                 metrics = self.train_step()
                 step = int(self.state.rounds)
                 every_or_last = step % self.logger.console_every == 0 or step == end

@@ -114,6 +114,42 @@ def test_a_resumed_run_owes_nothing_after_the_owed_validation(tmp_path):
     assert resumed.validated == [(2, 2.0)] and again.validated == [(4, 4.0), (6, 6.0)]
 
 
+class _NoticeDuringValidation(_CountingTrainer):
+    """A SIGTERM arrives while the first validation runs."""
+
+    def _score(self, params) -> dict[str, float]:
+        if not self.validated:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super()._score(params)
+
+
+def test_a_notice_during_the_owed_validation_stops_the_resumed_run_before_its_next_step(tmp_path):
+    """A notice that came during the owed validation was read only after the next step, which may not finish
+    within the notice's grace period (the step and its checkpoint lost with the machine)."""
+    workdir = str(tmp_path / "run")
+    first = _CountingTrainer(workdir, total_steps=6, validate_every=2, notice_at=2)
+    with pytest.raises(Preempted):
+        first.train()
+    first.close()
+    resumed = _NoticeDuringValidation(workdir, total_steps=6, validate_every=2)
+    try:
+        assert resumed.restore_latest()
+        with pytest.raises(Preempted) as stopped:
+            resumed.train()
+    finally:
+        resumed.close()
+    assert stopped.value.step == 2 and int(resumed.state.rounds) == 2 and resumed.validated == [(2, 2.0)]
+    again = _CountingTrainer(workdir, total_steps=6, validate_every=2)
+    try:
+        assert again.restore_latest() and int(again.state.rounds) == 2
+        again.train()
+    finally:
+        again.close()
+    assert again.validated == [(4, 4.0), (6, 6.0)]  # step 2's validation is logged: not done again
+    assert [(r["step"], r["val/score"]) for r in read_metrics(workdir) if "val/score" in r] == [
+        (2, 2.0), (4, 4.0), (6, 6.0)]
+
+
 def test_an_owed_validation_already_logged_is_not_done_again_after_a_crash(tmp_path):
     """A resume that did the owed validation and then died before its next checkpoint left the flag in the
     checkpoint it resumed from: every later resume validated (and logged) the same step again."""
