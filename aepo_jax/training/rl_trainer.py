@@ -79,6 +79,10 @@ from aepo_jax.training.packing import (
     per_sequence_values,
     place_train_batch,
 )
+from aepo_jax.training.process_metric_weights import (
+    SUMMED_METRICS,
+    process_metric_weights,
+)
 from aepo_jax.training.rollout_ahead import Collected, RolloutAhead
 from aepo_jax.training.rollout_batch import (
     RolloutSequences,
@@ -105,13 +109,6 @@ def _host_key(key: jax.Array) -> jax.Array:
 
 
 RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
-
-# Host-side metrics that are counts: summed over processes by `gather_metrics`. Means over this process's policy
-# tokens (`TOKEN_MEANS`) are weighted by them; the rest are averaged: timings, and the estimators' other `adv/*`
-# diagnostics (means of per-process values). The rollout and `pack/*` figures are combined from counts instead.
-SUMMED_METRICS = frozenset({"dropped_groups", "kept_groups"})
-TOKEN_MEANS = ("entropy_mean", "logp_old_abs_diff", "kl_ref_rollout", "adv/advantage_mean",
-               "adv/entropy_adv_z_abs_mean")
 
 
 def check_rl_config(config: ml_collections.ConfigDict) -> None:
@@ -452,7 +449,7 @@ class RLTrainer(CheckpointedTrainer):
                     tally.add_tree(pack_stats, self.rows_per_mini * seqs.length, batch["mask"].shape[0])
                 self.state, m = self._train_step(self.state, device_batch)
                 update_metrics.append(m)
-        weights = dict.fromkeys(TOKEN_MEANS, float(mask.sum()))  # this process's policy tokens
+        weights = process_metric_weights(metrics, mask)  # what this process's means weigh
         tally = process_sum_fields(tally)  # the step's counts: its ratios are the whole step's
         metrics = {**gather_metrics(metrics, SUMMED_METRICS, weights), **tally.metrics(), **step_stats}
         # Replicated scalars, readable on every process; token means weighted by each update's tokens.
