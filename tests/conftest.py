@@ -61,3 +61,11 @@ settings.register_profile(
     max_examples=CI_EXAMPLES * FUZZ_FACTOR,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, a test whose worker dies of a signal runs once more, and the run cannot hang on
+    the crash (tests/xdist_crash_rerun.py says why)."""
+    from tests.xdist_crash_rerun import register_under_xdist
+
+    register_under_xdist(config)
