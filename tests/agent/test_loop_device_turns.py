@@ -63,3 +63,29 @@ def test_a_rollout_lets_the_turn_go_for_its_tools_and_offers_it_before_each_late
     if schedule == "rounds":  # the rollout held no turn while its tools ran (the continuous schedule decodes
         assert tool_batches and not any(tool_batches)  # other rows meanwhile, in its turn)
     assert sorted(trainer_turns) == list(range(len(decodes) + 1))
+
+
+def test_the_continuous_schedule_lets_the_turn_go_while_it_waits_for_tool_results():
+    """With every row waiting on a tool, the continuous schedule waits for the results without the turn: a
+    trainer thread that asks for the turn while a tool call runs gets it before that call returns."""
+    turns = DeviceTurns(drain=lambda: None)
+    got_turn_during_call = []
+
+    def trainer() -> None:
+        with turns.turn():
+            pass
+
+    class Tools(RecordingTools):
+        def run_many(self, calls):  # on a tool thread, while the rollout's thread waits for the result
+            thread = threading.Thread(target=trainer, daemon=True)
+            thread.start()
+            thread.join(5.0)
+            got_turn_during_call.append(not thread.is_alive())
+            return super().run_many(calls)
+
+    config = LoopConfig(max_tool_calls=6, max_response_tokens=2000, max_context_len=4000, schedule="continuous")
+    loop = AgentLoop(ScriptedGenerator(segments_script(SCRIPT)), TOK, Tools(), config)
+    with turns.turn():
+        result = loop.run([TOK.encode("q0")], 1, 1, rng=np.random.default_rng(0), key=jax.random.key(0))
+    assert result.groups[0][0].num_tool_calls == 3
+    assert got_turn_during_call == [True, True, True]
