@@ -25,12 +25,21 @@ from aepo_jax.agent.tags import (
 
 _BOXED = "\\boxed{"
 _TOOL_CLOSE_PATTERN = re.compile("|".join(re.escape(close_tag(t)) for t in TOOL_TAGS))
-_RESULT_BLOCK = re.compile(re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE), re.DOTALL)
 
 
 def model_text(trajectory_text: str) -> str:
-    """`trajectory_text` without its tool result blocks: what the model itself wrote."""
-    return _RESULT_BLOCK.sub("", trajectory_text)
+    """`trajectory_text` without its tool result blocks (each `<result>` to the nearest `</result>` after it):
+    what the model itself wrote. One left-to-right scan: a lazy regex restarted at every unclosed `<result>`
+    of a repetition loop and took quadratic time."""
+    kept, position = [], 0
+    while (start := trajectory_text.find(RESULT_OPEN, position)) >= 0:
+        end = trajectory_text.find(RESULT_CLOSE, start + len(RESULT_OPEN))
+        if end < 0:
+            break
+        kept.append(trajectory_text[position:start])
+        position = end + len(RESULT_CLOSE)
+    kept.append(trajectory_text[position:])
+    return "".join(kept)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,20 +95,23 @@ def format_tool_result(text: str) -> str:
 
 
 def _boxed_content(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text`, matching nested braces; None if absent or unclosed."""
-    start = text.rfind(_BOXED)
-    while start >= 0:
-        depth = 1
-        i = start + len(_BOXED)
-        while i < len(text):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start + len(_BOXED) : i]
-            i += 1
-        start = text.rfind(_BOXED, 0, start)
+    """Content of the last `\\boxed{...}` in `text`, matching nested braces; None if absent or unclosed.
+
+    The braces are paired in one pass (a box's `{` closes where its depth returns to zero), so a text of
+    many unclosed boxes (a repetition loop) costs linear time, not a scan to the end per box."""
+    boxes = [m.end() - 1 for m in re.finditer(re.escape(_BOXED), text)]  # index of each box's "{"
+    if not boxes:
+        return None
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            closing[opened.pop()] = i
+    for brace in reversed(boxes):
+        if brace in closing:
+            return text[brace + 1 : closing[brace]]
     return None
 
 

@@ -71,11 +71,16 @@ def _unit_tail_start(text: str) -> int | None:
 
 
 def _strip_units(text: str) -> str:
-    """`12 cm` -> `12`, `7 square feet` -> `7`: drop a unit tail whose words are all unit words."""
+    """`12 cm` -> `12`, `7 square feet` -> `7`: drop a unit tail whose words are all unit words.
+
+    A one-letter word written against the number is a variable, not a unit: `6s^3`, `3m^2` and `n+2m`
+    keep it (`12 m`, `12cm` and `5 \\text{ m}` still lose theirs)."""
     begin = _unit_tail_start(text)
     if begin is None:
         return text
     words = re.findall(r"[a-zA-Z]+", text[begin:])
+    if not text[begin].isspace() and any(len(w) == 1 for w in words):
+        return text
     if all(w.lower() in _UNIT_WORDS for w in words):
         return text[:begin]
     return text
@@ -267,14 +272,35 @@ _ALLOWED_NAMES = frozenset(
     {"sqrt", "pi", "oo", "log", "sin", "cos", "tan", "exp", "E", "I"}
 )
 _ALLOWED_CHARS = re.compile(r"^[0-9A-Za-z+\-*/().!\s]*$")
+_ATTRIBUTE = re.compile(r"\.\s*[A-Za-z]")  # `x.n`: an attribute, never a decimal point
 
 
 def latex_to_sympy_source(normalized: str) -> str | None:
     """Translate a normalised LaTeX answer into a sympy-parsable string, or None if unsupported.
 
     Only digits, single-letter symbols, + - * / ^ ! ( ) and the functions in
-    `_ALLOWED_NAMES` survive, so the string is safe to hand to `parse_expr`.
+    `_ALLOWED_NAMES` survive, so the string is safe to hand to `parse_expr`. A run of
+    letters that is no such function is a product of single-letter symbols (`xy` is
+    `x*y`). Nesting too deep for Python's recursion (`\\sqrt{` a thousand times) is
+    unsupported, not an error: the text is a model's.
     """
+    try:
+        source = _translate(normalized)
+    except RecursionError:
+        return None
+    if source is None or not _ALLOWED_CHARS.match(source) or "__" in source or _ATTRIBUTE.search(source):
+        return None
+    return re.sub(r"[A-Za-z]{2,}", _symbols_or_function, source)
+
+
+def _symbols_or_function(run: re.Match) -> str:
+    """A letter run of the translated source: an allowed function name as it is, else its letters multiplied."""
+    name = run.group(0)
+    return name if name in _ALLOWED_NAMES else "*".join(name)
+
+
+def _translate(normalized: str) -> str | None:
+    """`latex_to_sympy_source` before its character and name checks."""
     out: list[str] = []
     i = 0
     s = normalized
@@ -283,10 +309,7 @@ def latex_to_sympy_source(normalized: str) -> str | None:
             if s.startswith("\\frac", i):
                 num, i = _read_group(s, i + 5)
                 den, i = _read_group(s, i)
-                num_src, den_src = (
-                    latex_to_sympy_source(num),
-                    latex_to_sympy_source(den),
-                )
+                num_src, den_src = _translate(num), _translate(den)
                 if num_src is None or den_src is None:
                     return None
                 out.append(f"(({num_src})/({den_src}))")
@@ -296,13 +319,16 @@ def latex_to_sympy_source(normalized: str) -> str | None:
                 root = None
                 if i < len(s) and s[i] == "[":
                     end = s.index("]", i)
-                    root, i = latex_to_sympy_source(s[i + 1 : end]), end + 1
+                    root, i = _translate(s[i + 1 : end]), end + 1
+                    if root is None:  # an index we cannot read is not a square root
+                        return None
                 arg, i = _read_group(s, i)
-                arg_src = latex_to_sympy_source(arg)
+                arg_src = _translate(arg)
                 if arg_src is None:
                     return None
+                # A space before `sqrt`: `i\\sqrt{2}` must not read as one name `isqrt`.
                 out.append(
-                    f"(({arg_src})**(1/({root})))" if root else f"sqrt({arg_src})"
+                    f" (({arg_src})**(1/({root})))" if root else f" sqrt({arg_src})"
                 )
                 continue
             word = next(
@@ -322,10 +348,4 @@ def latex_to_sympy_source(normalized: str) -> str | None:
             i += 1
     except ValueError:
         return None
-    source = "".join(out)
-    if not _ALLOWED_CHARS.match(source) or "__" in source:
-        return None
-    for name in re.findall(r"[A-Za-z]{2,}", source):
-        if name not in _ALLOWED_NAMES:
-            return None
-    return source
+    return "".join(out)

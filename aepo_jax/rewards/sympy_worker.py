@@ -37,11 +37,13 @@ def _equal(a_source: str, b_source: str) -> bool:
     difference = sympy.simplify(a - b)
     if difference == 0:
         return True
-    if not difference.free_symbols:
-        value = complex(sympy.N(difference, 30))
-        scale = max(1.0, abs(complex(sympy.N(b, 30))))
-        return abs(value) <= 1e-9 * scale
-    return False
+    # A tolerance only where a side is a decimal (`0.1 + 0.2` against `0.3`), and relative to the sides: two
+    # exact numbers are equal only exactly (`2^{40}` is not `2^{40} - 1`, nor `10^{-30}` zero).
+    if difference.free_symbols or not (a.atoms(sympy.Float) or b.atoms(sympy.Float)):
+        return False
+    value = abs(complex(sympy.N(difference, 30)))
+    scale = max(abs(complex(sympy.N(a, 30))), abs(complex(sympy.N(b, 30))))
+    return value <= 1e-9 * scale
 
 
 def main() -> None:

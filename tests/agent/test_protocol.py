@@ -1,18 +1,27 @@
 """Tag protocol (spec §4, §5): parsing, formatting, boxed answers, format validation."""
 
+import re
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from aepo_jax.agent.protocol import (
     ToolCall,
+    _boxed_content,
     extract_boxed_answer,
     format_tool_call,
     format_tool_result,
+    model_text,
     parse_last_tool_call,
     validate_format,
 )
-from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS, TOOL_TAGS
+from aepo_jax.agent.tags import (
+    AGENT_SPECIAL_TOKENS,
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    TOOL_TAGS,
+)
 from tests.property_budget import examples
 
 # Text built from tag fragments and ordinary characters, so tags really occur.
@@ -98,3 +107,40 @@ def test_any_tool_output_inside_a_result_keeps_a_good_trajectory_valid(output):
             + "<answer>\\boxed{1}</answer>")
     assert validate_format(text) == (True, "")
     assert extract_boxed_answer(text) == "1"
+
+
+def _boxed_by_rescanning(text: str) -> str | None:
+    """The last closed `\\boxed{...}` found by scanning forward from each box (the quadratic reference)."""
+    start = text.rfind("\\boxed{")
+    while start >= 0:
+        depth, i = 1, start + len("\\boxed{")
+        while i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{") : i]
+            i += 1
+        start = text.rfind("\\boxed{", 0, start)
+    return None
+
+
+_RESULT_REGEX = re.compile(re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE), re.DOTALL)
+
+
+@settings(max_examples=examples(500))
+@given(tagged_text)
+def test_the_one_pass_scans_agree_with_their_rescanning_references(text):
+    """`_boxed_content` (`extract_boxed_answer`'s) pairs braces in one pass and `model_text` strips result blocks in one scan
+    (both rescanned to the end of the text from every unclosed box or `<result>`: quadratic on a repetition
+    loop); they answer as the rescanning versions do."""
+    assert _boxed_content(text) == _boxed_by_rescanning(text)
+    assert model_text(text) == _RESULT_REGEX.sub("", text)
+
+
+@pytest.mark.parametrize(("text", "boxed"), [
+    ("\\boxed{a} \\boxed{b", "a"),  # the last box is unclosed: the one before it
+    ("} \\boxed{x{y}z}}", "x{y}z"),
+    ("\\boxed{" * 50 + "1" + "}", "1"),
+    ("\\boxed{\\boxed{2}}", "2"),  # the last box opened
+])
+def test_boxed_answers_of_unbalanced_and_nested_text(text, boxed):
+    assert extract_boxed_answer("<answer>" + text + "</answer>") == boxed

@@ -105,6 +105,14 @@ MUST_MATCH = [
     ("x \\in (1, 2)", "(1,2)"),
     # a bare list of tuples is a list of solutions (no order between them, order inside each)
     ("(1,2),(3,4)", "(3,4),(1,2)"),
+    # products of letters and roots in any order (`i\\sqrt{2}` was read as one name `isqrt`, `xy` refused)
+    ("i\\sqrt{2}", "\\sqrt{2}i"),
+    ("1+i\\sqrt{3}", "1+\\sqrt{3}i"),
+    ("2x\\sqrt{3}", "2\\sqrt{3}x"),
+    ("2xy", "2yx"),
+    ("a^2b", "ba^2"),
+    # decimals keep a relative tolerance for their rounding
+    ("0.1+0.2", "0.3"),
 ]
 
 # (prediction, gold): must NOT compare equal.
@@ -148,6 +156,19 @@ MUST_NOT_MATCH = [
     ("(1,2]", "(1,2)"),
     ("[1,2)", "[1,2]"),
     ("50", "0.5"),
+    # exact numbers are equal only exactly (a 1e-9 tolerance with a floor of 1 accepted all of these)
+    ("10^{10}+1", "10^{10}"),
+    ("1099511627775", "2^{40}"),
+    ("2^{100}", "2^{100}-1"),
+    ("0", "10^{-30}"),
+    ("10^{-12}", "-10^{-12}"),
+    # a letter against a number is a variable, not a unit (`s`, `m` were stripped as seconds and metres)
+    ("6s^3", "6s^2"),
+    ("6", "6s^2"),
+    ("n+2", "n+2m"),
+    ("3", "3m^2"),
+    # a root index that cannot be read is no square root
+    ("\\sqrt[\\alpha]{4}", "2"),
 ]
 
 # Pairs where math-verify (a reference, not a runtime dependency) decides differently, and why.
@@ -155,6 +176,7 @@ MATH_VERIFY_DIFFERENCES = {
     ("12.5%", "12.5"): "math-verify keeps a bare % (only \\% is stripped)",
     ("1,1,2", "1,2,2"): "math-verify compares lists of solutions as sets (duplicates dropped); we pair items one to one",
     ("\\{1,2\\}", "(1,2)"): "math-verify compares a set with a tuple as sets; a tuple has an order here",
+    ("n+2", "n+2m"): "math-verify drops the `m` of `2m` as metres; a letter against a number is a variable here",
 }
 
 
@@ -243,7 +265,10 @@ def _strip_units_by_backtracking_regex(text):
     match = _BACKTRACKING_UNIT_SUFFIX.match(text)
     if not match:
         return text
-    words = re.findall(r"[a-zA-Z]+", text[len(match.group("num")) :])
+    tail = text[len(match.group("num")) :]
+    words = re.findall(r"[a-zA-Z]+", tail)
+    if not tail[0].isspace() and any(len(w) == 1 for w in words):  # `6s^3`: a variable against the number
+        return text
     return match.group("num") if words and all(w.lower() in _UNIT_WORDS for w in words) else text
 
 
@@ -288,3 +313,13 @@ def test_a_number_beyond_pythons_int_digit_limit_is_compared_not_crashed(pool):
     response = f"<think>t</think><answer>\\boxed{{{huge}}}</answer>"
     assert math_equiv_reward(response, ["1"], pool=pool) == 0.0
     assert math_equiv_reward(response, [huge], pool=pool) == 1.0
+
+
+def test_nesting_too_deep_to_translate_scores_zero_instead_of_raising(pool):
+    """`\\sqrt{` a thousand times deep raised RecursionError out of the reward (and the step with it)."""
+    from aepo_jax.rewards import compute_reward
+
+    nested = "\\sqrt{" * 1000 + "2" + "}" * 1000
+    text = "<think>x</think><answer>\\boxed{" + nested + "}</answer>"
+    assert compute_reward("math_equiv", text, ["3"], pool=pool) == 0.0
+    assert not math_equal(nested, "3", pool=pool)
