@@ -94,6 +94,19 @@ def format_tool_result(text: str) -> str:
     return " " + RESULT_OPEN + "\n" + text + "\n" + RESULT_CLOSE
 
 
+def brace_pairs(text: str) -> dict[int, int]:
+    """Index of each `{` of `text` that closes -> index of its `}` (where its depth returns to zero), in one
+    pass; a `}` with nothing open is ignored."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            closing[opened.pop()] = i
+    return closing
+
+
 def _boxed_content(text: str) -> str | None:
     """Content of the last `\\boxed{...}` in `text`, matching nested braces; None if absent or unclosed.
 
@@ -102,13 +115,7 @@ def _boxed_content(text: str) -> str | None:
     boxes = [m.end() - 1 for m in re.finditer(re.escape(_BOXED), text)]  # index of each box's "{"
     if not boxes:
         return None
-    closing: dict[int, int] = {}
-    opened: list[int] = []
-    for i, ch in enumerate(text):
-        if ch == "{":
-            opened.append(i)
-        elif ch == "}" and opened:
-            closing[opened.pop()] = i
+    closing = brace_pairs(text)
     for brace in reversed(boxes):
         if brace in closing:
             return text[brace + 1 : closing[brace]]

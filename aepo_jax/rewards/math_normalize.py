@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from aepo_jax.agent.protocol import brace_pairs
+
 # Unit words dropped after a number ("12 cm", "5 dollars", "3 square feet").
 # fmt: off
 _UNIT_WORDS = frozenset((
@@ -101,13 +103,7 @@ def _unwrap_boxed(text: str) -> str:
     """
     if not text.startswith("\\boxed"):
         return text
-    closing: dict[int, int] = {}  # index of "{" -> index of its "}"
-    opened: list[int] = []
-    for i, ch in enumerate(text):
-        if ch == "{":
-            opened.append(i)
-        elif ch == "}" and opened:
-            closing[opened.pop()] = i
+    closing = brace_pairs(text)  # index of "{" -> index of its "}"
     begin, end = 0, len(text)
     while text.startswith("\\boxed", begin, end):
         brace = begin + len("\\boxed")
