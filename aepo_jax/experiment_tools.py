@@ -97,15 +97,19 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
         tools["browse"] = BrowseTool(search_url, window_chars=result_chars, max_result_chars=result_chars,
                                      allow_urls=bool(cfg.rollout.get("browse_urls", False)), timeout=http.timeout,
                                      retries=http.retries, deadline_seconds=http.total_seconds)
-    sandbox = PythonSandbox(sandbox_limits(cfg), pool_size=python_pool_size(cfg),
+    limits = sandbox_limits(cfg)
+    sandbox = PythonSandbox(limits, pool_size=python_pool_size(cfg),
                             preload=python_preload(cfg),
                             latency_seconds=latency_ms / 1000.0)
     closers.append(sandbox.close)
     tools["python"] = PythonTool(sandbox, max_result_chars=int(cfg.rollout.max_result_chars))
     # The tools' own limits come first (the sandbox's wall clock, search's read timeouts); the registry's
     # deadline is the backstop for a call stuck past them (a server trickling bytes), so no call hangs a rollout.
+    # It waits past the longest of them: with `deterministic` the sandbox's wall clock is a backstop of
+    # DETERMINISTIC_WALL_FACTOR x the timeout, which a deadline of timeout + grace cut short.
+    longest_s = max(float(cfg.rollout.tool_timeout_s), float(limits.wall_seconds)) + latency_ms / 1000.0
     registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)),
-                            deadline_s=float(cfg.rollout.tool_timeout_s) + DEADLINE_GRACE_S)
+                            deadline_s=longest_s + DEADLINE_GRACE_S)
     closers.append(registry.close)
     return registry, closers
 

@@ -32,6 +32,26 @@ def test_deterministic_bounds_the_python_tool_by_cpu_time_not_wall_clock():
         assert spun.status == "timeout" and "CPU-time limit" in spun.traceback
 
 
+def test_the_registry_deadline_waits_past_the_sandboxs_wall_clock_backstop():
+    """With `deterministic=True` the sandbox may run a call for DETERMINISTIC_WALL_FACTOR x `tool_timeout_s` of
+    wall clock, but the registry abandoned it at `tool_timeout_s` + 30 s (at 4 s: a sleep of 36 s timed out at
+    34 s), so a call within its CPU time could time out on a loaded machine after all."""
+    from aepo_jax.experiment import sandbox_limits, tools_from
+    from configs.base import get_base_config
+
+    cfg = get_base_config()
+    cfg.rollout.tool_timeout_s = 4.0
+    cfg.rollout.tool_concurrency = 1
+    for deterministic in (False, True):
+        cfg.deterministic = deterministic
+        registry, closers = tools_from(cfg, None)
+        try:
+            assert registry.deadline_s > sandbox_limits(cfg).wall_seconds >= 4.0
+        finally:
+            for close in closers:
+                close()
+
+
 def test_deterministic_refuses_loop_settings_whose_results_depend_on_timing():
     """`deterministic=True` promises a seeded run repeats; the continuous schedule (which tick a tool
     result is folded in at) and background compiles (a larger compiled variant until the exact one is
