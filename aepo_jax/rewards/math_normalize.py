@@ -35,11 +35,11 @@ _UNIT_WORDS = frozenset((
 ))
 # fmt: on
 # One unit-like word with an optional power ("cm", " ft^2", "m^{3}"); a unit tail is a run of these.
-_UNIT_TOKEN = re.compile(r"\s*[a-zA-Z]+(?:\^\{?\d\}?)?")
+_UNIT_TOKEN = re.compile(r"\s*[a-zA-Z]+(?:\s*\^\{?\d\}?)?")  # `cm ^2`: what `\\mathrm{cm}^2` leaves
 _TRAILING_SPACE = re.compile(r"\s*\Z")
 _DIGIT = re.compile(r"\d")
 _TEXT_COMMAND = re.compile(
-    r"\\(?:text|textbf|textrm|mbox|mathrm|operatorname)\s*\{([^{}]*)\}"
+    r"\\(?:text|textbf|textrm|textit|mbox|mathrm|mathbf|mathit|boldsymbol|operatorname)\s*\{([^{}]*)\}"
 )
 _THOUSANDS_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _LEADING_VARIABLE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![a-zA-Z]))\s*(?P<rhs>[^=]+)$")
@@ -145,6 +145,7 @@ def normalize_math_answer(text: str) -> str:
     s = _RELATION.sub(r"\\\1", s)  # \geq, \geqslant -> \ge (likewise \le, \ne)
     s = re.sub(r"\\(?:left|right|big|Big|bigg|Bigg)\s*(?=[()\[\]|.]|\\[{}])", "", s)
     s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\(?:displaystyle|textstyle)(?![a-zA-Z])", "", s)
     s = _unwrap_boxed(s.strip())
     s = s.replace("\\%", "").replace("%", "")
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "").replace("°", "")
