@@ -64,6 +64,16 @@ def _tokenize(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
 
+def _corpus_tokens(corpus_path: str, documents: list[dict[str, str]]) -> list[list[str]]:
+    """The documents' tokens; raises ValueError naming the corpus when none has a word to index (bm25s
+    failed on the empty vocabulary with a bare `max() arg is an empty sequence`)."""
+    tokens = _tokenize([doc["contents"] for doc in documents])
+    if not any(tokens):
+        raise ValueError(f"{corpus_path}: no document has a word to index (all {len(documents)} are empty or hold "
+                         "only English stop words and one-character words)")
+    return tokens
+
+
 class Bm25Index:
     """BM25 retrieval over a corpus; `search` is safe to call from many threads.
 
@@ -83,7 +93,7 @@ class Bm25Index:
             self.loaded_from_cache = True
         else:
             self.retriever = bm25s.BM25()
-            self.retriever.index(_tokenize([doc["contents"] for doc in self.documents]), show_progress=False)
+            self.retriever.index(_corpus_tokens(corpus_path, self.documents), show_progress=False)
             if index_dir:
                 self.retriever.save(index_dir, show_progress=False)
 

@@ -12,9 +12,13 @@ text is read: a content type that is not text, HTML, XML or JSON (an image, a
 PDF) is refused before its body is read.
 
 A URL is fetched (with `allow_urls`) within bounds, since the model picks it:
-- the body is streamed and only its first `max_page_bytes` are read;
+- the body is streamed and only its first `max_page_bytes` are read; a page cut
+  there says so at the end of the result, and a UTF-8 character the cut splits
+  is dropped (left in, it failed strict UTF-8 and the whole page was decoded as
+  windows-1252: 'cafÃ©');
 - the whole fetch, redirects included, ends by `deadline_seconds` (a server
-  that drips one byte at a time never trips a per-read timeout);
+  that drips one byte at a time never trips a per-read timeout), the DNS
+  lookups too (each on a daemon thread, since `getaddrinfo` has no timeout);
 - every host, the first and each redirect's (followed by hand, at most
   `max_redirects`), is resolved and refused when an address is link-local
   (169.254.0.0/16, where cloud metadata services answer; fe80::/10) or, unless
@@ -25,11 +29,17 @@ so a DNS answer that changes in between (rebinding) is not caught.
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
+import functools
 import ipaddress
 import re
 import socket
+import threading
 import time
 import urllib.parse
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import requests
 import urllib3
@@ -53,6 +63,14 @@ class DocumentNotFound(ValueError):
     """The corpus has no document with that id: the call's mistake (status `bad_call`)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """A page's text, and a note for the model about how it was read ('' when there is nothing to say)."""
+
+    text: str
+    note: str = ""
+
+
 def content_type(header: str) -> tuple[str, str]:
     """(media type lower-cased, charset) of a Content-Type header; '' for what it does not say."""
     media, *params = header.split(";")
@@ -68,6 +86,22 @@ def is_text(media: str) -> bool:
     """Whether a page of media type `media` ('' when the server did not say) is read as text."""
     return (not media or media.startswith("text/") or media in _TEXT_TYPES
             or media.endswith(("+xml", "+json")))
+
+
+def without_cut_character(body: bytes) -> bytes:
+    """`body` less the incomplete UTF-8 character at its end, if it has one and is UTF-8 before it.
+
+    For a body cut at `max_page_bytes`: the first bytes of a character the cut split made strict UTF-8 fail,
+    and the whole page was decoded as windows-1252 even with `charset=utf-8` declared. A page in another
+    encoding that happens to be UTF-8 up to its last bytes loses at most three of them, where it was cut anyway.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(body, final=False)  # keeps an incomplete last character back instead of failing on it
+    except UnicodeDecodeError:
+        return body  # not UTF-8: the detector's to decode
+    pending, _ = decoder.getstate()
+    return body[: len(body) - len(pending)]
 
 
 def decode_page(body: bytes, charset: str, html: bool) -> str:
@@ -102,15 +136,20 @@ def best_window(text: str, query: str, window_chars: int) -> str:
     return text[start : start + window_chars]
 
 
-def refusal(url: str, allow_loopback: bool) -> str:
-    """Why `url` may not be fetched, or '' when it may: not http(s), no host, unresolvable, or an address
-    that is link-local (always refused) or loopback/unspecified (refused unless `allow_loopback`)."""
+def resolve(host: str, port: int) -> set[str]:
+    """The addresses `host` resolves to for a TCP connection to `port` (no timeout of its own)."""
+    return {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+
+
+def refusal(url: str, allow_loopback: bool, resolve_host: Callable[[str, int], set[str]] = resolve) -> str:
+    """Why `url` may not be fetched, or '' when it may: not http(s), no host, unresolvable (by `resolve_host`),
+    or an address that is link-local (always refused) or loopback/unspecified (refused unless `allow_loopback`)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL with a host"
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)}
+        addresses = resolve_host(parts.hostname, port)
     except (OSError, ValueError, UnicodeError) as error:  # socket.gaierror is an OSError; a bad port a ValueError
         return f"cannot resolve the host of {url!r}: {error}"
     for text in sorted(addresses):
@@ -124,6 +163,15 @@ def refusal(url: str, allow_loopback: bool) -> str:
     return ""
 
 
+def with_note(text: str, note: str, max_chars: int) -> str:
+    """`text` cut (with its marker) so that it and `note`, on a line of its own after it, fit in `max_chars`;
+    a note that does not fit at all is left out, as the cap is the hard limit."""
+    room = max_chars - len(note) - 1
+    if not note or room <= 0:
+        return truncate_within(text, max_chars)
+    return f"{truncate_within(text, room)}\n{note}"
+
+
 class BrowseTool:
     """Fetch a URL or corpus document and return a window of its text around the query.
 
@@ -133,8 +181,8 @@ class BrowseTool:
       allow_urls: whether http(s) URLs may be fetched at all.
       allow_loopback: whether a URL may reach this machine (127.0.0.0/8, ::1, 0.0.0.0); for
         tests against a local server. Link-local addresses are refused regardless.
-      max_page_bytes: bytes of a page's body read (the rest is never fetched).
-      deadline_seconds: the most a URL fetch may take in all, redirects included.
+      max_page_bytes: bytes of a page's body read (the rest is never fetched; the result says the page was cut).
+      deadline_seconds: the most a URL fetch may take in all, redirects and DNS lookups included.
       max_redirects: redirects followed, each target checked like the first URL.
       timeout: (connect, read) seconds per request. retries / backoff_seconds: for the document
         server (`request_with_retries`, all attempts within `deadline_seconds` too); a URL is fetched once,
@@ -159,16 +207,38 @@ class BrowseTool:
             raise HttpError(f"{url} took longer than {self.deadline_seconds:g} s")
         return min(self.timeout[1], remaining)
 
-    def _read_body(self, url: str, response: requests.Response, deadline: float) -> bytes:
-        """Up to `max_page_bytes` of the body, read as it arrives, each read ending by `deadline`."""
-        chunks, size = [], 0
-        while size < self.max_page_bytes:
+    def _resolve_by(self, host: str, port: int, deadline: float) -> set[str]:
+        """`resolve(host, port)`, given up on at `deadline` (HttpError): the system's resolver has no timeout,
+        and one that never answered held a 2 s call for 10 s. The lookup runs on a daemon thread of its own,
+        left to end by itself when given up on (a pool's threads would hold up the interpreter's exit)."""
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            future: Future[set[str]] = Future()
+
+            def lookup() -> None:
+                try:
+                    future.set_result(resolve(host, port))
+                except BaseException as error:  # noqa: BLE001 - the caller's, through the future
+                    future.set_exception(error)
+
+            threading.Thread(target=lookup, name="browse-dns", daemon=True).start()
+            try:
+                return future.result(timeout=remaining)
+            except TimeoutError:  # concurrent.futures' is this one (and an OSError: `refusal` would eat it)
+                pass
+        raise HttpError(f"resolving {host} took longer than {self.deadline_seconds:g} s")
+
+    def _read_body(self, url: str, response: requests.Response, deadline: float) -> tuple[bytes, bool]:
+        """Up to `max_page_bytes` of the body, read as it arrives, each read ending by `deadline`, and whether
+        the body went on past them (one byte more is read to tell, so a body of exactly that size is whole)."""
+        chunks, size, limit = [], 0, self.max_page_bytes + 1
+        while size < limit:
             read_timeout = self._read_timeout(url, deadline)
             sock = getattr(getattr(response.raw, "connection", None), "sock", None)
             if sock is not None:
                 sock.settimeout(read_timeout)
             try:
-                chunk = response.raw.read1(65536, decode_content=True)  # what has arrived, one read at most
+                chunk = response.raw.read1(min(65536, limit - size), decode_content=True)  # what has arrived
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 self._read_timeout(url, deadline)  # past the deadline: say so
                 raise HttpError(f"{url}: reading the page failed ({error.__class__.__name__})") from error
@@ -176,13 +246,15 @@ class BrowseTool:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks)[: self.max_page_bytes]
+        body = b"".join(chunks)
+        return body[: self.max_page_bytes], len(body) > self.max_page_bytes
 
-    def fetch_url(self, url: str) -> str:
+    def fetch_url(self, url: str) -> Page:
         """A web page as plain text, within the bounds in the module docstring. Raises HttpError or ValueError."""
         deadline = time.monotonic() + self.deadline_seconds
+        resolve_host = functools.partial(self._resolve_by, deadline=deadline)
         for _ in range(self.max_redirects + 1):
-            reason = refusal(url, self.allow_loopback)
+            reason = refusal(url, self.allow_loopback, resolve_host)
             if reason:
                 raise ValueError(reason)
             try:
@@ -203,15 +275,20 @@ class BrowseTool:
                 media, charset = content_type(response.headers.get("Content-Type", ""))
                 if not is_text(media):
                     raise ValueError(f"{url} is {media}, not a text or HTML page; browse reads text only")
-                body = self._read_body(url, response, deadline)
+                body, cut = self._read_body(url, response, deadline)
                 if not media and b"\0" in body[:4096]:
                     raise ValueError(f"{url} is binary (no content type, NUL bytes); browse reads text only")
                 html = not media or "html" in media
-                text = decode_page(body, charset, html)
-                return html_to_text(text) if html else text
+                text = decode_page(without_cut_character(body) if cut else body, charset, html)
+                note = f"[page truncated: only its first {self.max_page_bytes} bytes were read]" if cut else ""
+                return Page(html_to_text(text) if html else text, note)
         raise HttpError(f"{url}: more than {self.max_redirects} redirects")
 
     def fetch_text(self, target: str) -> str:
+        """The page or document as plain text (`fetch_page`'s text, without its note)."""
+        return self.fetch_page(target).text
+
+    def fetch_page(self, target: str) -> Page:
         """The page or document as plain text. Raises HttpError or ValueError saying what failed."""
         if target.startswith(("http://", "https://")):
             if not self.allow_urls:
@@ -235,7 +312,7 @@ class BrowseTool:
         if not isinstance(contents, str):
             raise BadServerAnswer(f"bad server answer: document {target!r} has {type(contents).__name__} contents, "
                                   "not text")
-        return html_to_text(contents) if "<html" in contents.lower() else contents
+        return Page(html_to_text(contents) if "<html" in contents.lower() else contents)
 
     def run(self, content: str) -> ToolResult:
         """Browse `TARGET [query]` (split at the first whitespace, a newline too); failures become result text."""
@@ -245,12 +322,12 @@ class BrowseTool:
             return ToolResult("Browse failed: no URL or document id given.", False, time.monotonic() - start,
                               "bad_call")
         try:
-            text = self.fetch_text(target)
+            page = self.fetch_page(target)
         except DocumentNotFound as error:
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "bad_call")
         except BadServerAnswer as error:
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "failed")
         except (HttpError, ValueError, KeyError, TypeError, OSError) as error:
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "unavailable")
-        window = best_window(text, query, self.window_chars)
-        return ToolResult(truncate_within(window, self.max_result_chars), True, time.monotonic() - start, "ok")
+        window = best_window(page.text, query, self.window_chars)
+        return ToolResult(with_note(window, page.note, self.max_result_chars), True, time.monotonic() - start, "ok")

@@ -228,3 +228,20 @@ def test_corpus_text_that_is_not_valid_unicode_is_repaired_and_searchable(tmp_pa
     assert hits == [{"id": "emoji", "contents": "Emoji\nbroken ? emoji text"}]
     for contents in documents.values():
         contents.encode("utf-8")
+
+
+@pytest.mark.parametrize("contents", [["", "  \n "], ["The\nthe and of it", "a b c", ""]])
+def test_a_corpus_with_no_word_to_index_is_refused_by_name(tmp_path, contents):
+    """Empty documents, stop words and one-character words leave bm25s an empty vocabulary, on which it
+    raised a bare `max() arg is an empty sequence` from inside its indexing."""
+    path = tmp_path / "wordless.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(contents)))
+    with pytest.raises(ValueError, match=r"wordless\.jsonl: no document has a word to index"):
+        Bm25Index(str(path))
+
+
+def test_a_corpus_with_some_wordless_documents_is_indexed(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "contents": v}) + "\n"
+                            for k, v in {"empty": "", "stop": "the of", "seine": DOCS["seine"]}.items()))
+    assert [doc["id"] for doc, _ in Bm25Index(str(path)).search(["seine river"], 3)[0]] == ["seine"]

@@ -1,6 +1,8 @@
 """Browsing a URL the model chose, against a real HTTP server on loopback that misbehaves: a body that
-drips forever, a body far over the size cap, redirects to link-local and local addresses."""
+drips forever, a body far over the size cap, redirects to link-local and local addresses; and a DNS lookup that
+never answers."""
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -140,3 +142,26 @@ def test_refusal_names_what_it_refuses():
     assert refusal("http://127.0.0.1:8000/admin", allow_loopback=True) == ""
     assert "link-local address fe80::1; refused" in refusal("http://[fe80::1]/", allow_loopback=True)
     assert "not an http(s) URL" in refusal("file:///etc/passwd", allow_loopback=True)
+
+
+def test_a_dns_lookup_that_never_answers_ends_at_the_deadline(monkeypatch):
+    """`getaddrinfo` has no timeout: with a resolver that never answered, a call with a 2 s deadline returned
+    after 10 s. The lookup is now given up on at the deadline; the call returns while it still hangs."""
+    release, finished = threading.Event(), threading.Event()
+
+    def unanswered_lookup(*args, **kwargs):
+        release.wait(20)  # far past the deadline (the test lets it go when it is done)
+        finished.set()
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unanswered_lookup)
+    try:
+        result = BrowseTool(deadline_seconds=0.5).run("http://unanswered.example/page words")
+        lookup_had_ended = finished.is_set()
+        lookup_threads = [thread for thread in threading.enumerate() if thread.name == "browse-dns"]
+    finally:
+        release.set()
+    assert not lookup_had_ended  # the call did not wait for the lookup
+    assert lookup_threads and all(thread.daemon for thread in lookup_threads)  # nor will the interpreter's exit
+    assert (result.ok, result.status) == (False, "unavailable")
+    assert "resolving unanswered.example took longer than 0.5 s" in result.text
