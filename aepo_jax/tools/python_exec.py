@@ -7,13 +7,16 @@ start-up), waits for the child, kills everything the call started, and
 reports. The worker never runs model code itself, so calls share no state;
 it is replaced after `calls_per_worker` calls (1 = a new worker per call).
 
-Limits per call: wall clock (the parent kills the worker's whole session),
+Limits per call: wall clock (the parent has the worker kill the call's
+processes and exit, then kills the worker's whole session if it has not),
 CPU time, address space (per process), memory of all the call's processes
 together (a memory cgroup per worker, where the controller is usable), file
 size and process count, a fresh working
 directory (a size-limited tmpfs, or a temporary directory removed
 afterwards without file-system isolation), a minimal environment, output
-kept up to `max_output_bytes` per stream.
+kept up to `max_output_bytes` per stream, a status line no longer than a
+real one can be (`status_line_bytes`: the worker keeps no more of what the
+code writes to its status pipe, the parent reads no more of a line).
 
 Isolation (probed once; every result says what applied in `isolation`,
 `network_isolated` and `filesystem_isolated`):
@@ -38,7 +41,10 @@ Isolation (probed once; every result says what applied in `isolation`,
   `SandboxLimits.worker_memory_bytes`). Without it, only RLIMIT_AS applies.
 - Workers die with the parent, even a SIGKILLed one (they watch their stdin).
 - Where `unshare` does not work, code runs without network isolation and
-  `network_isolated` is False.
+  `network_isolated` is False. The worker, a child subreaper then, still
+  kills every process a call started, in its process group or not, when the
+  call ends or times out (unless the code kills or stops the worker, which
+  it can then signal).
 """
 
 from __future__ import annotations
@@ -185,7 +191,8 @@ class PythonSandbox:
                         "workdir_bytes": limits.workdir_bytes, "workdir_files": limits.workdir_files,
                         # the child sends at most this much traceback (a 100 kB message is cut where it runs)
                         "traceback_lines": limits.traceback_lines, "traceback_line_chars": limits.max_output_bytes,
-                        "preload": list(preload)}
+                        # the most of the child's status pipe the worker keeps, and of a status line the parent reads
+                        "status_bytes": status_line_bytes(limits), "preload": list(preload)}
         self.namespace_command = probe_isolation()
         self.network_isolated = bool(self.namespace_command)
         self._root_mount_point = ""
@@ -257,7 +264,8 @@ class PythonSandbox:
             if keep:
                 self._idle.put(worker)
                 return
-        kill_worker(worker)
+        if not healthy:  # its call may still run (or be gone with it); a healthy one is idle: ended off the path
+            kill_worker(worker)
         self._in_background(self._retire, worker)
 
     def _in_background(self, target: Callable[..., object], *args: object) -> None:
@@ -317,33 +325,18 @@ class PythonSandbox:
             send_call(worker, code, workdir)
         except OSError:
             pass  # the worker is gone; EOF below says so
-        selector = selectors.DefaultSelector()
-        selector.register(worker.process.stdout, selectors.EVENT_READ, stdout)
-        selector.register(worker.process.stderr, selectors.EVENT_READ, stderr)
-        selector.register(worker.result_read, selectors.EVENT_READ, None)
-        status_line, timed_out = None, False
-        while status_line is None and selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in selector.select(timeout=remaining):
-                if key.data is not None:
-                    if not _drain(key.fd, key.data):
-                        selector.unregister(key.fileobj)
-                    continue
-                data = os.read(worker.result_read, 65536)
-                if not data:
-                    selector.unregister(key.fileobj)
-                    continue
-                worker.status_buffer += data
-                if b"\n" in worker.status_buffer:
-                    status_line, _, worker.status_buffer = worker.status_buffer.partition(b"\n")
-        selector.close()
-        if timed_out:
+        status_line, missing = self._collect(worker, stdout, stderr, deadline)
+        if missing == "timeout":
             kill_worker(worker)
             return self._result("timeout", stdout, stderr, f"wall-clock limit of {limits.wall_seconds:g} s exceeded",
                                 None, start), False
+        if missing == "too long":
+            kill_worker(worker)  # the rest of that line is still in the pipe: the worker cannot serve again
+            _drain(worker.process.stdout.fileno(), stdout)
+            _drain(worker.process.stderr.fileno(), stderr)
+            cap = self._config["status_bytes"]
+            return self._result("failed", stdout, stderr, f"the worker's status line was over {cap} bytes, more than "
+                                "any real status: not read (something else wrote to its result pipe)", None, start), False
         # Everything the call wrote is in the pipes before its status line: take the rest.
         _drain(worker.process.stdout.fileno(), stdout)
         _drain(worker.process.stderr.fileno(), stderr)
@@ -357,6 +350,38 @@ class PythonSandbox:
         if status["status"] != "ok":
             trace = "\n".join(filter(None, [trace, self._memory_note(worker, kills_before)]))
         return self._result(status["status"], stdout, stderr, trace, status.get("exit_code"), start), True
+
+    def _collect(self, worker: Worker, stdout: _Capture, stderr: _Capture,
+                 deadline: float) -> tuple[bytes | None, str]:
+        """Read the worker's output until its status line: (the line, "") or (None, why not: "eof", "timeout",
+        or "too long", a line over `status_bytes`, of which no more than that is read)."""
+        cap = self._config["status_bytes"]
+        selector = selectors.DefaultSelector()
+        selector.register(worker.process.stdout, selectors.EVENT_READ, stdout)
+        selector.register(worker.process.stderr, selectors.EVENT_READ, stderr)
+        selector.register(worker.result_read, selectors.EVENT_READ, None)
+        try:
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None, "timeout"
+                for key, _ in selector.select(timeout=remaining):
+                    if key.data is not None:
+                        if not _drain(key.fd, key.data):
+                            selector.unregister(key.fileobj)
+                        continue
+                    data = os.read(worker.result_read, 65536)
+                    if not data:
+                        selector.unregister(key.fileobj)
+                        continue
+                    line = _take_line(worker.status_buffer, data)
+                    if line is not None:
+                        return line, ""
+                    if len(worker.status_buffer) > cap:
+                        return None, "too long"
+            return None, "eof"
+        finally:
+            selector.close()
 
     def _memory_note(self, worker: Worker, kills_before: int) -> str:
         """A last traceback line when the kernel killed some process of the call at the memory cgroup's limit."""
@@ -399,6 +424,28 @@ class PythonSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def status_line_bytes(limits: SandboxLimits) -> int:
+    """The most bytes a real status line can take, for the worker's and the parent's caps.
+
+    Its traceback is `traceback_lines` lines of at most `max_output_bytes` characters and a "... [N more
+    characters]" marker each; JSON escapes a character to at most 12 bytes (a surrogate pair, "\\ud83d\\ude00");
+    the rest of the line is short."""
+    return 12 * limits.traceback_lines * (limits.max_output_bytes + 64) + 4096
+
+
+def _take_line(buffer: bytearray, data: bytes) -> bytes | None:
+    """Append `data` to `buffer`; the first complete line, taken out of `buffer`, else None.
+
+    A bytearray grows in place: `bytes += data` copied everything read so far at each read."""
+    buffer += data
+    end = buffer.find(b"\n")
+    if end < 0:
+        return None
+    line = bytes(buffer[:end])
+    del buffer[: end + 1]
+    return line
 
 
 def _parse_status(line: bytes) -> dict:

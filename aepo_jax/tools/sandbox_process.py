@@ -7,6 +7,9 @@ namespace, and whether per-worker pids and memory cgroups can be made. See
 
 A worker's life is tied to the parent's: it watches its stdin (the parent's
 pipe) while a call runs and exits when the parent is gone (`sandbox_worker`).
+The parent ends a worker the same way, by closing that pipe (`kill_worker`):
+the worker kills its call's processes first, which without a pid namespace
+nothing else can find.
 Not `PR_SET_PDEATHSIG`: it fires when the *thread* that started the process
 exits, and replacements are started from short-lived background threads. A
 process the parent forks without exec (fork-based `multiprocessing`) would
@@ -228,7 +231,7 @@ class Worker:
     cgroups: tuple[str, ...]
     calls_left: int
     memory_cgroup: str = ""  # one of `cgroups`, where its out-of-memory kills are counted
-    status_buffer: bytes = b""
+    status_buffer: bytearray = dataclasses.field(default_factory=bytearray)  # the status line read so far
 
 
 def make_cgroup(path: str, limits: dict[str, str]) -> str:
@@ -283,19 +286,43 @@ def send_call(worker: Worker, code: str, workdir: str | None) -> None:
     worker.process.stdin.flush()
 
 
-def kill_worker(worker: Worker) -> None:
-    """SIGKILL the worker's whole session (the namespace dies with its init)."""
+def kill_worker(worker: Worker, grace_seconds: float = 2.0) -> None:
+    """End the worker and its call: close its stdin, give it `grace_seconds` to exit, SIGKILL its session.
+
+    The worker's session holds the worker, not its call: the call's child has a process group of its own,
+    and what it starts may leave that too (`setsid`). Only the worker can find them all without a pid
+    namespace (its call's group, and the orphans it inherits as a child subreaper), so it is asked first:
+    on EOF it kills them and exits, as it does when the parent dies. The SIGKILL is for a worker that does
+    not (stopped, or hung); with a pid namespace it also ends everything in it, as the namespace's init dies,
+    but without one the call's processes then live on (code that can signal its worker can stop it).
+    """
+    _close_stdin(worker)
     try:
+        worker.process.wait(timeout=grace_seconds)
+        return  # reaped: its pid may be anyone's now, and its session held nothing else
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # not reaped, so the pid is still its own
         os.killpg(worker.process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _close_stdin(worker: Worker) -> None:
+    """Close the worker's stdin (the worker sees EOF), once; its fd is no longer one the at-fork hook guards."""
+    stdin = worker.process.stdin
+    if stdin is None or stdin.closed:
+        return
+    _WORKER_STDIN_FDS.pop(stdin.fileno(), None)
+    try:
+        stdin.close()
+    except OSError:  # a frame left unflushed to a worker that is gone
         pass
 
 
 def dispose_worker(worker: Worker) -> None:
     """Kill, reap, close pipes and remove the cgroup."""
     kill_worker(worker)
-    if worker.process.stdin is not None and not worker.process.stdin.closed:
-        _WORKER_STDIN_FDS.pop(worker.process.stdin.fileno(), None)
     for stream in (worker.process.stdin, worker.process.stdout, worker.process.stderr):
         try:
             if stream is not None:

@@ -24,10 +24,21 @@ at a time, until EOF (the parent closed it, or died):
    (its end of stdin closes, even by SIGKILL) it kills the child and exits
    at once, and with it everything in the namespace, so no call outlives
    the trainer that made it (the wall-clock limit is the parent's);
-3. after the child exits, kill every other process left in the namespace
-   (`kill(-1)` from the namespace init reaches exactly those) and reap them;
+3. after the child exits (before it is reaped, so its process-group id
+   cannot be reused), kill its process group, then every other process left:
+   as the namespace init, `kill(-1)` reaches exactly those; without a pid
+   namespace, the worker is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
+   every orphan of the call, even one that left the group with `setsid`, is
+   reparented to it, and it kills its children until none is left;
 4. write one status line (JSON) to the result fd named in the config, then
    (with a root) detach the working directory's tmpfs.
+
+The worker keeps only the last `status_bytes` (from the config) of what the
+child writes to its status pipe and re-bounds the parsed traceback: code that
+floods that pipe, or forges a huge status, costs the worker no more memory and
+the parent no more bytes than a real status. The parent ends a timed-out call
+by closing the worker's stdin: the worker then kills the call as in step 3
+and exits (`sandbox_process.kill_worker`).
 
 The worker itself never runs model code, so every call starts from the same
 pristine state, and nothing a call started outlives it.
@@ -44,6 +55,12 @@ import signal
 import struct
 import sys
 import traceback
+
+_STATUSES = ("ok", "error", "timeout", "killed", "failed")
+_MARKER_ROOM = 48  # the most characters "... [N more characters]" adds to a cut line
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_KILL_ROUNDS = 1000  # each round kills the worker's children; their orphans are the next round's children
+_READ_AFTER_EXIT = 16 << 20  # the most bytes read from the status pipe after the call's processes are killed
 
 
 def _apply_limits(config: dict, status_fd: int) -> None:
@@ -80,16 +97,18 @@ def _finish(status_fd: int, status: dict) -> None:
     os._exit(0 if status["status"] == "ok" else 1)
 
 
-def _bounded(text: str, config: dict) -> str:
-    """The last `traceback_lines` lines of `text`, each cut to `traceback_line_chars` characters.
+def _bounded(text: str, config: dict, room: int = 0) -> str:
+    """The last `traceback_lines` lines of `text`, each over `traceback_line_chars + room` characters cut to
+    `traceback_line_chars`.
 
     A line's beginning is kept (`ValueError: xxx...`: the exception's name), so a
-    100 kB message stays readable and the status stays small.
+    100 kB message stays readable and the status stays small. `room` lets a line the child already cut
+    (its marker included) through unchanged when the worker bounds the status again.
     """
     width = config["traceback_line_chars"]
     lines = text.rstrip("\n").splitlines()[-config["traceback_lines"] :]
-    return "\n".join(line if len(line) <= width else f"{line[:width]}... [{len(line) - width} more characters]"
-                     for line in lines)
+    return "\n".join(line if len(line) <= width + room
+                     else f"{line[:width]}... [{len(line) - width} more characters]" for line in lines)
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -155,13 +174,97 @@ def _read_exact(fd: int, size: int) -> bytes:
     return data
 
 
-def _kill_the_rest() -> None:
-    """Kill and reap every process left in the namespace (all but us, when we are its init)."""
-    if os.getpid() == 1:
+def _become_subreaper() -> None:
+    """Have the orphans of every call reparented to this worker instead of to init (Linux; best effort).
+
+    Without a pid namespace nothing else finds a process the call started once its parent has died, e.g.
+    one detached with `setsid`: as a child subreaper the worker gets it as a child, and kills it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes  # here, not at the top: a worker in a pid namespace needs no ctypes (~2 ms a start)
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # then only the call's process group is killed (its orphans go to init)
+
+
+def _sigkill(pid: int, group: bool = False) -> None:
+    """SIGKILL process `pid` (or process group `pid`); one already gone is fine."""
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _children() -> list[int]:
+    """This worker's child processes, zombies included."""
+    pid = os.getpid()
+    try:  # one small read, where the kernel has CONFIG_PROC_CHILDREN (the worker has a single thread)
+        with open(f"/proc/self/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        pass
+    children = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            children.append(int(name))
+    return children
+
+
+def _reap(pid: int) -> None:
+    """Wait for child `pid` (already SIGKILLed) to die; one reaped already is fine."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _live_children_left() -> bool:
+    """Reap the children that have exited; whether any child is left."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _kill_descendants() -> None:
+    """Kill and reap every process under this worker (not a namespace init: `kill(-1)` would reach the host).
+
+    A process killed here leaves its own children to the worker (a subreaper), so the next round kills
+    those; a round after which no child is left ends it. The rounds are bounded should a fork bomb keep
+    pace (with no pids cgroup, as root, where RLIMIT_NPROC does not apply)."""
+    for _ in range(_KILL_ROUNDS):
+        if not _live_children_left():  # the usual case, without reading /proc
+            return
+        children = _children()
+        if not children:
+            return
+        for pid in children:
+            _sigkill(pid)
+        for pid in children:
+            _reap(pid)
+
+
+def _kill_the_rest() -> None:
+    """Kill and reap every process the call left: all but us in the namespace when we are its init."""
+    if os.getpid() != 1:
+        _kill_descendants()
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
     while True:
         try:
             os.waitpid(-1, 0)
@@ -172,23 +275,39 @@ def _kill_the_rest() -> None:
                 return
 
 
-def _kill_call_and_exit(child: int) -> None:
-    """The parent is gone: kill the call and exit (as the namespace's init, that kills everything it started)."""
-    for kill in (os.killpg, os.kill):  # its process group, and itself should it not have one yet
-        try:
-            kill(child, signal.SIGKILL)
-        except OSError:
-            pass
-    os._exit(1)
+def _end_call(child: int) -> int:
+    """Kill the call's process group and every process it left, reap them; the child's wait status.
+
+    The group is killed before the child is reaped: while the child is a zombie its pid, and so the group's
+    id, cannot be taken by another process."""
+    _sigkill(child, group=True)
+    _sigkill(child)  # should it have no group of its own yet
+    _, wait_status = os.waitpid(child, 0)
+    _kill_the_rest()
+    return wait_status
 
 
-def _wait_for_child(child: int, status_read: int) -> tuple[int, list[bytes]]:
-    """(wait status, what it has written to its status pipe so far) once `child` has exited.
+def _keep_tail(tail: bytearray, chunk: bytes, limit: int) -> None:
+    """Append `chunk` to `tail`, keeping its last `limit` bytes: the status is the last line, and what
+    came before it (the code may flood the pipe) must not grow the worker."""
+    tail += chunk
+    if len(tail) > limit:
+        del tail[: len(tail) - limit]
+
+
+def _has_exited(child: int) -> bool:
+    """Whether `child` has exited, leaving it unreaped (its group is killed first, `_end_call`)."""
+    return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _wait_for_child(child: int, status_read: int, limit: int) -> bytearray:
+    """The last `limit` bytes the child wrote to its status pipe, once `child` has exited (not reaped).
 
     One thread, one poll: the status pipe is read as it fills (a status over the pipe's buffer must not
-    block the child), and stdin is watched: when its writer, the parent, is gone (even SIGKILLed: its end
-    closes by itself) the call is killed and the worker exits. No helper threads: each one left the worker,
-    and so every later call's child, a 64 MiB malloc arena of address space, counted against RLIMIT_AS.
+    block the child), and stdin is watched: when it closes (the parent ended the call at its wall-clock
+    limit, or died, even SIGKILLed: its end closes by itself) the call is killed and the worker exits.
+    No helper threads: each one left the worker, and so every later call's child, a 64 MiB malloc arena of
+    address space, counted against RLIMIT_AS.
     """
     poller = select.poll()
     poller.register(status_read, select.POLLIN)
@@ -199,55 +318,66 @@ def _wait_for_child(child: int, status_read: int) -> tuple[int, list[bytes]]:
         timeout_ms = None
     except (AttributeError, OSError):  # kernels before 5.3: look every 10 ms
         exited, timeout_ms = -1, 10
-    chunks: list[bytes] = []
+    tail = bytearray()
     try:
         while True:
             for fd, _ in poller.poll(timeout_ms):
                 if fd == 0:
-                    _kill_call_and_exit(child)
+                    _end_call(child)
+                    os._exit(1)
                 if fd == status_read:
                     chunk = os.read(status_read, 65536)
                     if chunk:
-                        chunks.append(chunk)
+                        _keep_tail(tail, chunk, limit)
                     else:
                         poller.unregister(status_read)
-            done, wait_status = os.waitpid(child, os.WNOHANG)
-            if done:
-                break
+            if _has_exited(child):
+                return tail
     finally:
         if exited >= 0:
             os.close(exited)
-    return wait_status, chunks
 
 
-def _read_available(fd: int) -> list[bytes]:
-    """What is in pipe `fd` now, without waiting for an EOF that a process left behind (no pid namespace)
-    could hold off."""
+def _read_available(fd: int, tail: bytearray, limit: int) -> None:
+    """Add what is in pipe `fd` now to `tail`, without waiting for an EOF that a process left behind could
+    hold off, and reading no more than `_READ_AFTER_EXIT` bytes should one keep writing."""
     os.set_blocking(fd, False)
-    chunks = []
-    while True:
+    for _ in range(_READ_AFTER_EXIT // 65536):
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
-            return chunks
+            return
         if not chunk:
-            return chunks
-        chunks.append(chunk)
+            return
+        _keep_tail(tail, chunk, limit)
 
 
-def _status_of(raw: bytes, wait_status: int, config: dict) -> dict:
+def _checked_status(status: object, config: dict) -> dict | None:
+    """The child's parsed status with its fields checked and its traceback bounded again, else None.
+
+    The code can write its own "status" (it holds the pipe): it may claim any outcome, but not grow
+    the worker's status line past a real one's size."""
+    if not isinstance(status, dict) or status.get("status") not in _STATUSES:
+        return None
+    exit_code = status.get("exit_code")
+    trace = status.get("traceback") or ""
+    return {"status": status["status"], "exit_code": exit_code if isinstance(exit_code, int) else None,
+            "traceback": _bounded(trace if isinstance(trace, str) else repr(trace), config, _MARKER_ROOM)}
+
+
+def _status_of(raw: bytes | bytearray, wait_status: int, config: dict) -> dict:
     """The child's status from its pipe (the last line), else from how it ended."""
     if raw.strip():
         try:
-            status = json.loads(raw.rsplit(b"\n", 1)[-1])
-            if isinstance(status, dict) and isinstance(status.get("status"), str):
+            status = _checked_status(json.loads(raw.rsplit(b"\n", 1)[-1]), config)
+            if status is not None:
                 return status
         except ValueError:
             pass
         # Not the exit code's guess (0 for an exception whose status the code overwrote): say what happened.
         return {"status": "failed", "exit_code": None,
                 "traceback": f"the call's status was unreadable (the code wrote to the sandbox's status pipe): "
-                             f"{raw[-200:]!r}"}
+                             f"{bytes(raw[-200:])!r}"}
     if os.WIFSIGNALED(wait_status):
         signum = os.WTERMSIG(wait_status)
         if signum == signal.SIGXCPU:
@@ -274,11 +404,12 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
     except OSError:
         pass
     os.close(status_write)
-    wait_status, chunks = _wait_for_child(pid, status_read)
-    _kill_the_rest()
-    chunks += _read_available(status_read)  # the child's writes are all in the pipe once it has exited
+    limit = config["status_bytes"]
+    tail = _wait_for_child(pid, status_read, limit)
+    wait_status = _end_call(pid)
+    _read_available(status_read, tail, limit)  # the child's writes are all in the pipe once it has exited
     os.close(status_read)
-    return _status_of(b"".join(chunks), wait_status, config)
+    return _status_of(tail, wait_status, config)
 
 
 def main() -> None:
@@ -292,12 +423,14 @@ def main() -> None:
         if config.get("probe"):
             print(json.dumps({"root": True, "binds": config["root"]["binds"], "notes": notes}), flush=True)
             return
+    if os.getpid() != 1:  # no pid namespace (as its init, the worker already inherits every orphan in it)
+        _become_subreaper()
     for module in config.get("preload", []):
         importlib.import_module(module)
     while True:
         header = _read_exact(0, 4)
-        if not header:
-            return
+        if not header:  # at once, without the interpreter's shutdown: the parent may be waiting (`kill_worker`)
+            os._exit(0)
         call = json.loads(_read_exact(0, struct.unpack(">I", header)[0]))
         status = _serve_one(call, config, mounts)
         os.write(config["result_fd"], json.dumps(status, default=str).encode() + b"\n")
