@@ -93,6 +93,7 @@ def _sft_text(row: dict, key: str, where: str) -> str:
 
 def _text_row_to_tokens(row: dict, where: str, env: Environment) -> dict:
     """One `sft.path` row -> a token record; every error names `where` (path:line)."""
+    from aepo_jax.agent.prompts import prompt_opens_think
     from aepo_jax.training.sft_trainer import text_record_to_tokens
 
     question, response = _sft_text(row, "question", where), _sft_text(row, "response", where)
@@ -100,7 +101,8 @@ def _text_row_to_tokens(row: dict, where: str, env: Environment) -> dict:
         prompt_ids = env.encode_prompt({**row, "question": question})
     except ValueError as exc:
         raise SFTDataError(f"{where}: {exc}") from exc
-    return text_record_to_tokens(prompt_ids, response, env.tokenizer.encode, env.tokenizer.eos_id, where=where)
+    return text_record_to_tokens(prompt_ids, response, env.tokenizer.encode, env.tokenizer.eos_id, where=where,
+                                 prompt_opens_think=prompt_opens_think(env.tokenizer))
 
 
 def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: str, graphdef: Any = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aepo_jax.agent.tags import (
     ANSWER_CLOSE,
@@ -94,7 +94,18 @@ def response_text(tokenizer: ChatTokenizer, response_ids: Sequence[int]) -> str:
     starts the response inside it: that opening is put back in front, so the response's `</think>`
     closes a block."""
     text = tokenizer.decode(response_ids)
-    prompt = getattr(getattr(tokenizer, "chat_format", None), "generation_prompt", "")
-    if prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE):
-        return prompt[prompt.rfind(THINK_OPEN):] + text
+    if prompt_opens_think(tokenizer):
+        return THINK_OPEN + _generation_prompt(tokenizer).rpartition(THINK_OPEN)[2] + text
     return text
+
+
+def _generation_prompt(tokenizer: Any) -> str:
+    return getattr(getattr(tokenizer, "chat_format", None), "generation_prompt", "") or ""
+
+
+def prompt_opens_think(tokenizer: Any) -> bool:
+    """Whether the tokenizer's generation prompt ends inside an open think block (a thinking template's
+    `<|im_start|>assistant\\n<think>\\n`): its responses start inside that block (`response_text`, and the
+    SFT sequences that teach them)."""
+    prompt = _generation_prompt(tokenizer)
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)

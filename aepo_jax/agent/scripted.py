@@ -62,6 +62,18 @@ class ByteTokenizer:
         return 2 + self.specials.index(piece) if piece in self.specials else None
 
 
+class ChatByteTokenizer(ByteTokenizer):
+    """`ByteTokenizer` with a chat format (`tokenizers.chat.ChatFormat`), as `render_prompt` and
+    `response_text` read it: tests of chat templates without a vocabulary file."""
+
+    def __init__(self, chat_format):
+        super().__init__()
+        self.chat_format = chat_format
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return self.chat_format.render_ids(messages, add_generation_prompt, self.encode, self.eos_id)
+
+
 @dataclass
 class ScriptedSegment:
     """What a row generates next: token ids, their entropies (and log-probs), and how it ends."""

@@ -7,7 +7,9 @@ see it (spec §4, DESIGN.md "Agent loop"): the prompt rendered with the
 rollout's chat template and system prompt, every generated segment encoded
 on its own (mask 1), every tool result formatted with `format_tool_result`
 and encoded on its own (mask 0). The flaw of the scripts (skipping python)
-is kept, so SFT copies it and RL has something to remove.
+is kept, so SFT copies it and RL has something to remove. Under a chat
+template whose generation prompt opens a think block (ends in `<think>`), the first
+segment closes it with an empty block, as RL's `response_text` reads it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from aepo_jax.agent.prompts import prompt_opens_think
 from aepo_jax.agent.protocol import format_tool_result, parse_last_tool_call
+from aepo_jax.agent.tags import THINK_CLOSE, THINK_OPEN
 from aepo_jax.envs.synthetic_facts import Question, Town, scripted_segments
+
+# Closes the think block a thinking template's generation prompt opens: after its `<think>\n`, an empty
+# block `<think>\n\n</think>\n\n` (what Qwen3 writes when it does not think); the scripts have no reasoning.
+_CLOSE_OPENED_THINK = "\n" + THINK_CLOSE + "\n\n"
 
 
 @dataclass
@@ -62,7 +70,8 @@ def build_sft_sequences(
     if not 0.0 <= skip_python_prob <= 1.0:
         raise ValueError(f"skip_python_prob must be in [0, 1], got {skip_python_prob}")
     script = script or scripted_segments
-    scripts = [script(q, towns_by_name, rng, skip_python_prob) for q in questions]
+    opened = prompt_opens_think(tokenizer)
+    scripts = [_fit_to_prompt(script(q, towns_by_name, rng, skip_python_prob), opened) for q in questions]
     sequences = []
     for q, segments in zip(questions, scripts, strict=True):
         prompt = list(encode_prompt(q.question))
@@ -85,3 +94,14 @@ def build_sft_sequences(
             sequences[i].mask += [0] * len(ids)
             sequences[i].tool_failures += 0 if result.ok else 1
     return sequences
+
+
+def _fit_to_prompt(segments: list[str], opened: bool) -> list[str]:
+    """`segments` as the response to a prompt that `opened` a think block: a script that opens its own
+    loses that `<think>` (a second one leaves the tags unbalanced), any other first closes the prompt's
+    block, so that the trajectory passes RL's format check instead of scoring -1."""
+    if not opened or not segments:
+        return segments
+    first = segments[0].lstrip()
+    first = first[len(THINK_OPEN):].lstrip() if first.startswith(THINK_OPEN) else _CLOSE_OPENED_THINK + segments[0]
+    return [first, *segments[1:]]

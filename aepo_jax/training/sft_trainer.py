@@ -6,7 +6,11 @@ A record is `{"prompt_ids": [...], "segments": [(ids, trainable), ...]}` or
 the text form `{"question": str, "response": str}` where the response text
 holds tool results as `<result>...</result>` blocks (mask 0) between
 generated text (mask 1); `text_record_to_tokens` turns the text form into
-tokens, tokenising each piece separately (token-in, token-out).
+tokens, tokenising each piece separately (token-in, token-out), so that the
+sequence is the one RL's agent loop builds: each tool call's closing tag is
+followed by its result block re-encoded as `format_tool_result` (or ends the
+response), and under a chat template whose generation prompt opens a think
+block the response's own opening `<think>` is dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from aepo_jax.agent.tags import RESULT_CLOSE, RESULT_OPEN
+from aepo_jax.agent.protocol import format_tool_result
+from aepo_jax.agent.tags import (
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    THINK_OPEN,
+    TOOL_CLOSE_TAGS,
+    open_tag,
+)
 from aepo_jax.training.batch import pad_sequences
 from aepo_jax.training.build import (
     RunParts,
@@ -38,28 +49,56 @@ from aepo_jax.training.train_step import make_sft_train_step
 _RESULT_BLOCK = re.compile(r"(\s*" + re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE) + r")", re.DOTALL)
 # A result tag left in a trainable piece: an unclosed or mis-cased block whose tool output would be trained.
 _STRAY_RESULT_TAG = re.compile(re.escape(RESULT_OPEN) + "|" + re.escape(RESULT_CLOSE), re.IGNORECASE)
+# A tool's closing tag: RL stops a segment there and appends the tool's result.
+_TOOL_CLOSE = re.compile("|".join(re.escape(tag) for tag in TOOL_CLOSE_TAGS))
 
 
 def text_record_to_tokens(prompt_ids: Sequence[int], response: str, encode: Callable[[str], list[int]],
-                          eos_id: int | None, where: str = "SFT record") -> dict[str, np.ndarray]:
-    """Prompt ids + response text -> `tokens` and `mask` (0 on prompt and `<result>` blocks).
+                          eos_id: int | None, where: str = "SFT record",
+                          prompt_opens_think: bool = False) -> dict[str, np.ndarray]:
+    """Prompt ids + response text -> `tokens` and `mask` (0 on prompt and `<result>` blocks), as RL builds them.
 
-    A `<result>` / `</result>` tag (any letter case) left outside a well-formed block is refused, naming
-    `where`: that block's tool output would otherwise be trained on as model output."""
+    Each result block is encoded as `format_tool_result` of its content (what RL appends after a tool call).
+    Refused, naming `where`: a `<result>` / `</result>` tag (any letter case) left outside a well-formed block,
+    a tool call followed by anything but its result block (except at the end of the response), or a result
+    block that does not follow a tool call: tool output would be trained as model output, or the context
+    would be one RL never builds. `prompt_opens_think`: the chat template's generation prompt opens a think
+    block (`agent.prompts.prompt_opens_think`), so the response's own `<think>` is dropped."""
+    if prompt_opens_think:
+        response = _without_reopened_think(response)
     tokens, mask = list(map(int, prompt_ids)), [0] * len(prompt_ids)
-    for piece in _RESULT_BLOCK.split(response):
-        if not piece:
-            continue
+    pieces = [piece for piece in _RESULT_BLOCK.split(response) if piece]
+    for k, piece in enumerate(pieces):
         is_result = bool(_RESULT_BLOCK.fullmatch(piece))
-        if not is_result:
+        if is_result:
+            _require_after_tool_call(pieces[k - 1] if k else "", piece, where)
+            ids = encode(format_tool_result(_result_content(piece)))
+        else:
             _require_no_result_tag(piece, where)
-        ids = encode(piece)
+            _require_tool_calls_answered(piece, k == len(pieces) - 1, where)
+            ids = encode(piece)
         tokens += ids
         mask += [0 if is_result else 1] * len(ids)
     if eos_id is not None:
         tokens.append(int(eos_id))
         mask.append(1)
     return {"tokens": tokens, "mask": np.asarray(mask, np.float32)}
+
+
+def _without_reopened_think(response: str) -> str:
+    """`response` without its leading `<think>` (and the whitespace after it), for a prompt that opened the
+    think block already (a thinking template's `<|im_start|>assistant\\n<think>\\n`): RL's `response_text`
+    reads the response with the prompt's `<think>` in front, so a second one would leave the tags unbalanced
+    (format check fails, reward -1)."""
+    body = response.lstrip()
+    return body[len(THINK_OPEN):].lstrip() if body.startswith(THINK_OPEN) else response
+
+
+def _result_content(block: str) -> str:
+    """The tool output of a result block (`\\s*<result>...</result>`): its content less the one newline
+    `format_tool_result` puts at each end, so a block already in RL's form keeps its exact text."""
+    content = block[block.index(RESULT_OPEN) + len(RESULT_OPEN):-len(RESULT_CLOSE)]
+    return content.removeprefix("\n").removesuffix("\n")
 
 
 def _require_no_result_tag(piece: str, where: str) -> None:
@@ -70,6 +109,34 @@ def _require_no_result_tag(piece: str, where: str) -> None:
         raise ValueError(f"{where}: the response has a {found.group()!r} tag outside a well-formed "
                          f"{RESULT_OPEN}...{RESULT_CLOSE} block (unclosed or in another letter case), near "
                          f"{piece[start:found.end() + 40]!r}; its tool output would be trained as model output")
+
+
+def _require_tool_calls_answered(piece: str, last: bool, where: str) -> None:
+    """Refuse a trainable piece with text after a tool's closing tag: in RL generation stops there and the
+    tool's result block (mask 0) comes next, so that text (often pasted tool output) is never the model's.
+    Only the response's last piece may end in a call (a trajectory that stops at its tool-call limit)."""
+    for found in _TOOL_CLOSE.finditer(piece):
+        after = piece[found.end():]
+        if after and not (last and not after.strip()):
+            raise ValueError(f"{where}: the tool call {_call_text(piece, found)!r} is followed by "
+                             f"{after[:60]!r} instead of its {RESULT_OPEN}...{RESULT_CLOSE} block; RL stops "
+                             f"generating at {found.group()} and appends the tool's result, so this text would "
+                             f"be trained as model output")
+
+
+def _require_after_tool_call(before: str, block: str, where: str) -> None:
+    """Refuse a result block whose preceding piece is not generated text ending in a tool's closing tag: RL
+    appends a result only after a call (the format check fails a `<result>` with no call before it)."""
+    if not before.endswith(TOOL_CLOSE_TAGS):  # also a block right after another block
+        raise ValueError(f"{where}: a {RESULT_OPEN} block does not directly follow a tool call "
+                         f"(one of {', '.join(TOOL_CLOSE_TAGS)}): after {before[-60:]!r} comes "
+                         f"{block.strip()[:60]!r}; RL appends a tool result only after a call")
+
+
+def _call_text(piece: str, close: re.Match) -> str:
+    """The tool call `close` ends: from its opening tag (or 60 characters back) to the closing tag."""
+    opening = piece.rfind(open_tag(close.group()[2:-1]), 0, close.start())
+    return piece[opening if opening >= 0 else max(close.start() - 60, 0):close.end()]
 
 
 class SequenceBatches:

@@ -1,12 +1,18 @@
 """Demo task files, tokenizer text and SFT sequences executed against the real search server and sandbox."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from aepo_jax.agent.prompts import render_prompt
-from aepo_jax.agent.protocol import format_tool_result
+from aepo_jax.agent.prompts import render_prompt, response_text
+from aepo_jax.agent.protocol import (
+    format_tool_result,
+    parse_last_tool_call,
+    validate_format,
+)
+from aepo_jax.agent.scripted import ChatByteTokenizer
 from aepo_jax.envs.facts_sft import build_sft_sequences
 from aepo_jax.envs.facts_task import (
     DEMO_SYSTEM_PROMPT,
@@ -17,6 +23,7 @@ from aepo_jax.envs.facts_task import (
 from aepo_jax.envs.pretrained import grow_vocabulary_rows
 from aepo_jax.envs.synthetic_facts import scripted_segments
 from aepo_jax.servers.process import start_search_server
+from aepo_jax.tokenizers import CHATML, chat_format_from_template
 from aepo_jax.tokenizers.sentencepiece_tokenizer import train_sentencepiece
 from aepo_jax.tools import (
     PythonSandbox,
@@ -25,6 +32,7 @@ from aepo_jax.tools import (
     SearchTool,
     ToolRegistry,
 )
+from tests.qwen_vocabulary_files import THINKING_CHATML_JINJA
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +123,45 @@ def test_grow_vocabulary_rows_appends_mean_rows_and_keeps_old_ones():
     assert grown["x"] is embed
     with pytest.raises(ValueError, match="vocab_size"):
         grow_vocabulary_rows({"model.embed_tokens.weight": embed}, 4)
+
+
+
+
+
+class _EchoTools:
+    """Tools that answer each call with a fixed text (the test is about the sequence, not the tools)."""
+
+    @staticmethod
+    def text(call) -> str:
+        return f"result of {call.content}"
+
+    def run_many(self, calls):
+        return [SimpleNamespace(text=self.text(call), ok=True) for call in calls]
+
+
+def _scripted(task, tok, questions):
+    return build_sft_sequences(questions, task.towns_by_name, tok, _EchoTools(), lambda q: render_prompt(tok, q),
+                               np.random.default_rng(3), 0.5)
+
+
+def test_scripted_sequences_under_a_thinking_template_pass_rls_format_check(task):
+    """The generation prompt opens `<think>`: the first segment closes it (an empty think block), so RL's
+    `response_text` of the response is well formed (before, the block was never closed: reward -1)."""
+    tok = ChatByteTokenizer(chat_format_from_template(THINKING_CHATML_JINJA))
+    questions = task.env.train[:6]
+    for q, seq in zip(questions, _scripted(task, tok, questions), strict=True):
+        prompt = render_prompt(tok, q.question)
+        assert seq.tokens[:len(prompt)] == prompt
+        assert validate_format(response_text(tok, seq.tokens[len(prompt):])) == (True, "")
+
+
+def test_scripted_sequences_under_a_template_without_think_are_unchanged(task):
+    tok = ChatByteTokenizer(CHATML)
+    questions = task.env.train[:6]
+    rng = np.random.default_rng(3)  # the scripts' draws, in the order `build_sft_sequences` makes them
+    scripts = [scripted_segments(q, task.towns_by_name, rng, 0.5) for q in questions]
+    for q, script, seq in zip(questions, scripts, _scripted(task, tok, questions), strict=True):
+        expected = render_prompt(tok, q.question)
+        for segment in script[:-1]:
+            expected += tok.encode(segment) + tok.encode(format_tool_result(_EchoTools.text(parse_last_tool_call(segment))))
+        assert seq.tokens == expected + tok.encode(script[-1])

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from aepo_jax.agent.protocol import format_tool_result
 from aepo_jax.agent.scripted import ByteTokenizer
 from aepo_jax.training.sft_trainer import (
     SequenceBatches,
@@ -40,7 +41,9 @@ def test_well_formed_blocks_train_only_the_generated_text_and_eos():
     record = text_record_to_tokens([5], response, tok.encode, eos_id=tok.eos_id, where="data.jsonl:1")
     trained = [t for t, m in zip(record["tokens"], record["mask"]) if m == 1]
     assert trained == tok.encode("".join(generated)) + [tok.eos_id]
-    assert tok.decode([t for t, m in zip(record["tokens"][1:], record["mask"][1:]) if m == 0]) == "".join(results)
+    # The context is the result blocks RL appends (`format_tool_result`), whatever whitespace the data wrote.
+    context = tok.decode([t for t, m in zip(record["tokens"][1:], record["mask"][1:]) if m == 0])
+    assert context == format_tool_result("one") + format_tool_result("two")
 
 
 @pytest.mark.parametrize("response", [
