@@ -17,6 +17,7 @@ from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
 from aepo_jax.models.gguf import find_smollm2_gguf
 from aepo_jax.tokenizers import (
     CHATML,
+    LLAMA3_CHAT,
     GGUFTokenizer,
     HFTokenizer,
     SentencePieceTokenizer,
@@ -296,6 +297,134 @@ def test_chat_format_from_template_reads_known_shapes():
         [{"role": "user", "content": "What is 2+2?"}])
     assert CHATML.render_text([{"role": "user", "content": "x\n"}]) == "<|im_start|>user\nx\n<|im_end|>\n" + (
         CHATML.generation_prompt)  # ChatML's does not
+
+
+# A Llama-3.1-style chat template, written for these tests with the shape of Llama-3.1-Instruct's for chats
+# without tools: its system block, written even without a system message, opens with the knowledge cutoff and
+# a date (`date_string`, with a default).
+LLAMA31_JINJA = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] | trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{#- the system block, written with or without a system message #}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{#- end of the system block #}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+# Llama-3.2's: the same, dated by the clock where the renderer defines `strftime_now` (transformers does).
+LLAMA32_JINJA = LLAMA31_JINJA.replace("""    {%- set date_string = "26 Jul 2024" %}""", """\
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}""")
+# Llama-3-8B-Instruct's: no system block of its own.
+LLAMA3_JINJA = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+LLAMA_CHATS = [
+    [{"role": "system", "content": "You are a research assistant."}, {"role": "user", "content": "What is 2+2?"}],
+    CHAT,
+    CHAT[1:],  # no system message: the block is written all the same, with an empty one
+    [{"role": "system", "content": "  Be brief.\n"}, {"role": "user", "content": " Hi \n"}],  # trimmed
+]
+
+
+def _llama_tokenizer_dir(folder, template):
+    """`folder` with a small byte-level BPE holding Llama-3's special tokens and `template` as its chat template."""
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = RustTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(CORPUS + ["Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"] * 20,
+                                trainer=trainer)
+    folder.mkdir()
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": template,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_llama31_template_renders_its_dated_system_block_token_for_token_as_transformers_does(tmp_path):
+    """Llama-3.1's template was read as Llama-3's, silently: its 'Cutting Knowledge Date' / 'Today Date' system
+    block, written even without a system message, was left out of every prompt."""
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    for name, template in (("llama31", LLAMA31_JINJA), ("llama3", LLAMA3_JINJA)):
+        folder = _llama_tokenizer_dir(tmp_path / name, template)
+        reference = AutoTokenizer.from_pretrained(folder)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # rendered exactly: nothing to warn about
+            ours = load_tokenizer(folder)
+        for messages, gen in itertools.product(LLAMA_CHATS, (True, False)):
+            expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+            assert ours.chat_format.render_text(messages, add_generation_prompt=gen) == expected, (name, messages)
+            expected_ids = reference.apply_chat_template(messages, add_generation_prompt=gen)["input_ids"]
+            assert ours.apply_chat_template(messages, add_generation_prompt=gen) == expected_ids, (name, messages)
+            assert ("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" in expected) == (
+                name == "llama31")
+    assert chat_format_from_template(LLAMA3_JINJA) == LLAMA3_CHAT  # plain Llama-3 unchanged
+
+
+def test_a_llama32_template_dated_by_the_clock_warns_and_writes_its_default_date(tmp_path):
+    """transformers writes today's date into Llama-3.2's system block; prompts here keep the template's
+    default, so a run's prompts do not change from day to day, and loading says so."""
+    from transformers import AutoTokenizer
+
+    folder = _llama_tokenizer_dir(tmp_path / "llama32", LLAMA32_JINJA)
+    with pytest.warns(UserWarning, match=r"today's date .*strftime_now.* '26 Jul 2024'"):
+        ours = load_tokenizer(folder)
+    reference = AutoTokenizer.from_pretrained(folder)
+    for messages in LLAMA_CHATS:
+        expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                 date_string="26 Jul 2024")
+        assert ours.chat_format.render_text(messages) == expected  # the date is the only difference
+
+
+@pytest.mark.parametrize(("variant", "message"), [
+    # the block only when there is a system message: a chat without one renders otherwise
+    ("conditional", r"on a probe chat the template writes 'user<\|end.* where this library writes 'system<\|end"),
+    # the cutoff from a variable: the block cannot be read from the template's text
+    ("unreadable", r"'Cutting Knowledge Date' / 'Today Date' lines could not be read"),
+], ids=["conditional", "unreadable"])
+def test_a_llama31_like_template_rendered_otherwise_warns_naming_the_difference(tmp_path, variant, message):
+    if variant == "conditional":
+        template = LLAMA31_JINJA.replace("{#- the system block, written with or without a system message #}",
+                                         "{%- if system_message %}").replace("{#- end of the system block #}",
+                                                                             "{%- endif %}")
+    else:
+        template = LLAMA31_JINJA.replace("December 2023\\n\"", "\" + cutoff + \"\\n\"")
+    assert template != LLAMA31_JINJA
+    with pytest.warns(UserWarning, match=f"chats are rendered otherwise than by the chat template.*{message}"):
+        load_tokenizer(_llama_tokenizer_dir(tmp_path / variant, template))
 
 
 def test_hf_tokenizer_bad_inputs(tmp_path):

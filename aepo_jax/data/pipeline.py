@@ -18,7 +18,10 @@ steps.
 `state()` is a small JSON-able dict the trainer checkpoints; `restore(state)`
 continues with exactly the batches an uninterrupted run would have produced,
 and refuses a state taken over other data (`data_digest`: the examples'
-questions and answers in order, not the file's path).
+questions and answers in order, not the file's path) or under the other
+`shuffle` setting (a position names other rows in the other stream). A state
+saved before a check's key existed restores with a warning that it cannot be
+made: refusing it would strand every older checkpoint.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ from aepo_jax.data.records import Example
 # Version of the saved position. 2: the unshuffled stream runs on across epochs (1, unversioned, restarted
 # each epoch at row 0, so an unshuffled position past epoch 0 means other rows unless n % batch == 0).
 STATE_VERSION = 2
+# What a mismatch of a state's field means, where the value alone does not say.
+_MISMATCH_NOTES = {
+    "shuffle": " (data.shuffle): the shuffled and unshuffled streams take other rows at the same position; resume "
+               "with the data.shuffle the position was saved under",
+}
 
 
 def data_digest(examples: Sequence[Example]) -> str:
@@ -131,10 +139,11 @@ class PromptPipeline:
         return self._epoch
 
     def state(self) -> dict[str, Any]:
-        """JSON-able position: seed, epoch and steps taken within it (plus size and content checks)."""
+        """JSON-able position: seed, epoch and steps taken within it (plus shuffle, size and content checks)."""
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
+            "shuffle": bool(self.shuffle),
             "epoch": self._epoch,
             "position": self._position,
             "num_examples": len(self._examples),
@@ -143,9 +152,10 @@ class PromptPipeline:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a `state()`; refuses one taken with another seed, dataset or batch."""
+        """Continue from a `state()`; refuses one taken with another seed, shuffle setting, dataset or batch."""
         expected = {
             "seed": self.seed,
+            "shuffle": bool(self.shuffle),
             "num_examples": len(self._examples),
             "global_batch": self.global_batch,
         }
@@ -153,8 +163,10 @@ class PromptPipeline:
             if key in state and state[key] != value:
                 raise ValueError(
                     f"pipeline state has {key}={state[key]!r} but this pipeline has {value!r}"
+                    f"{_MISMATCH_NOTES.get(key, '')}"
                 )
         self._check_digest(state)
+        self._check_shuffle_known(state)
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= self.steps_per_epoch:
             raise ValueError(
@@ -164,6 +176,18 @@ class PromptPipeline:
         self._check_version(state, epoch)
         self._epoch, self._position = epoch, position
         self._order = self._epoch_order(epoch)
+
+    def _check_shuffle_known(self, state: dict[str, Any]) -> None:
+        """Warn that a state saved before `shuffle` was kept cannot be checked against this pipeline's setting.
+
+        Accepted, not refused: such a state was most likely taken under the same config, and nothing in it tells
+        the two streams apart."""
+        if "shuffle" not in state:
+            warnings.warn(
+                f"pipeline state has no shuffle setting (saved by an older aepo_jax): cannot check that it was "
+                f"taken with shuffle={self.shuffle}, as this pipeline's; resumed under the other setting it names "
+                f"other rows", stacklevel=3,
+            )
 
     def _check_digest(self, state: dict[str, Any]) -> None:
         """Refuse a position saved over other examples (same count, other ids or questions)."""

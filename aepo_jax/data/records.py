@@ -8,7 +8,8 @@ An example is `{"id": str, "question": str, "answers": list[str],
   verl parquet files: the last user message is used, its content a string or
   OpenAI-style text parts `[{"type": "text", "text": ...}]`); the gold answer(s) are
   `answer`, `answers`, `golden_answers` or `reward_model.ground_truth`
-  (a string, a list, or `{"target": ...}`); `data_source` tags the source.
+  (a string, a list, or `{"target": ...}`; a number is written as a response
+  would, 72.0 as "72", and a bool is refused); `data_source` tags the source.
 - `gsm8k`: `question`, `answer` whose final line is `#### N` (the last `####` line).
 - `math`: `problem`, `solution` with the answer in the last `\\boxed{}`
   (or an explicit `answer` field; a null one, as parquet writes, counts as absent).
@@ -25,6 +26,7 @@ gives: prepared tfds copies are keyed on it (`tfds_builder.load_local_examples`)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ from typing import Any
 Example = dict[str, Any]
 LAYOUTS = ("auto", "arpo", "gsm8k", "math", "multihop")
 # 2: chat content parts joined (not their repr), the last `####` line of GSM8K, a null MATH `answer` absent.
-PARSER_VERSION = 2
+# 3: numeric gold answers as a response writes them (72.0 -> "72", not "72.0"); bools refused inside lists too.
+PARSER_VERSION = 3
 # Joins the text parts of one chat message, as vLLM's OpenAI server flattens them for string-content templates.
 _TEXT_PART_SEPARATOR = "\n"
 
@@ -169,19 +172,28 @@ def _message_text(content: Any) -> str:
 
 
 def _answer_list(value: Any) -> list[str]:
+    """Gold answers of a field: a string or number, a non-empty list of them, or `{"target": ...}` of either."""
     if isinstance(value, Mapping) and "target" in value:
         value = value["target"]
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return _non_blank([str(value)])
-    if (
-        isinstance(value, (list, tuple))
-        and value
-        and all(isinstance(v, (str, int, float)) for v in value)
-    ):
-        return _non_blank([str(v) for v in value])
-    raise TypeError(
-        f"answer must be a string, a number or a non-empty list of them, got {value!r:.80}"
-    )
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values or not all(isinstance(v, (str, int, float)) for v in values):
+        raise TypeError(
+            f"answer must be a string, a number or a non-empty list of them, got {value!r:.80}"
+        )
+    return _non_blank([_answer_text(v) for v in values])
+
+
+def _answer_text(value: str | float) -> str:
+    """One gold answer as text a response can match: an integral float as an integer (72.0 -> "72": "72.0"
+    is matched by no answer "72"), another float as its repr. A bool is refused: whether True means "True",
+    "yes" or "1" is the data's to say, and `str` would silently pick "True"."""
+    if isinstance(value, bool):
+        raise TypeError(f"a gold answer is a bool ({value!r}); write the answer a response should give as a string")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"a gold answer is the float {value!r}, which no answer can match (a missing value?)")
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
 
 
 def _non_blank(answers: list[str]) -> list[str]:

@@ -4,7 +4,9 @@ Every tokenizer renders chats through a `ChatFormat`, a small declarative
 description (prefix and suffix around each message, the generation prompt,
 an optional default system message). Jinja templates shipped with real
 checkpoints are read into a `ChatFormat` when they follow a simple known
-shape (ChatML, Llama-3 headers); anything else falls back to a default.
+shape (ChatML, Llama-3 headers, Llama-3.1's dated system block); anything else
+falls back to a default. `template_differences` names what a read format
+renders otherwise than the template does (for a load-time warning).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class ChatFormat:
     content (for vocabularies whose EOS is a control id that no text encodes to,
     such as SentencePiece `</s>`), so a model trained on rendered chats learns to stop.
     `trim_content` strips whitespace around each message's content, as Llama-3's template does (`| trim`).
+    `system_preamble` goes before the content of a chat's first message when that is a system one (Llama-3.1's
+    knowledge-cutoff and date lines); with `default_system=""` the block is there even when the chat has none.
     """
 
     message_prefix: str
@@ -37,6 +41,7 @@ class ChatFormat:
     default_system: str | None = None
     eos_after_message: bool = False
     trim_content: bool = False
+    system_preamble: str = ""
 
     def prefix_for(self, role: str) -> str:
         return self.message_prefix.format(role=role, Role=role.title())
@@ -54,8 +59,10 @@ class ChatFormat:
         if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
             messages.insert(0, {"role": "system", "content": self.default_system})
         out: list[str | None] = [self.conversation_prefix]
-        for message in messages:
+        for i, message in enumerate(messages):
             content = message["content"].strip() if self.trim_content else message["content"]
+            if i == 0 and message["role"] == "system":
+                content = self.system_preamble + content
             out.append(self.prefix_for(message["role"]) + content)
             if self.eos_after_message:
                 out.append(None)
@@ -110,8 +117,8 @@ CHATML = ChatFormat(
     generation_prompt="<|im_start|>assistant\n",
 )
 
-# Llama-3 headers, contents trimmed as its template does, without the dated default system message of
-# Llama-3.1 and later (their prompts differ from this one in that system block).
+# Llama-3 headers, contents trimmed as its template does. Llama-3.1 and later add a dated system block
+# (`llama31_chat_format`).
 LLAMA3_CHAT = ChatFormat(
     message_prefix="<|start_header_id|>{role}<|end_header_id|>\n\n",
     message_suffix="<|eot_id|>",
@@ -126,10 +133,11 @@ LLAMA3_CHAT = ChatFormat(
 _CHATML_DEFAULT_SYSTEM = re.compile(r"'<\|im_start\|>system(?:\n|\\n)([^'{}+]*?)<\|im_end\|>")
 
 
-def template_generation_prompt(template: str) -> str | None:
-    """What a Jinja chat template appends for `add_generation_prompt=True` after a one-message chat,
-    rendered as transformers renders templates (a sandbox with trim_blocks and lstrip_blocks); None
-    when jinja2 is missing or the template does not render that way."""
+def render_template(template: str, messages: Sequence[Message], add_generation_prompt: bool, *,
+                    bos_token: str = "", clock: bool = True) -> str | None:
+    """A Jinja chat template rendered as transformers renders it (a sandbox with trim_blocks, lstrip_blocks, loop
+    controls, `raise_exception`, `tools=None`, and `strftime_now` unless `clock` is False, when a template falls
+    back to its own default date); None when jinja2 is missing or the template does not render."""
     try:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -144,26 +152,111 @@ def template_generation_prompt(template: str) -> str | None:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    probe = [{"role": "user", "content": "Hi"}]
+    if clock:
+        env.globals["strftime_now"] = strftime_now
     try:
-        compiled = env.from_string(template)
-        with_prompt, without = (compiled.render(messages=probe, add_generation_prompt=flag, tools=None,
-                                                documents=None, bos_token="", eos_token="")
-                                for flag in (True, False))
-    except Exception:  # noqa: BLE001 - any template the sandbox cannot render keeps the default
+        return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                                tools=None, documents=None, bos_token=bos_token, eos_token="")
+    except Exception:  # noqa: BLE001 - any template the sandbox cannot render: the caller keeps its default
+        return None
+
+
+def template_generation_prompt(template: str) -> str | None:
+    """What a Jinja chat template appends for `add_generation_prompt=True` after a one-message chat,
+    rendered as transformers renders templates (`render_template`); None when jinja2 is missing or the
+    template does not render that way."""
+    probe = [{"role": "user", "content": "Hi"}]
+    with_prompt, without = (render_template(template, probe, flag) for flag in (True, False))
+    if with_prompt is None or without is None:
         return None
     if not with_prompt.startswith(without) or len(with_prompt) == len(without):
         return None
     return with_prompt[len(without):]
 
 
+# Llama-3.1 and later open every chat with a system block whose first lines are written as Jinja string
+# literals: `"Cutting Knowledge Date: December 2023\n"` and `"Today Date: " + date_string + "\n\n"`,
+# `date_string` defaulting to a literal (`{%- set date_string = "26 Jul 2024" %}`). A `\n` may be an escape
+# inside the literal or a real newline.
+_LLAMA31_MARKER = "Cutting Knowledge Date"
+_KNOWLEDGE_CUTOFF = re.compile(r"""["']Cutting Knowledge Date: ([^"'\\\n]+)(?:\\n|\n)["']""")
+_TODAY_LINE = re.compile(r"""["']Today Date: ["']\s*\+\s*date_string\s*\+\s*["'](?:\\n|\n){2}["']""")
+_DEFAULT_DATE = re.compile(r"""set date_string = (["'])([^"']+)\1""")
+# Llama-3.2's template dates the block `strftime_now("%d %b %Y")` when the renderer defines it (transformers does).
+_DATE_FROM_CLOCK = re.compile(r"date_string\s*=\s*strftime_now")
+
+
+def llama31_system_preamble(template: str) -> str | None:
+    """The lines a Llama-3.1-family template writes at the top of its system block, with the template's
+    default date (never today's: a prompt must not change from day to day); None when they cannot be read."""
+    cutoff, date = _KNOWLEDGE_CUTOFF.search(template), _DEFAULT_DATE.search(template)
+    if cutoff is None or date is None or _TODAY_LINE.search(template) is None:
+        return None
+    return f"Cutting Knowledge Date: {cutoff.group(1)}\nToday Date: {date.group(2)}\n\n"
+
+
+def llama31_chat_format(template: str) -> ChatFormat | None:
+    """Llama-3 headers plus the dated system block Llama-3.1 and later always write (an empty system
+    message when the chat has none), for the no-tools chats rendered here; None if the block is unreadable."""
+    preamble = llama31_system_preamble(template)
+    if preamble is None:
+        return None
+    return dataclasses.replace(LLAMA3_CHAT, default_system="", system_preamble=preamble)
+
+
+def template_differences(template: str | None) -> list[str]:
+    """What chats rendered with `chat_format_from_template(template)` have otherwise than the template's own
+    rendering in transformers, in words (empty when none is known): a loader warns with these. Checked for
+    Llama-3.1-family templates, whose dated system block is read from the template's text."""
+    known = chat_format_from_template(template)
+    if known is None or _LLAMA31_MARKER not in template:
+        return []
+    notes = []
+    if not known.system_preamble:
+        notes.append("its system block's 'Cutting Knowledge Date' / 'Today Date' lines could not be read, so they "
+                     "are left out (the chat is rendered as plain Llama-3)")
+    elif _DATE_FROM_CLOCK.search(template):
+        date = known.system_preamble.split("Today Date: ", 1)[1].strip()
+        notes.append(f"transformers writes today's date in its system block ('Today Date: ' + strftime_now); here "
+                     f"the template's fixed default {date!r} is written instead, so prompts do not change from day "
+                     f"to day")
+    mismatch = _probe_mismatch(template, known)
+    if mismatch is not None:
+        notes.append(mismatch)
+    return notes
+
+
+# Chats a read format is checked on against its template: a system message with whitespace the template may
+# trim, several turns, and a chat without a system message.
+_PROBE_CHATS = (
+    [{"role": "system", "content": " Be brief.\n"}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "user", "content": "Hi"}],
+)
+
+
+def _probe_mismatch(template: str, known: ChatFormat) -> str | None:
+    """Where `known` renders a probe chat otherwise than `template` does (with its default date, not the
+    clock's, which `template_differences` reports apart); None when they agree or jinja2 cannot render it."""
+    for messages in _PROBE_CHATS:
+        for generation_prompt in (True, False):
+            theirs = render_template(template, messages, generation_prompt, bos_token=known.conversation_prefix,
+                                     clock=False)
+            ours = known.render_text(messages, generation_prompt)
+            if theirs is not None and theirs != ours:
+                at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+                return (f"on a probe chat the template writes {theirs[at:at + 60]!r} where this library writes "
+                        f"{ours[at:at + 60]!r} (after {ours[max(0, at - 40):at]!r})")
+    return None
+
+
 def chat_format_from_template(template: str | None) -> ChatFormat | None:
     """Read a Jinja chat template of a simple known shape into a `ChatFormat`.
 
     Recognises ChatML (with a fixed default system message if the template
-    inserts one) and Llama-3 header templates; returns None for anything else,
-    so callers can choose their own default.
+    inserts one), Llama-3 header templates and Llama-3.1's (its dated system
+    block included); returns None for anything else, so callers can choose
+    their own default. `template_differences` says where the result differs.
     """
     if not template:
         return None
@@ -174,5 +267,6 @@ def chat_format_from_template(template: str | None) -> ChatFormat | None:
         prompt = template_generation_prompt(template) or CHATML.generation_prompt
         return dataclasses.replace(CHATML, default_system=default_system, generation_prompt=prompt)
     if "<|start_header_id|>" in template and "<|eot_id|>" in template:
-        return LLAMA3_CHAT
+        dated = llama31_chat_format(template) if _LLAMA31_MARKER in template else None
+        return dated or LLAMA3_CHAT
     return None

@@ -18,6 +18,7 @@ from aepo_jax.tokenizers.chat import (
     ChatFormat,
     Message,
     chat_format_from_template,
+    template_differences,
 )
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")  # must be single tokens for the ChatML default
@@ -78,7 +79,7 @@ class HFTokenizer:
 
         Special tokens come from `tokenizer_config.json` beside it when present, the chat
         template from the files transformers reads (`_chat_template`); the template is used
-        if it is a simple ChatML or Llama-3 one (see `chat_format_from_template`), else
+        if it is a simple ChatML, Llama-3 or Llama-3.1 one (see `chat_format_from_template`), else
         ChatML. The ids that end a
         generation are EOS plus `generation_config.json`'s `eos_token_id` beside it, as
         transformers' `generate` stops on them.
@@ -259,11 +260,17 @@ def _token_string(value) -> str | None:
 
 
 def _known_format(template: str | None, where: object) -> ChatFormat | None:
-    """The `ChatFormat` of a template of a shape this library reads; None (the ChatML default) otherwise,
-    with a warning when there is a template it cannot read, since prompts then differ from the model's."""
+    """The `ChatFormat` of a template of a shape this library reads; None (the ChatML default) otherwise.
+
+    Warns when there is a template it cannot read, or one it reads but renders otherwise than transformers
+    does (`template_differences`, e.g. a Llama-3.2 template's date of today), since prompts then differ
+    from the model's."""
     known = chat_format_from_template(template)
     if known is None and template:
         warnings.warn(f"{where}: the chat template is neither ChatML- nor Llama-3-shaped; chats are rendered "
                       "as ChatML where its markers are tokens of the vocabulary (else refused), which may not be "
                       "what the model was trained on (pass chat_format= to choose)", stacklevel=3)
+    for difference in template_differences(template):
+        warnings.warn(f"{where}: chats are rendered otherwise than by the chat template in transformers: "
+                      f"{difference} (pass chat_format= to choose)", stacklevel=3)
     return known

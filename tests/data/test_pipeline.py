@@ -158,16 +158,49 @@ def test_a_renamed_or_moved_file_restores(tmp_path):
 
 
 def test_an_old_state_without_digest_or_version():
-    """Unversioned states (before the digest and the unshuffled stream) restore where they mean the same."""
+    """Unversioned states (before the digest, the shuffle setting and the unshuffled stream) restore where they
+    mean the same."""
     state = PromptPipeline(EXAMPLES, 4, seed=9).state()
-    old = {k: v for k, v in state.items() if k not in ("version", "data_digest")}
-    with pytest.warns(UserWarning, match="no data_digest .* cannot check"):
+    old = {k: v for k, v in state.items() if k not in ("version", "data_digest", "shuffle")}
+    unchecked = "no shuffle setting .* cannot check"
+    with pytest.warns(UserWarning, match="no data_digest .* cannot check"), pytest.warns(UserWarning, match=unchecked):
         PromptPipeline(EXAMPLES, 4, seed=9).restore({**old, "epoch": 3, "position": 2})
     unshuffled = PromptPipeline(EXAMPLES, 4, seed=9, shuffle=False)
-    with pytest.warns(UserWarning, match="no data_digest"):
+    with pytest.warns(UserWarning, match="no data_digest"), pytest.warns(UserWarning, match=unchecked):
         unshuffled.restore({**old, "epoch": 0, "position": 2})  # epoch 0: the same rows either way
     assert take(unshuffled, 1) == [["8", "9", "10", "11"]]
     with pytest.raises(ValueError, match="version 1 .*restarted every epoch at row 0"), pytest.warns(UserWarning):
         PromptPipeline(EXAMPLES, 4, seed=9, shuffle=False).restore({**old, "epoch": 1, "position": 2})
     with pytest.raises(ValueError, match="newer"):
         PromptPipeline(EXAMPLES, 4, seed=9).restore({**state, "version": 99})
+
+
+@pytest.mark.parametrize("saved_shuffled", [True, False])
+def test_restore_refuses_a_state_saved_under_the_other_shuffle_setting(saved_shuffled):
+    """A shuffled run's position restored into an unshuffled pipeline (or back) silently replayed other rows:
+    the state did not record `shuffle`."""
+    first = PromptPipeline(EXAMPLES, 4, seed=9, shuffle=saved_shuffled)
+    take(first, 2)
+    saved = json.loads(json.dumps(first.state()))  # what a checkpoint stores
+    assert saved["shuffle"] is saved_shuffled
+    other = PromptPipeline(EXAMPLES, 4, seed=9, shuffle=not saved_shuffled)
+    with pytest.raises(ValueError, match=rf"shuffle={saved_shuffled} but this pipeline has {not saved_shuffled} "
+                                         r"\(data.shuffle\): the shuffled and unshuffled streams take other rows"):
+        other.restore(saved)
+    same = PromptPipeline(EXAMPLES, 4, seed=9, shuffle=saved_shuffled)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same.restore(saved)
+    assert take(same, 2) == take(first, 2)
+
+
+def test_a_state_saved_before_shuffle_was_kept_restores_with_a_warning():
+    """Such a state cannot be checked (nothing in it tells the streams apart); refusing it would strand every older
+    checkpoint, so it restores as it did, and the warning says what could not be checked."""
+    first = PromptPipeline(EXAMPLES, 4, seed=9)
+    take(first, 2)
+    old = {k: v for k, v in first.state().items() if k != "shuffle"}
+    resumed = PromptPipeline(EXAMPLES, 4, seed=9)
+    with pytest.warns(UserWarning, match="no shuffle setting .* cannot check that it was taken with shuffle=True"):
+        resumed.restore(old)
+    assert take(resumed, 3) == take(first, 3)

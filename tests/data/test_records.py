@@ -203,3 +203,34 @@ def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):
     path.write_bytes(b'{"question": "q", "answer": "a"}\n\n{"question": "caf\xe9", "answer": "x"}\n')
     with pytest.raises(DatasetFormatError, match="latin1.jsonl:3: not valid UTF-8 .*0xe9"):
         read_examples(path)
+
+
+def test_numeric_gold_answers_are_written_as_a_response_writes_them(tmp_path):
+    """A JSON 72.0 became the gold "72.0", which the answer "72" scores F1 0 against."""
+    from aepo_jax.data import records
+    from aepo_jax.rewards.qa import token_f1
+
+    rows = [
+        {"question": "q", "answer": 72.0},
+        {"question": "q", "answers": [72.0, 1e3, -0.0, 7]},
+        {"question": "q", "reward_model": {"ground_truth": {"target": [2.5, 0.1, 1e-07]}}},
+    ]
+    examples = read_examples(write_jsonl(tmp_path / "numbers.jsonl", rows), layout="arpo")
+    assert [e["answers"] for e in examples] == [["72"], ["72", "1000", "0", "7"], ["2.5", "0.1", "1e-07"]]
+    assert token_f1("72", examples[0]["answers"]) == 1.0
+    # the parse changed: tfds copies prepared by the old parser (keyed on the version) are not reused
+    assert records.PARSER_VERSION >= 3
+
+
+@pytest.mark.parametrize("answer", [True, [True], ["yes", False], {"target": [1, True]}])
+def test_a_bool_gold_answer_is_refused_alone_or_in_a_list(answer):
+    """A lone bool was refused but one inside a list became "True"/"False", which no "yes"/"no" answer matches."""
+    with pytest.raises(DatasetFormatError, match=r"f.jsonl:7: .*gold answer is a bool \((True|False)\)"):
+        row_example({"question": "q", "answer": answer}, layout="arpo")
+
+
+@pytest.mark.parametrize("answer", [float("nan"), [1.0, float("inf")]])
+def test_a_non_finite_gold_answer_is_refused(answer):
+    """pandas writes NaN for a missing number; "nan" as a gold answer would match only the text "nan"."""
+    with pytest.raises(DatasetFormatError, match="f.jsonl:7: .*gold answer is the float (nan|inf)"):
+        row_example({"question": "q", "answer": answer}, layout="arpo")
