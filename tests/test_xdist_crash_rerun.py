@@ -32,7 +32,7 @@ def test_crashing():  # {count}: how many of its runs kill the worker
 '''
 
 
-def _run_folder(folder, crashes: int) -> subprocess.CompletedProcess:
+def _run_folder(folder, crashes: int, *options: str) -> subprocess.CompletedProcess:
     (folder / "conftest.py").write_text(CONFTEST)
     for name in "abcdefgh":  # files the workers finish before the crashing one, which runs last
         (folder / f"test_{name}.py").write_text(f"def test_{name}1():\n    pass\n\n\ndef test_{name}2():\n    pass\n")
@@ -40,7 +40,7 @@ def _run_folder(folder, crashes: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=REPO)
     try:
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p",
-                               "no:cacheprovider", str(folder)], check=False, cwd=folder, env=env,
+                               "no:cacheprovider", *options, str(folder)], check=False, cwd=folder, env=env,
                               capture_output=True, text=True, timeout=90)
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"the run hung after the crash:\n{hung.stdout}")
@@ -58,3 +58,11 @@ def test_a_test_that_kills_its_worker_twice_fails_the_run(tmp_path):
     out = _run_folder(tmp_path, crashes=2)
     assert out.returncode == 1, out.stdout[-3000:]
     assert "FAILED test_z.py::test_crashing" in out.stdout and "17 passed, 1 rerun" in out.stdout, out.stdout[-3000:]
+
+
+def test_a_crash_with_no_worker_restart_left_fails_the_run(tmp_path):
+    """With xdist's worker restarts spent (here: none allowed) no replacement starts and the run stops: the
+    crash was reported as a rerun all the same, and the run passed without running the test again."""
+    out = _run_folder(tmp_path, 1, "--max-worker-restart", "0")
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert "FAILED test_z.py::test_crashing" in out.stdout, out.stdout[-3000:]

@@ -59,6 +59,7 @@ class CrashRerunPlugin:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self.rerun: set[str] = set()  # crashed tests reported as reruns and not yet run to the end again
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config, log):
@@ -68,11 +69,34 @@ class CrashRerunPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem, report, sched) -> None:
-        if isinstance(sched, CrashSafeLoadFileScheduling) and sched.crashes.get(crashitem, 0) <= RERUNS_ON_CRASH:
+        if (isinstance(sched, CrashSafeLoadFileScheduling) and sched.crashes.get(crashitem, 0) <= RERUNS_ON_CRASH
+                and self._replacement_will_start()):
             report.outcome = "rerun"  # the scheduler has put it back on the queue: it runs again
-            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_line(f"{report.longrepr}: running it again on a new worker", yellow=True)
+            self.rerun.add(crashitem)
+            self._say(f"{report.longrepr}: running it again on a new worker")
+
+    def _replacement_will_start(self) -> bool:
+        """Whether xdist starts a worker in place of the one that died (it counts that death after this hook):
+        with its restarts spent the run stops, and the crashed test would never run again."""
+        session = self.config.pluginmanager.get_plugin("dsession")
+        limit = getattr(session, "_max_worker_restart", None)
+        return limit is None or getattr(session, "_failed_nodes_count", 0) + 1 <= limit
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "teardown" and report.outcome != "rerun":
+            self.rerun.discard(report.nodeid)  # it ran again to the end
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session) -> None:
+        """A test reported as a rerun that never ran again fails the run (the run stopped first)."""
+        if self.rerun and session.exitstatus == 0:
+            self._say(f"crashed tests never run again: {sorted(self.rerun)}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _say(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, yellow=True)
 
     def pytest_report_teststatus(self, report, config):
         if report.outcome == "rerun":

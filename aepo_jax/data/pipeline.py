@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from aepo_jax.data.records import Example
+from aepo_jax.data.records import PARSER_VERSION, Example
 
 # Version of the saved position. 2: the unshuffled stream runs on across epochs (1, unversioned, restarted
 # each epoch at row 0, so an unshuffled position past epoch 0 means other rows unless n % batch == 0).
@@ -201,7 +201,9 @@ class PromptPipeline:
             raise ValueError(
                 f"pipeline state has data_digest={saved!r} but this pipeline's examples have "
                 f"{self._digest!r}: the data changed (other questions or answers, or another order) since the "
-                f"position was saved"
+                f"position was saved, or this aepo_jax reads it otherwise than the one that saved it (record "
+                f"parser version {PARSER_VERSION} writes a whole-number float answer such as 72.0 as '72' since "
+                f"version 3); the position cannot be checked against these examples: start a new run"
             )
 
     def _check_version(self, state: dict[str, Any], epoch: int) -> None:

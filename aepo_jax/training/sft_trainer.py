@@ -205,7 +205,10 @@ class SequenceBatches:
                   if key in state and state[key] != value]
         if differ:
             raise ValueError(f"the SFT data state was saved with another batch order: {', '.join(differ)}; "
-                             f"resume with the same sft.path records, seed and sft.batch_size, or start afresh")
+                             f"resume with the same sft.path records, seed and sft.batch_size, or start afresh "
+                             f"(a records_digest also differs when this aepo_jax tokenises the records otherwise "
+                             f"than the one that saved the state: since the thirty-second session's changes a "
+                             f"<result> block is encoded as RL appends it)")
         missing = [key for key in expected if key not in state]
         if missing:
             warnings.warn(f"the SFT data state has no {', '.join(missing)} (saved by an older version): "
