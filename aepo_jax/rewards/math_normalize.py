@@ -270,6 +270,7 @@ _ALLOWED_NAMES = frozenset(
 )
 _ALLOWED_CHARS = re.compile(r"^[0-9A-Za-z+\-*/().!\s]*$")
 _ATTRIBUTE = re.compile(r"\.\s*[A-Za-z]")  # `x.n`: an attribute, never a decimal point
+_ARITHMETIC = re.compile(r"[0-9+\-*/]")  # a digit or an operator: the letters around it are symbols
 
 
 def latex_to_sympy_source(normalized: str) -> str | None:
@@ -277,8 +278,9 @@ def latex_to_sympy_source(normalized: str) -> str | None:
 
     Only digits, single-letter symbols, + - * / ^ ! ( ) and the functions in
     `_ALLOWED_NAMES` survive, so the string is safe to hand to `parse_expr`. A run of
-    letters that is no such function is a product of single-letter symbols (`xy` is
-    `x*y`). Nesting too deep for Python's recursion (`\\sqrt{` a thousand times) is
+    letters that is no such function is a product of single-letter symbols (`2xy` is
+    `2x*y`) where a digit or an operator shows it is math; letters alone (`BAC`, a
+    word) are not translated, so they compare as strings only. Nesting too deep for Python's recursion (`\\sqrt{` a thousand times) is
     unsupported, not an error: the text is a model's.
     """
     try:
@@ -287,6 +289,9 @@ def latex_to_sympy_source(normalized: str) -> str | None:
         return None
     if source is None or not _ALLOWED_CHARS.match(source) or "__" in source or _ATTRIBUTE.search(source):
         return None
+    words = [run for run in re.findall(r"[A-Za-z]{2,}", source) if run not in _ALLOWED_NAMES]
+    if words and not _ARITHMETIC.search(source):
+        return None  # letters only (`BAC`, `\\text{east}`): a word or an order, not a product of symbols
     return re.sub(r"[A-Za-z]{2,}", _symbols_or_function, source)
 
 

@@ -173,6 +173,10 @@ MUST_NOT_MATCH = [
     ("3", "3m^2"),
     # a root index that cannot be read is no square root
     ("\\sqrt[\\alpha]{4}", "2"),
+    # letters alone are a word or an order, not a product of symbols (which would commute)
+    ("BAC", "ABC"),
+    ("\\text{east}", "\\text{seat}"),
+    ("\\text{II}", "-1"),
 ]
 
 # Pairs where math-verify (a reference, not a runtime dependency) decides differently, and why.
@@ -181,6 +185,7 @@ MATH_VERIFY_DIFFERENCES = {
     ("1,1,2", "1,2,2"): "math-verify compares lists of solutions as sets (duplicates dropped); we pair items one to one",
     ("\\{1,2\\}", "(1,2)"): "math-verify compares a set with a tuple as sets; a tuple has an order here",
     ("n+2", "n+2m"): "math-verify drops the `m` of `2m` as metres; a letter against a number is a variable here",
+    ("BAC", "ABC"): "math-verify reads letters alone as a product of symbols; here they are a word or an order",
 }
 
 
