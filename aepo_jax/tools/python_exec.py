@@ -155,6 +155,11 @@ def _drain(fd: int, capture: _Capture) -> bool:
         capture.add(data)
 
 
+# How long a call's caller waits for a worker it ends to kill the call's processes and exit (`kill_worker`):
+# milliseconds for a worker that works; one the code stopped (possible without a pid namespace) costs no more.
+CALLER_GRACE_S = 0.5
+
+
 class PythonSandbox:
     """A pool of warm, isolated Python workers; `run` is thread-safe.
 
@@ -265,7 +270,7 @@ class PythonSandbox:
                 self._idle.put(worker)
                 return
         if not healthy:  # its call may still run (or be gone with it); a healthy one is idle: ended off the path
-            kill_worker(worker)
+            kill_worker(worker, CALLER_GRACE_S)
         self._in_background(self._retire, worker)
 
     def _in_background(self, target: Callable[..., object], *args: object) -> None:
@@ -327,11 +332,11 @@ class PythonSandbox:
             pass  # the worker is gone; EOF below says so
         status_line, missing = self._collect(worker, stdout, stderr, deadline)
         if missing == "timeout":
-            kill_worker(worker)
+            kill_worker(worker, CALLER_GRACE_S)
             return self._result("timeout", stdout, stderr, f"wall-clock limit of {limits.wall_seconds:g} s exceeded",
                                 None, start), False
         if missing == "too long":
-            kill_worker(worker)  # the rest of that line is still in the pipe: the worker cannot serve again
+            kill_worker(worker, CALLER_GRACE_S)  # the rest of that line is still in the pipe: it cannot serve again
             _drain(worker.process.stdout.fileno(), stdout)
             _drain(worker.process.stderr.fileno(), stderr)
             cap = self._config["status_bytes"]
