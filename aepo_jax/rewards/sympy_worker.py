@@ -37,13 +37,17 @@ def _equal(a_source: str, b_source: str) -> bool:
     difference = sympy.simplify(a - b)
     if difference == 0:
         return True
-    # A tolerance only where a side is a decimal (`0.1 + 0.2` against `0.3`), and relative to the sides: two
-    # exact numbers are equal only exactly (`2^{40}` is not `2^{40} - 1`, nor `10^{-30}` zero).
-    if difference.free_symbols or not (a.atoms(sympy.Float) or b.atoms(sympy.Float)):
+    if difference.free_symbols or difference.is_Rational:  # a nonzero rational: distinct exact numbers
         return False
-    value = abs(complex(sympy.N(difference, 30)))
-    scale = max(abs(complex(sympy.N(a, 30))), abs(complex(sympy.N(b, 30))))
-    return value <= 1e-9 * scale
+    # A decimal side (`0.1 + 0.2` against `0.3`) gets a tolerance relative to the sides for its rounding. Two
+    # exact sides that `simplify` cannot show equal (`\\cos\\frac{2\\pi}{7} + ...` against `-\\frac12`) are
+    # evaluated to 60 digits: equal ones then differ by rounding only, 1e-25 of the sides or 1e-40 near zero,
+    # where distinct exact numbers differ by far more (`2^{40}` and `2^{40} - 1`: 1e-12 of them; `10^{-30}` and 0).
+    decimal = bool(a.atoms(sympy.Float) or b.atoms(sympy.Float))
+    digits, relative, absolute = (30, 1e-9, 0.0) if decimal else (60, 1e-25, 1e-40)
+    value = abs(complex(sympy.N(difference, digits)))
+    scale = max(abs(complex(sympy.N(a, digits))), abs(complex(sympy.N(b, digits))))
+    return value <= relative * scale or value <= absolute
 
 
 def main() -> None:

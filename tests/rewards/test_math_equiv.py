@@ -113,6 +113,9 @@ MUST_MATCH = [
     ("a^2b", "ba^2"),
     # decimals keep a relative tolerance for their rounding
     ("0.1+0.2", "0.3"),
+    # exact identities sympy does not simplify, equal to 60 digits
+    ("\\cos\\frac{2\\pi}{7}+\\cos\\frac{4\\pi}{7}+\\cos\\frac{6\\pi}{7}", "-\\frac{1}{2}"),
+    ("\\cos\\frac{\\pi}{9}+\\cos\\frac{5\\pi}{9}+\\cos\\frac{7\\pi}{9}", "0"),
     # display and font commands
     ("\\displaystyle\\frac{1}{2}", "0.5"),
     ("\\mathbf{5}", "5"),
@@ -186,6 +189,10 @@ MATH_VERIFY_DIFFERENCES = {
     ("\\{1,2\\}", "(1,2)"): "math-verify compares a set with a tuple as sets; a tuple has an order here",
     ("n+2", "n+2m"): "math-verify drops the `m` of `2m` as metres; a letter against a number is a variable here",
     ("BAC", "ABC"): "math-verify reads letters alone as a product of symbols; here they are a word or an order",
+    ("\\cos\\frac{2\\pi}{7}+\\cos\\frac{4\\pi}{7}+\\cos\\frac{6\\pi}{7}", "-\\frac{1}{2}"):
+        "an identity sympy's simplify does not show; here the two sides agree to 60 digits",
+    ("\\cos\\frac{\\pi}{9}+\\cos\\frac{5\\pi}{9}+\\cos\\frac{7\\pi}{9}", "0"):
+        "an identity sympy's simplify does not show; here the two sides agree to 60 digits",
 }
 
 
