@@ -212,7 +212,10 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.optim.eps = 1e-8
 
     # Cold-start SFT (`python -m launch.sft`, the demo's SFT stage): scripted tool-using
-    # trajectories executed with the real tools, or a JSONL of {"question", "response"} texts.
+    # trajectories executed with the real tools, or a JSONL of {"question", "response"} texts. A response
+    # holds each tool call's output as a `<result>...</result>` block right after the call (not trained; encoded
+    # as RL appends it), and nothing else after a call; under a chat template whose generation prompt opens
+    # `<think>`, the response's own leading `<think>` is dropped (`training.sft_trainer.text_record_to_tokens`).
     # The optimiser and length keys left None take the RL run's value (train.* / optim.*);
     # `aepo_jax.experiment_sft.sft_config_from` resolves them.
     c.sft = ml_collections.ConfigDict()
