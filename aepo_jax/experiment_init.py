@@ -20,7 +20,7 @@ def pin_init_checkpoint(cfg: ml_collections.ConfigDict) -> None:
 
     if not cfg.model.get("init_checkpoint") or cfg.model.get("init_checkpoint_step") is not None:
         return
-    location = locate_checkpoint(cfg.model.init_checkpoint)
+    location = _located(cfg, locate_checkpoint)
     complete, _ = step_folders(location.manager_dir)
     step = first_process_value(location.step if location.step is not None else max(complete, default=-1))
     if step < 0:
@@ -35,7 +35,7 @@ def init_checkpoint_location(cfg: ml_collections.ConfigDict) -> Any:
     from aepo_jax.evaluation.restore import locate_checkpoint
     from aepo_jax.training.checkpoint import step_folders
 
-    location = locate_checkpoint(cfg.model.init_checkpoint)
+    location = _located(cfg, locate_checkpoint)
     pinned = cfg.model.get("init_checkpoint_step")
     if pinned is None:
         return location
@@ -50,3 +50,16 @@ def init_checkpoint_location(cfg: ml_collections.ConfigDict) -> Any:
             f"{complete}); this run started from that step, whose parameters are its reference model: put the "
             "step folder back, or start a new run")
     return replace(location, step=pinned)
+
+
+def _located(cfg: ml_collections.ConfigDict, locate_checkpoint: Any) -> Any:
+    """`locate_checkpoint(model.init_checkpoint)`, its error naming the key and, for a relative path, the
+    directory it was read from (a run resumed from another directory reads its saved relative path there)."""
+    import os
+
+    path = str(cfg.model.init_checkpoint)
+    try:
+        return locate_checkpoint(path)
+    except FileNotFoundError as error:
+        where = "" if os.path.isabs(path) else f" (a relative path, read from the current directory {os.getcwd()})"
+        raise FileNotFoundError(f"model.init_checkpoint={path!r}{where}: {error}") from error

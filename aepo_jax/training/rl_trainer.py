@@ -114,6 +114,8 @@ RewardFn = Callable[[Any, Any], float]  # (example, trajectory) -> reward
 def check_rl_config(config: ml_collections.ConfigDict) -> None:
     """A ValueError for settings that would fail only after a rollout, or train on wrong numbers."""
     rollout, train = config.rollout, config.train
+    if int(rollout.k) < 1:
+        raise ValueError(f"rollout.k={int(rollout.k)}: every prompt needs at least one trajectory (k >= 1)")
     updates_per_step(config)  # at least 1 prompt per mini-batch and 1 epoch
     require_micro_batch_size(config)
     longest = int(rollout.max_prompt_len) + int(rollout.max_response_len)

@@ -28,6 +28,14 @@ def _trainer(config, workdir):
                      reward_fn=unused)
 
 
+def test_k_below_one_is_refused_at_construction(tmp_path):
+    """`--config.rollout.k=0` ran into the first rollout and ended in a traceback from the rollout strategy."""
+    config = aepo_config()
+    config.rollout.k = 0
+    with pytest.raises(ValueError, match=r"rollout\.k=0: every prompt needs at least one trajectory"):
+        _trainer(config, tmp_path)
+
+
 def test_rollout_ahead_with_recomputed_logp_old_is_refused_at_construction(tmp_path):
     config = aepo_config()
     config.train.rollout_ahead = True

@@ -157,3 +157,19 @@ def test_a_run_keeps_the_init_checkpoint_step_it_started_from(sft_run, tmp_path)
     older.model.init_checkpoint_step = 1
     with pytest.raises(FileNotFoundError, match=r"holds no complete step 1 \(it has \[2, 3\]\)"):
         model_from(older, env)
+
+
+def test_a_missing_relative_init_checkpoint_names_the_key_and_the_directory_it_was_read_from(tmp_path, monkeypatch):
+    """A run started elsewhere saves its relative `model.init_checkpoint` as typed; resumed from another directory
+    it failed with only "checkpoint directory 'sft_tiny' does not exist"."""
+    from aepo_jax.experiment_init import init_checkpoint_location, pin_init_checkpoint
+
+    cfg = get_config()
+    cfg.model.init_checkpoint = "sft_tiny"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"model\.init_checkpoint='sft_tiny' \(a relative path, read from "
+                                                  rf"the current directory {tmp_path}\): .*does not exist"):
+        pin_init_checkpoint(cfg)
+    cfg.model.init_checkpoint_step = 3
+    with pytest.raises(FileNotFoundError, match=r"model\.init_checkpoint='sft_tiny' \(a relative path"):
+        init_checkpoint_location(cfg)
