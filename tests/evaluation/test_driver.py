@@ -198,12 +198,13 @@ def test_duplicate_question_ids_are_refused_naming_them():
 
 def test_timed_out_math_checks_are_reported_and_warned(setup):
     """A sympy check past its limit counted as wrong, and nothing said so."""
-    examples = [{"id": "m", "question": "What is six times seven?", "answers": ["\\sqrt{1764}"],
-                 "data_source": "math"}]
+    # A gold answer whose check takes sympy about 10 ms: the pool waits for a reply with a selector whose
+    # timeout has 1 ms steps, so a 1e-6 s limit is 1 ms, and `\\sqrt{1764}` (checked in about 0.8 ms) came
+    # back in time in two full suite runs (no timeout, no warning).
+    gold = "42+(x+1)^{6}-(x^{6}+6x^{5}+15x^{4}+20x^{3}+15x^{2}+6x+1)"
+    examples = [{"id": "m", "question": "What is six times seven?", "answers": [gold], "data_source": "math"}]
     with SympyWorkerPool(size=1, timeout_s=1e-6) as pool, \
             pytest.warns(UserWarning, match=r"sympy equivalence check\(s\) ran out of time in this evaluation"):
-        # The answer at once, no tool rounds first: with the search and python calls before it, one full
-        # suite run scored this question without any sympy check (no warning at all; not reproduced alone).
         result = setup(EvalConfig(n=2, loop=LOOP, seed=3), free_tokens=0, examples=examples, pool=pool,
                        plan_texts=["<answer>\\boxed{42}</answer>"])
     assert result.math_timeouts == pool.timeouts > 0

@@ -110,9 +110,12 @@ def test_each_result_and_report_names_the_reward_that_decided_correctness():
 
 def test_timed_out_math_checks_are_counted_per_question_and_per_dataset():
     """A sympy check past its limit counts as wrong; the count was kept only in `pool.timeouts`."""
-    example = {"id": "m", "question": "?", "answers": ["\\frac{\\sqrt{2}}{2}"], "data_source": "math500"}
+    # A check that takes sympy about 10 ms: a 1e-6 s limit is 1 ms (the pool's selector waits in 1 ms steps),
+    # which a check of `\\sqrt{2}/2` (under 1 ms) can meet.
+    example = {"id": "m", "question": "?", "answers": ["x^{6}+6x^{5}+15x^{4}+20x^{3}+15x^{2}+6x+1"],
+               "data_source": "math500"}
     with SympyWorkerPool(size=1, timeout_s=1e-6) as pool, pytest.warns(UserWarning, match="ran past its"):
-        result = score_question(example, [answer("\\sqrt{2}/2"), answer("\\sqrt{2}/2"), "no answer"],
+        result = score_question(example, [answer("(x+1)^{6}"), answer("(x+1)^{6}"), "no answer"],
                                 [1, 1, 1], pool=pool)
     assert result.correct == [False, False, False]
     assert result.math_timeouts == 2 == pool.timeouts
