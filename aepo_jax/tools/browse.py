@@ -284,12 +284,9 @@ class BrowseTool:
                 return Page(html_to_text(text) if html else text, note)
         raise HttpError(f"{url}: more than {self.max_redirects} redirects")
 
-    def fetch_text(self, target: str) -> str:
-        """The page or document as plain text (`fetch_page`'s text, without its note)."""
-        return self.fetch_page(target).text
-
     def fetch_page(self, target: str) -> Page:
-        """The page or document as plain text. Raises HttpError or ValueError saying what failed."""
+        """The page or document as plain text, with a note on how it was read. Raises HttpError or ValueError
+        saying what failed."""
         if target.startswith(("http://", "https://")):
             if not self.allow_urls:
                 raise ValueError("fetching URLs is disabled; browse a corpus document id instead")
