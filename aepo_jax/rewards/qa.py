@@ -5,11 +5,15 @@ the released deep-research reward uses: lower case, drop punctuation, drop
 the articles "a", "an", "the", collapse whitespace. Scores take the best
 match over a list of gold answers.
 
-One departure: a gold answer that SQuAD normalisation empties ("A", "The The",
-"." — a multiple-choice letter, say) is compared with articles kept
-(`comparison_tokens`). Under plain SQuAD
-rules every prediction that also normalises to "" (`\\boxed{}`, `\\boxed{the}`)
-would match it.
+Two departures:
+- a gold answer that SQuAD normalisation empties ("A", "The The", "." — a
+  multiple-choice letter, say) is compared with articles kept
+  (`comparison_tokens`). Under plain SQuAD rules every prediction that also
+  normalises to "" (`\\boxed{}`, `\\boxed{the}`) would match it.
+- LaTeX text markup is typesetting, not part of the answer (`latex_plain_text`):
+  `\\boxed{\\text{Paris}}` is "Paris", and `New~York` or `New\\,York` two words. Plain
+  SQuAD rules (the released reward's) drop the backslash and braces as
+  punctuation and compare "textparis" and "newyork".
 """
 
 from __future__ import annotations
@@ -21,6 +25,32 @@ from collections.abc import Sequence
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+# What `latex_plain_text` reads: a text-style command with its opening brace, a brace, or a LaTeX space
+# (`\ `, `\,`, `\;`, `\:`, `\>`, `\quad`, `\qquad`, `~`).
+_LATEX_TOKEN = re.compile(
+    r"(?P<command>\\(?:text|textbf|textit|textrm|textsf|texttt|textup|textnormal|emph|mbox|mathrm|mathbf|"
+    r"mathit|mathsf|mathtt|mathnormal|operatorname)\s*\{)|(?P<brace>[{}])|(?P<space>\\[ ,;:>]|\\q?quad\b|~)")
+
+
+def latex_plain_text(text: str) -> str:
+    """`text` without LaTeX text markup: text-style commands unwrapped (`\\text{Paris}` -> `Paris`, nested
+    ones too) and LaTeX spaces as spaces; every other character as it was (SQuAD normalisation then
+    drops the punctuation). One pass: a stack says which closing brace ends a command."""
+    out, closes_command, position = [], [], 0
+    for token in _LATEX_TOKEN.finditer(text):
+        out.append(text[position:token.start()])
+        position = token.end()
+        if token.group("command"):
+            closes_command.append(True)
+        elif token.group("space"):
+            out.append(" ")
+        elif token.group() == "{":
+            closes_command.append(False)
+            out.append("{")
+        elif not (closes_command and closes_command.pop()):
+            out.append("}")
+    out.append(text[position:])
+    return "".join(out)
 
 
 def normalize_answer(text: str) -> str:
@@ -39,12 +69,13 @@ def _without_punctuation(text: str) -> list[str]:
 def comparison_tokens(prediction: str, gold: str) -> tuple[list[str], list[str]]:
     """The (prediction, gold) tokens that exact match and F1 compare.
 
-    SQuAD-normalised tokens; when the gold answer normalises to nothing, both
+    SQuAD-normalised tokens of the `latex_plain_text` of each side; when the gold answer normalises to nothing, both
     sides lower-cased with punctuation dropped but articles kept (so "The The"
     matches "the the" and "(A)" matches "A", but neither matches "the" or an
     empty prediction), and when that is empty too (a gold of punctuation only),
     both sides' lower-cased raw words.
     """
+    prediction, gold = latex_plain_text(prediction), latex_plain_text(gold)
     gold_tokens = normalize_answer(gold).split()
     if gold_tokens:
         return normalize_answer(prediction).split(), gold_tokens

@@ -92,3 +92,31 @@ def test_gold_that_normalises_to_nothing_is_compared_with_its_articles_kept(pred
 def test_a_normalisable_gold_still_uses_squad_normalisation():
     assert exact_match("The  Eiffel Tower.", ["eiffel tower"]) == 1.0
     assert token_f1("", ["Paris"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em", "f1"),
+    [
+        (r"\text{Paris}", "Paris", 1.0, 1.0),  # plain SQuAD rules: "textparis", 0
+        (r"\textbf{\text{New York}} City", "New York City", 1.0, 1.0),
+        (r"New~York", "New York", 1.0, 1.0),  # plain SQuAD rules: "newyork"
+        (r"\mathrm{Eiffel}\ Tower", "the Eiffel Tower", 1.0, 1.0),
+        (r"\text{Paris}, \text{France}", "Paris", 0.0, 2 / 3),
+        (r"\text{London}", "Paris", 0.0, 0.0),
+        (r"\frac{1}{2}", "1/2", 0.0, 0.0),  # only text markup is unwrapped: maths is not read as text
+    ],
+)
+def test_latex_text_markup_around_an_answer_is_typesetting(prediction, gold, em, f1):
+    """Qwen models often box a text answer as `\\boxed{\\text{...}}`; the word inside is the answer."""
+    assert exact_match(prediction, gold) == em
+    assert token_f1(prediction, gold) == pytest.approx(f1)
+
+
+def test_latex_plain_text_unwraps_nested_and_unbalanced_markup_in_one_pass():
+    from aepo_jax.rewards.qa import latex_plain_text
+
+    assert latex_plain_text(r"\text{a {b} c}") == "a {b} c"  # a plain brace pair inside stays
+    assert latex_plain_text(r"\text{x}}") == "x}"  # a stray closing brace stays
+    assert latex_plain_text(r"\emph{unclosed") == "unclosed"
+    deep = "\\text{" * 20000 + "Paris" + "}" * 20000  # a repetition loop: one pass, not one per level
+    assert latex_plain_text(deep) == "Paris"
