@@ -32,12 +32,14 @@ _UNIT_WORDS = frozenset((
     "year", "years", "mph", "kg", "g", "gram", "grams", "kilogram", "kilograms", "lb", "lbs", "pound",
     "pounds", "ounce", "ounces", "oz", "l", "liter", "liters", "litre", "litres", "ml", "cups", "cup",
     "gallons", "gallon", "people", "students", "apples", "marbles", "books", "points", "times", "percent",
+    "ways", "arrangements", "outcomes", "handshakes", "games",
 ))
 # fmt: on
 # One unit-like word with an optional power ("cm", " ft^2", "m^{3}"); a unit tail is a run of these.
 _UNIT_TOKEN = re.compile(r"\s*[a-zA-Z]+(?:\s*\^\{?\d\}?)?")  # `cm ^2`: what `\\mathrm{cm}^2` leaves
 _TRAILING_SPACE = re.compile(r"\s*\Z")
 _DIGIT = re.compile(r"\d")
+_CLOSING = frozenset("})")  # what may close a number before its unit: a fraction's or a group's bracket
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textrm|textit|mbox|mathrm|mathbf|mathit|boldsymbol|operatorname)\s*\{([^{}]*)\}"
 )
@@ -51,7 +53,8 @@ _DECIMAL = re.compile(r"^-?\d+(?:\.\d+)?$")
 
 
 def _unit_tail_start(text: str) -> int | None:
-    """The first index `i` after a digit from which `text[i:]` is a run of unit-like tokens, else None.
+    """The first index `i` after a digit (and the closing brackets right after it) from which `text[i:]`
+    is a run of unit-like tokens, else None.
 
     A left-to-right scan in linear time. (A single regex, `(.*?\\d)\\s*(?:[a-zA-Z]+(...)?\\s*)+$`,
     backtracks exponentially over the ways to split a long letter run into words when the
@@ -63,7 +66,10 @@ def _unit_tail_start(text: str) -> int | None:
     """
     start = 0
     while (digit := _DIGIT.search(text, start)) is not None:
-        begin = end = digit.end()
+        begin = digit.end()
+        while begin < len(text) and text[begin] in _CLOSING:  # `\\frac{3}{4} hours`, `(3/4) cm`
+            begin += 1
+        end = begin
         while (token := _UNIT_TOKEN.match(text, end)) is not None:
             end = token.end()
         if end > begin and _TRAILING_SPACE.match(text, end):

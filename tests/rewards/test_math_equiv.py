@@ -120,6 +120,10 @@ MUST_MATCH = [
     ("\\displaystyle\\frac{1}{2}", "0.5"),
     ("\\mathbf{5}", "5"),
     ("3\\,\\mathrm{cm}^2", "3"),
+    # a unit after a fraction's or a group's closing bracket, and counting nouns
+    ("\\frac{3}{4}\\text{ hours}", "\\frac{3}{4}"),
+    ("(3/4)\\text{ cm}", "0.75"),
+    ("5\\text{ ways}", "5"),
 ]
 
 # (prediction, gold): must NOT compare equal.
@@ -274,7 +278,8 @@ def test_agrees_with_math_verify_on_the_table():
 
 
 # The unit-suffix regex `_strip_units` replaced: right, but exponential on a failing letter run.
-_BACKTRACKING_UNIT_SUFFIX = re.compile(r"^(?P<num>.*?\d)\s*(?:(?:[a-zA-Z]+)(?:\s*\^\{?\d\}?)?\s*)+$")
+# (With the closing brackets a number may end in, `\\frac{3}{4} hours`, added to it.)
+_BACKTRACKING_UNIT_SUFFIX = re.compile(r"^(?P<num>.*?\d[})]*)\s*(?:(?:[a-zA-Z]+)(?:\s*\^\{?\d\}?)?\s*)+$")
 
 
 def _strip_units_by_backtracking_regex(text):
@@ -292,7 +297,7 @@ def test_unit_stripping_agrees_with_the_backtracking_regex_it_replaced():
     """Same result as the old regex on every string it can still decide quickly (short ones);
     newlines are spaces by the time units are stripped, so the alphabet has none."""
     rng = random.Random(0)
-    alphabet = ["1", "2", " ", "\t", "^", "{", "}", ",", "!", "m", "cm", "s", "x", "ft", "q", "\u0663"]
+    alphabet = ["1", "2", " ", "\t", "^", "{", "}", ")", ",", "!", "m", "cm", "s", "x", "ft", "q", "\u0663"]
     cases = ["12 cm", "7 square feet", "12 cm^2", "3 m^{2}", "x^2 cm", "2x^2", "5 \\text{ inches}", "1 a^2b"]
     cases += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(20_000)]
     for text in cases:
