@@ -154,12 +154,17 @@ def get_preset(name: str, **overrides: Any) -> ModelConfig:
 
 def _reject_unsupported(config_json: Mapping[str, Any], model_type: str) -> None:
     """Raises for HF options that change the architecture in ways we do not implement."""
-    if config_json.get("hidden_act", "silu") != "silu":
+    if config_json.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers: swish is silu
         raise ValueError(f"hidden_act {config_json['hidden_act']!r} is not supported (only 'silu' / SwiGLU)")
     if config_json.get("mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported")
-    if config_json.get("use_sliding_window", False):
-        raise ValueError(f"use_sliding_window=True is not supported for model_type {model_type!r}")
+    # transformers slides the window in layers max_window_layers and up only: none when it is past the last
+    n_layers = int(config_json.get("num_hidden_layers", 0))
+    if config_json.get("use_sliding_window", False) and config_json.get("sliding_window") is not None and \
+            int(config_json.get("max_window_layers", 0) or 0) < n_layers:
+        raise ValueError(f"use_sliding_window=True is not supported for model_type {model_type!r} (layers "
+                         f"{config_json.get('max_window_layers', 0)} to {n_layers - 1} would attend through a "
+                         f"window of {config_json['sliding_window']})")
     if model_type in ("llama", "qwen3") and config_json.get("attention_bias", False):
         raise ValueError(f"attention_bias=True (bias on q/k/v/o) is not supported for model_type {model_type!r}")
 
@@ -177,6 +182,22 @@ def _hf_head_dim(config_json: Mapping[str, Any], model_type: str, d_model: int, 
     return d_model // n_heads
 
 
+def _hf_rope(config_json: Mapping[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) as transformers reads them: the rope dict is `rope_parameters`
+    (transformers >= 5) or else the legacy `rope_scaling`, and a `rope_theta` inside it wins over the top
+    level's; its type is `rope_type` or the legacy `type`, and "default" (or an empty dict) means no
+    scaling. A llama3 dict without `original_max_position_embeddings` takes `max_position_embeddings`."""
+    rope = dict(config_json.get("rope_parameters") or config_json.get("rope_scaling") or {})
+    rope_theta = rope.pop("rope_theta", config_json.get("rope_theta"))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type == "default":
+        return rope_theta, None
+    if rope_type == "llama3" and "original_max_position_embeddings" not in rope and \
+            "max_position_embeddings" in config_json:
+        rope["original_max_position_embeddings"] = config_json["max_position_embeddings"]
+    return rope_theta, {"rope_type": rope_type, **rope}
+
+
 def config_from_hf(config_json: Mapping[str, Any]) -> ModelConfig:
     """Builds a `ModelConfig` from a Hugging Face `config.json` dict (llama / qwen2 / qwen3)."""
     model_type = config_json.get("model_type")
@@ -189,15 +210,7 @@ def config_from_hf(config_json: Mapping[str, Any]) -> ModelConfig:
         n_heads = int(config_json["num_attention_heads"])
         d_model = int(config_json["hidden_size"])
         head_dim = _hf_head_dim(config_json, model_type, d_model, n_heads)
-        rope_scaling = config_json.get("rope_scaling")
-        rope_theta = config_json.get("rope_theta")
-        rope_parameters = config_json.get("rope_parameters")  # transformers >= 5 spelling
-        if rope_parameters:
-            rope_theta = rope_parameters.get("rope_theta", rope_theta)
-            if rope_parameters.get("rope_type", "default") != "default":
-                rope_scaling = rope_parameters
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
+        rope_theta, rope_scaling = _hf_rope(config_json)
         return ModelConfig(
             vocab_size=int(config_json["vocab_size"]),
             d_model=d_model,

@@ -68,6 +68,19 @@ def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
     return make(rngs)
 
 
+def _check_token_ids(input_ids, vocab_size: int) -> None:
+    """Refuses ids outside [0, vocab_size) in a call made outside jit (an eager call, a notebook's). Inside
+    jit they cannot be read: an id past the table embeds as NaN (every later position of its row turns
+    NaN through attention) and a negative one as a row from the end, which is why the sampler and the
+    runs' composition root check ids and vocabulary sizes before any program runs."""
+    if isinstance(input_ids, jax.core.Tracer):
+        return
+    ids = jax.device_get(input_ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = sorted({int(t) for t in ids.ravel() if not 0 <= int(t) < vocab_size})
+        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
 def split_layer_params(state: nnx.State, dtype: str | None = None) -> list[nnx.State]:
     """A Decoder state's stacked block parameters as one state per layer (copies), for
     `Decoder(..., layer_params=...)`.
@@ -187,6 +200,7 @@ class Decoder(nnx.Module):
             raise ValueError(f"positions must be int32[B, T] = {(batch, length)}, got shape {positions.shape}")
         inv_freq = jnp.asarray(rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling))
 
+        _check_token_ids(input_ids, config.vocab_size)
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(config.dtype)  # [B, T, D]
         if layer_params is not None:
             x, kv_cache = self._unrolled_layers(x, positions, attention_mask, inv_freq, kv_cache, layer_params,

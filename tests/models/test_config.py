@@ -117,3 +117,63 @@ def test_qwen3_config_json_without_head_dim_takes_transformers_default_128():
     assert config_from_hf(config_json).head_dim == 128  # not hidden_size // heads = 16
     llama_json = {key: value for key, value in LLAMA3_1_8B_JSON.items() if key != "head_dim"}
     assert config_from_hf(llama_json).head_dim == 4096 // 32  # other types keep hidden_size // heads
+
+
+_SMALL_LLAMA = {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "num_hidden_layers": 2,
+                "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 128}
+_LLAMA3_FACTORS = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize("rope", [
+    # the legacy `type` key inside transformers 5's `rope_parameters` (was read as no scaling: logits off by 3.7)
+    {"rope_parameters": {"type": "llama3", "rope_theta": 5e5, **_LLAMA3_FACTORS,
+                         "original_max_position_embeddings": 16}},
+    # a `rope_theta` inside the legacy `rope_scaling` (was ignored for the top level's default 10000)
+    {"rope_scaling": {"rope_type": "llama3", "rope_theta": 5e5, **_LLAMA3_FACTORS,
+                      "original_max_position_embeddings": 16}},
+    # llama3 without original_max_position_embeddings: transformers 5 takes max_position_embeddings (was refused)
+    {"rope_scaling": {"rope_type": "llama3", **_LLAMA3_FACTORS}, "rope_theta": 5e5},
+    {"rope_scaling": {}, "rope_theta": 1234.0},  # an empty dict is default rope (was refused)
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 777.0}},
+    {"rope_theta": 1234.0},
+])
+def test_rope_settings_are_read_as_transformers_reads_them(rope):
+    """The reference is transformers' own reading of the same config.json (`LlamaConfig(...).rope_parameters`)."""
+    import copy
+
+    import transformers
+
+    config_json = {**_SMALL_LLAMA, **rope}
+    # (a copy: transformers fills the rope dict it is given in place)
+    reference = dict(transformers.LlamaConfig(**{k: v for k, v in copy.deepcopy(config_json).items()
+                                                 if k != "model_type"}).rope_parameters)
+    ours = config_from_hf(config_json)
+    assert ours.rope_theta == reference.pop("rope_theta")
+    reference.pop("type", None)
+    if reference.pop("rope_type") == "default":
+        assert ours.rope_scaling is None
+    else:
+        assert ours.rope_scaling == {"rope_type": "llama3", **reference}
+
+
+def test_options_transformers_computes_like_the_plain_model_are_accepted():
+    """`swish` is transformers' other name for silu, and a sliding window that starts past the last layer
+    (`max_window_layers` >= the layer count) slides in none; both were refused."""
+    assert config_from_hf({**_SMALL_LLAMA, "hidden_act": "swish"}).n_layers == 2
+    qwen2 = {**_SMALL_LLAMA, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4}
+    assert config_from_hf({**qwen2, "max_window_layers": 2}).n_layers == 2
+    with pytest.raises(ValueError, match=r"use_sliding_window=True .*layers 1 to 1 would attend through a window of 4"):
+        config_from_hf({**qwen2, "max_window_layers": 1})
+
+
+def test_an_eager_call_refuses_token_ids_outside_the_vocabulary():
+    """Outside jit an out-of-range id is an error naming it: it embedded as NaN (its row's later logits all
+    NaN), and a negative id as a row from the end of the table."""
+    import jax.numpy as jnp
+
+    model = Decoder(get_preset("tiny", vocab_size=32), rngs=nnx.Rngs(0))
+    assert model(jnp.array([[0, 31]])).shape == (1, 2, 32)
+    for ids, bad in (([[1, 32]], "32"), ([[-1, 2]], "-1")):
+        with pytest.raises(ValueError, match=rf"token ids \[{bad}\] are outside the vocabulary \[0, 32\)"):
+            model(jnp.array(ids))
