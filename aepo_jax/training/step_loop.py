@@ -11,7 +11,9 @@ Validation (`validation.Validation`) runs after a due step's metrics line and
 checkpoint. A preemption notice at a due step stops the run before validating
 (the notice leaves seconds, a validation can take minutes); the step's
 checkpoint then records the validation as owed (`VALIDATION_OWED_KEY`), and the
-run resumed from it validates that step before training on.
+run resumed from it validates that step before training on. A run killed without
+notice between a due step's checkpoint and its validation line is resumed the
+same way: a resume at a due step whose line metrics.jsonl lacks validates it first.
 
 A trainer subclasses `CheckpointedTrainer`, sets `config`, `state` and `run`
 (a `RunParts`), calls `_open_outputs`, and provides `train_step()` plus the
@@ -62,6 +64,7 @@ class CheckpointedTrainer:
     validation: Validation | None = None  # held-out validation after some steps (the composition root sets it)
     _run_end: int | None = None  # the step the running `train()` call stops at (None outside one)
     _validation_owed: int | None = None  # a step whose validation a preemption notice put off (saved with it)
+    _restored_step: int | None = None  # the checkpoint `restore_latest` continued from
 
     def _open_outputs(self, workdir: str, process_index: int) -> None:
         every = int(self.config.checkpoint.every)
@@ -105,6 +108,7 @@ class CheckpointedTrainer:
         self.state, position = self.checkpointer.restore(self.state, step=step, shardings=self.run.state_sharding)
         position.pop(STAGE_KEY, None)
         self._validation_owed = step if position.pop(VALIDATION_OWED_KEY, False) else None
+        self._restored_step = step
         if position:
             self._restore_data_position(position)
         return True
@@ -151,6 +155,9 @@ class CheckpointedTrainer:
         watch = PreemptionWatch()
         try:
             owed, self._validation_owed = self._validation_owed, None
+            if owed is None and self._restored_step == start and self.validation is not None and \
+                    self.validation.due(start, total):
+                owed = start  # a run killed (not preempted) between the step's checkpoint and its validation
             if (owed is not None and owed == start and self.validation is not None
                     and not self._validation_logged(start)):
                 records.append(self._validate(start))

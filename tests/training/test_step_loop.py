@@ -171,6 +171,37 @@ def test_an_owed_validation_already_logged_is_not_done_again_after_a_crash(tmp_p
     assert [(r["step"], r["val/score"]) for r in read_metrics(workdir) if "val/score" in r] == [(2, 2.0)]
 
 
+class _KilledDuringFirstValidation(_CountingTrainer):
+    """The process dies (an exception here; a SIGKILL or an OOM kill on a machine) in the first validation."""
+
+    def _score(self, params) -> dict[str, float]:
+        raise RuntimeError("killed while validating")
+
+
+def test_a_validation_a_kill_cut_short_is_done_by_the_resumed_run(tmp_path):
+    """Only a preemption notice marked a validation owed: a run killed between a due step's checkpoint and
+    its validation line resumed past it, and that step never got a validation line."""
+    workdir = str(tmp_path / "run")
+    first = _KilledDuringFirstValidation(workdir, total_steps=6, validate_every=2)
+    first.config.checkpoint.every = 2
+    try:
+        with pytest.raises(RuntimeError, match="killed while validating"):
+            first.train()
+    finally:
+        first.close()
+    for attempt in range(2):  # the second resume finds every due step's line: it validates nothing again
+        resumed = _CountingTrainer(workdir, total_steps=6, validate_every=2)
+        resumed.config.checkpoint.every = 2
+        try:
+            assert resumed.restore_latest()
+            resumed.train()
+        finally:
+            resumed.close()
+        assert resumed.validated == ([(2, 2.0), (4, 4.0), (6, 6.0)] if attempt == 0 else []), attempt
+    assert [(r["step"], r["val/score"]) for r in read_metrics(workdir) if "val/score" in r] == [
+        (2, 2.0), (4, 4.0), (6, 6.0)]
+
+
 def test_the_trainer_removes_a_deletion_cut_short_when_it_opens_its_checkpoints(tmp_path):
     """A step folder without its commit file, older than the newest complete step (orbax's max_to_keep
     deletion killed midway), is removed when the run starts; the complete steps stay."""
