@@ -63,7 +63,15 @@ def tokenizer_from(cfg: ml_collections.ConfigDict, workdir: str, texts: Callable
             tokenizer = train_sentencepiece(texts(), int(cfg.tokenizer.vocab_size), model_prefix=prefix)
     if init_run is not None:
         check_same_tokenizer_as_run(tokenizer, init_run)
+    elif path and _has_checkpoints(workdir):  # a resumed run given a tokenizer file (a bucket moved, say)
+        check_same_tokenizer_as_run(tokenizer, workdir, whose="the resumed run")
     return tokenizer
+
+
+def _has_checkpoints(run_dir: str) -> bool:
+    from aepo_jax.training.checkpoint import step_folders
+
+    return bool(step_folders(os.path.join(run_dir, "checkpoints"))[0])
 
 
 def init_checkpoint_run_dir(cfg: ml_collections.ConfigDict) -> str | None:
@@ -89,15 +97,16 @@ def adopt_run_tokenizer(run_dir: str, workdir: str) -> None:
         copy_tokenizer_files(run_dir, workdir)
 
 
-def check_same_tokenizer_as_run(tokenizer: Any, run_dir: str) -> None:
+def check_same_tokenizer_as_run(tokenizer: Any, run_dir: str, whose: str = "model.init_checkpoint's run") -> None:
     """A ValueError when `tokenizer` maps any id to other text than the tokenizer of the run in `run_dir`
     (its tokenizer.model, else its config's tokenizer.path): weights trained there would read every
-    such id as another token. A run whose tokenizer cannot be rebuilt is only warned about."""
+    such id as another token. A run whose tokenizer cannot be rebuilt is only warned about. `whose` names
+    that run in the messages (the init checkpoint's, or the run being resumed)."""
     import warnings
 
     reference = run_tokenizer(run_dir)
     if reference is None:
-        warnings.warn(f"model.init_checkpoint's run {run_dir}: its tokenizer cannot be rebuilt (no tokenizer.model, "
+        warnings.warn(f"{whose} {run_dir}: its tokenizer cannot be rebuilt (no tokenizer.model, "
                       "and its config's tokenizer.path is gone), so this run's ids are not checked against it",
                       stacklevel=2)
         return
@@ -105,7 +114,7 @@ def check_same_tokenizer_as_run(tokenizer: Any, run_dir: str) -> None:
     if ours != theirs:
         differ = [name for name, a, b in zip(("vocab_size", "eos_id", "pad_id", "bos_id", "pieces"), ours, theirs,
                                               strict=True) if a != b]
-        raise ValueError(f"this run's tokenizer differs from the one of model.init_checkpoint's run {run_dir} "
+        raise ValueError(f"this run's tokenizer differs from the one of {whose} {run_dir} "
                          f"({', '.join(differ)} differ): its weights would read these ids as other tokens; use "
                          "that run's tokenizer (tokenizer.path, or leave it unset to take its tokenizer.model)")
 

@@ -109,13 +109,20 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
     so all stop alike).
 
     Differences outside `RESUME_MAY_CHANGE` stop the run (SystemExit naming each key, old -> new) unless
-    `allow_changes`. A `model.vocab_size` the run has not filled in yet (None: the tokenizer's, set later)
+    `allow_changes`; so does a missing config.json (nothing to check against). A `model.vocab_size` the run
+    has not filled in yet (None: the tokenizer's, set later)
     is not a difference. When anything differs and `keep_old` (the first process), the saved config is
     copied to RUN_DIR/config.before-resume-<time>.json before the run writes its own. Returns the keys
     that differ.
     """
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
+        if not allow_changes:
+            raise SystemExit(f"--resume: {path} is missing, so the settings the run trained under cannot be "
+                             "checked against these; put it back, or pass --allow_config_changes to continue "
+                             "under these settings")
+        if keep_old:
+            print(f"--resume: {path} is missing; continuing under the given settings unchecked", flush=True)
         return []
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)

@@ -91,6 +91,10 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
             " (is the bucket mounted? is --workdir right?)"
         raise SystemExit(f"--resume: {checkpoints} holds no complete checkpoint{detail}; leave out --resume "
                          "to start the run again")
+    if resume and complete[-1] > int(cfg.train.total_steps):
+        raise SystemExit(f"--resume: the run's newest checkpoint is step {complete[-1]}, past its "
+                         f"total_steps={cfg.train.total_steps}: there is nothing left to train; resume with "
+                         f"a total_steps of at least {complete[-1]}")
     path = os.path.join(workdir, "config.json")
     if resume:
         keep_fixed_settings(cfg, workdir)  # the init checkpoint's step the run started from

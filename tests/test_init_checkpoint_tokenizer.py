@@ -64,3 +64,20 @@ def test_an_init_run_without_a_trained_tokenizer_needs_tokenizer_path(tmp_path):
     with pytest.raises(ValueError, match=r"has no tokenizer.model: set tokenizer.path"):
         tokenizer_from(_config(run), str(tmp_path / "rl"), texts=lambda: TEXTS_B)
     assert not os.path.exists(tmp_path / "rl" / "tokenizer.model")  # nothing trained anew
+
+
+def test_a_resumed_run_given_another_tokenizer_file_is_refused(tmp_path):
+    """`tokenizer.path` may change on --resume (a bucket mounted elsewhere), but another tokenizer went
+    through with only "config changes accepted: ['tokenizer.path']": the run's embeddings then trained on
+    other ids for the same text (found by a review)."""
+    run = _init_run(tmp_path)  # checkpoints/2 and the tokenizer.model the run trained
+    (run / "checkpoints" / "2" / "commit_success.txt").write_text("done")  # step 2 complete
+    train_sentencepiece(TEXTS_B, 300, model_prefix=str(tmp_path / "other"))
+    cfg = get_config()
+    cfg.tokenizer.vocab_size = 300
+    cfg.tokenizer.path = str(tmp_path / "other.model")
+    with pytest.raises(ValueError, match=r"differs from the one of the resumed run .*\(pieces differ\)"):
+        tokenizer_from(cfg, str(run), texts=list)
+    cfg.tokenizer.path = str(tmp_path / "copy.model")  # the same tokenizer under another path
+    (tmp_path / "copy.model").write_bytes((run / "tokenizer.model").read_bytes())
+    assert tokenizer_from(cfg, str(run), texts=list).vocab_size == 300

@@ -109,3 +109,29 @@ def test_a_longer_run_may_resume_under_a_constant_schedule_with_or_without_warmu
     # why that is safe: the constant schedule, warm-up included, is the same whatever the run's length
     short, long = learning_rate_schedule(1e-3, 80, 16, "constant"), learning_rate_schedule(1e-3, 160, 16, "constant")
     assert all(float(short(u)) == float(long(u)) for u in (0, 8, 16, 79, 120))
+
+
+def test_a_resume_without_the_runs_config_json_is_refused_unless_changes_are_allowed(tmp_path, capsys):
+    """Nothing to check the settings against: a changed learning rate went through unnoticed (and the new
+    settings became the run's config.json)."""
+    with pytest.raises(SystemExit, match=r"config.json is missing, so the settings the run trained under cannot "
+                                         r"be checked.*--allow_config_changes"):
+        check_resume_config(str(tmp_path), changed(optim__lr=0.5), allow_changes=False)
+    assert check_resume_config(str(tmp_path), changed(optim__lr=0.5), allow_changes=True) == []
+    assert "continuing under the given settings unchecked" in capsys.readouterr().out
+
+
+def test_a_resume_past_the_runs_length_is_refused(tmp_path):
+    """A total_steps below the newest checkpoint's step trained nothing and exited 0 (and wrote the shorter
+    length into config.json)."""
+    from configs.aepo_tiny import get_config
+    from launch.run_setup import prepare_workdir
+
+    (tmp_path / "checkpoints" / "6").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "6" / "commit_success.txt").write_text("done")
+    cfg = get_config()
+    cfg.train.total_steps = 3
+    with pytest.raises(SystemExit, match=r"newest checkpoint is step 6, past its total_steps=3: there is nothing "
+                                         r"left to train; resume with a total_steps of at least 6"):
+        prepare_workdir(cfg, str(tmp_path), resume=True)
+    assert not (tmp_path / "config.json").exists()
