@@ -204,6 +204,8 @@ class DamagedCheckpointError(ValueError):
 # What reading a step's damaged or missing files raises: tensorstore's status errors about a file, and
 # orbax's JSON metadata (a truncated `_METADATA`, or the data position) that no longer parses.
 _FILE_ERROR = re.compile(r"^[A-Z_]+: Error (reading|decoding|opening) ")
+# orbax's KeyError for an item whose folder is gone from a committed step (`state/` or `data/` deleted).
+_MISSING_ITEM = re.compile(r'Item "[^"]+" was not found in the checkpoint')
 
 
 def _read_failure(err: BaseException) -> BaseException | None:
@@ -212,7 +214,8 @@ def _read_failure(err: BaseException) -> BaseException | None:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, (json.JSONDecodeError, OSError)) or _FILE_ERROR.match(str(err)):
+        if isinstance(err, (json.JSONDecodeError, OSError)) or _FILE_ERROR.match(str(err)) or \
+                (isinstance(err, KeyError) and _MISSING_ITEM.search(str(err))):
             return err
         err = err.__cause__ or err.__context__
     return None

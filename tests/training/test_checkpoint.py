@@ -295,6 +295,24 @@ def test_a_damaged_only_step_says_there_is_nothing_to_fall_back_to(tmp_path):
             ckpt.restore(target)
 
 
+@pytest.mark.parametrize("item", ["state", "data"])
+def test_a_step_that_lost_an_items_folder_is_a_damaged_step(tmp_path, item):
+    """A committed step whose `state/` or `data/` folder is gone (a partial copy, a cleanup by hand) gave
+    orbax's `KeyError: 'Item "state" was not found in the checkpoint...'` as a traceback on resume."""
+    import shutil
+
+    from aepo_jax.training.checkpoint import DamagedCheckpointError
+
+    directory = str(tmp_path / "ckpt")
+    target = _saved_steps(directory, [1, 2])
+    shutil.rmtree(os.path.join(directory, "2", item))
+    with Checkpointer(directory) as ckpt:
+        with pytest.raises(DamagedCheckpointError, match=r"checkpoint .*/2 cannot be read.*Older complete steps: \[1\]"):
+            ckpt.restore(target)
+        restored, _ = ckpt.restore(target, step=1)
+        assert int(restored["step"]) == 1
+
+
 def test_a_target_of_another_structure_is_not_taken_for_a_damaged_step(tmp_path):
     from aepo_jax.training.checkpoint import DamagedCheckpointError
 
