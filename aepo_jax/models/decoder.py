@@ -73,8 +73,8 @@ def _check_token_ids(input_ids, vocab_size: int) -> None:
     jit they cannot be read: an id past the table embeds as NaN (every later position of its row turns
     NaN through attention) and a negative one as a row from the end, which is why the sampler and the
     runs' composition root check ids and vocabulary sizes before any program runs."""
-    if isinstance(input_ids, jax.core.Tracer):
-        return
+    if isinstance(input_ids, jax.core.Tracer) or not getattr(input_ids, "is_fully_addressable", True):
+        return  # (an array spread over other processes' devices cannot be read here either)
     ids = jax.device_get(input_ids)
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = sorted({int(t) for t in ids.ravel() if not 0 <= int(t) < vocab_size})
