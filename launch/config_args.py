@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 
 import ml_collections
 from ml_collections import config_dict
@@ -215,18 +215,38 @@ def run_with_config(main: Callable[[list[str]], int], config_flag, default_spec:
             apply_none_overrides(flag.value, none_keys, config_flags.get_override_values(flag))
         return main(argv)
 
-    app.run(main_with_none_overrides)
+    try:
+        app.run(main_with_none_overrides)
+    except SystemExit as exit_:
+        if exit_.code == 1 and asks_for_help(sys.argv[1:]):
+            raise SystemExit(0) from None  # absl exits 1 after printing the help; a help asked for is no failure
+        raise
+
+
+# absl's help flags (`--help`, `-?`, `--helpshort`, `--helpfull`, `--helpxml`): each prints and exits.
+HELP_FLAGS = frozenset({"help", "?", "helpshort", "helpfull", "helpxml"})
+
+
+def asks_for_help(args: Sequence[str]) -> bool:
+    """Whether the command line (before any `--`) holds one of absl's help flags."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg.startswith("-") and arg.lstrip("-").split("=", 1)[0] in HELP_FLAGS:
+            return True
+    return False
 
 
 @contextlib.contextmanager
 def configuration_errors(verbose: bool = False) -> Iterator[None]:
-    """A ValueError or FileNotFoundError raised inside (while a run is built from its config: a bad value, a
-    missing file) becomes `error: MESSAGE` and a non-zero exit instead of a traceback; with `verbose`
-    (the config's `verbose_logs`) the traceback is printed first. Wrap only the building of a run: an
-    error raised while it trains is no configuration error."""
+    """A ValueError, or an OSError about a path (missing, a folder where a file belongs or the reverse, no
+    permission), raised inside (while a run is built from its config: a bad value, a missing file, a
+    run's metrics.jsonl that is a folder) becomes `error: MESSAGE` and a non-zero exit instead of a
+    traceback; with `verbose` (the config's `verbose_logs`) the traceback is printed first. Wrap only the
+    building of a run: an error raised while it trains is no configuration error."""
     try:
         yield
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as err:
         if verbose:
             traceback.print_exception(err)
             raise SystemExit(f"error: {err}") from err

@@ -45,13 +45,31 @@ RESUME_MAY_CHANGE: tuple[str, ...] = (
 FIXED_AT_START: dict[str, str] = {"model.init_checkpoint_step": "model.init_checkpoint"}
 
 
+def read_saved_config(path: str) -> dict[str, Any]:
+    """The config a run saved at `path` (its config.json); `error: ...` (SystemExit) naming the file when it
+    is no JSON object (cut short by a full disk, edited by hand, a folder): a resume checks its settings
+    against it, and a JSON traceback said neither which file nor what to do."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problem = f"cannot be read as JSON ({type(err).__name__}: {err})"
+    else:
+        if isinstance(saved, dict):
+            return saved
+        problem = f"holds a JSON {type(saved).__name__}, not an object"
+    raise SystemExit(f"error: --resume: the run's saved config {path} {problem}. A resume checks its settings "
+                     "against it: put back a good copy (a config.before-resume-*.json beside it is the one an "
+                     "earlier resume replaced), or move it away and pass --allow_config_changes to continue "
+                     "under the given settings unchecked")
+
+
 def keep_fixed_settings(cfg: Any, run_dir: str) -> None:
     """Give each `FIXED_AT_START` setting that `cfg` leaves unset (None) the value RUN_DIR/config.json saved."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         return
-    with open(path, encoding="utf-8") as f:
-        saved = flatten(json.load(f))
+    saved = flatten(read_saved_config(path))
     current = flatten(json.loads(cfg.to_json_best_effort()))
     for key, fixed_for in FIXED_AT_START.items():
         if current.get(key) is not None or saved.get(key) is None or current.get(fixed_for) != saved.get(fixed_for):
@@ -124,8 +142,7 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
         if keep_old:
             print(f"--resume: {path} is missing; continuing under the given settings unchecked", flush=True)
         return []
-    with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
+    saved = read_saved_config(path)
     changes = [(key, old, new) for key, old, new in config_changes(saved, current)
                if not (key == "model.vocab_size" and new is None)]
     schedule_follows = lr_schedule_follows_run_length(saved)

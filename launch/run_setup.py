@@ -23,18 +23,27 @@ from launch.resume_check import check_resume_config, keep_fixed_settings
 WORKDIR_LOCK = ".run.lock"
 
 
-@contextlib.contextmanager
-def workdir_lock(workdir: str) -> Iterator[None]:
-    """Hold WORKDIR/.run.lock while a run trains there; a second run in the same workdir (a duplicated job, a
-    relaunch while the old process lives) exits naming it instead of mixing its checkpoints and metrics into
-    the first's. The lock is the kernel's (`flock`), so a crashed run leaves none behind; on a filesystem
-    without `flock` the run goes on with a warning."""
+def require_workdir(workdir: str) -> None:
+    """`error: ...` (SystemExit) when WORKDIR is a URL (`run_paths.require_local_path`) or a path that exists
+    and is not a folder (a file given by mistake: a traceback out of `os.makedirs` before)."""
     from aepo_jax.run_paths import require_local_path
 
     try:
         require_local_path(workdir, "--workdir")
     except ValueError as err:
         raise SystemExit(f"error: {err}") from err
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise SystemExit(f"error: --workdir {workdir} exists and is not a folder; a run's workdir is a folder "
+                         "(created if missing) for its config, metrics and checkpoints: choose another path")
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str) -> Iterator[None]:
+    """Hold WORKDIR/.run.lock while a run trains there; a second run in the same workdir (a duplicated job, a
+    relaunch while the old process lives) exits naming it instead of mixing its checkpoints and metrics into
+    the first's. The lock is the kernel's (`flock`), so a crashed run leaves none behind; on a filesystem
+    without `flock` the run goes on with a warning."""
+    require_workdir(workdir)
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, WORKDIR_LOCK)
     handle = open(path, "a+")  # noqa: SIM115 - held open for the duration of the run
@@ -73,14 +82,10 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
     attempt's metrics.jsonl and tensorboard/ aside (`metrics_log.set_aside_earlier_attempt`), so its
     records do not mix into the new run's.
     """
-    from aepo_jax.run_paths import require_local_path
     from aepo_jax.training.checkpoint import step_folders
     from aepo_jax.training.metrics_log import set_aside_earlier_attempt
 
-    try:
-        require_local_path(workdir, "--workdir")
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
+    require_workdir(workdir)
     checkpoints = os.path.join(workdir, "checkpoints")
     complete, cut_short = step_folders(checkpoints)
     if not resume and complete:
@@ -292,6 +297,7 @@ def run_training(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, mak
     # Several processes: one's failure ends them all at once, with its reason (`parallel.peer_failure`); the
     # checks too, since one host may fail one alone (its own copy of model.checkpoint_dir missing, say).
     with peer_failure_watch(quiet=(Preempted,)):
+        require_workdir(workdir)
         check_before_start(cfg, process_index, process_count, process_shares)
         with configuration_errors(verbose):  # e.g. a gs:// train.compilation_cache_dir
             try:

@@ -237,6 +237,22 @@ def test_an_unknown_config_variant_is_one_line_with_or_without_overrides():
 def test_train_help_lists_its_run_flags():
     """--workdir, --resume and --allow_config_changes are defined in launch.run_setup, and `--help` (the
     main module's key flags) listed none of them, nor --config."""
-    out = _run("launch.train", "--help")  # (absl exits 1 after its help)
+    out = _run("launch.train", "--help")
     for flag in ("--config:", "--workdir:", "--[no]resume:", "--[no]allow_config_changes:"):
         assert flag in out.stdout, out.stdout
+    assert out.returncode == 0, out.stderr  # absl exits 1 after its help: a script's `--help &&` failed
+
+
+@pytest.mark.parametrize("module", ["launch.evaluate", "launch.compare"])
+def test_help_exits_0_and_a_bad_flag_still_fails(module):
+    for args, code in ((["--helpfull"], 0), (["-?"], 0), (["--helpshort", "--bogus"], 0), (["--bogus"], 1)):
+        out = _run(module, *args)
+        assert out.returncode == code, (args, out.returncode, out.stderr[-2000:])
+
+
+def test_asks_for_help_reads_absls_help_flags_before_a_double_dash():
+    from launch.config_args import asks_for_help
+
+    assert all(asks_for_help([arg]) for arg in ("--help", "-help", "--help=true", "-?", "--helpfull", "--helpxml"))
+    assert not any(asks_for_help([arg]) for arg in ("--helper", "help", "--config.help=1", "--workdir=--help"))
+    assert not asks_for_help(["--", "--help"])

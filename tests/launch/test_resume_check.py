@@ -135,3 +135,18 @@ def test_a_resume_past_the_runs_length_is_refused(tmp_path):
                                          r"left to train; resume with a total_steps of at least 6"):
         prepare_workdir(cfg, str(tmp_path), resume=True)
     assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("content", ['{"total_steps": ', "[1, 2]", b"\xff\xfe"])
+def test_a_saved_config_that_is_no_json_object_is_one_line_naming_it(tmp_path, content):
+    """A config.json cut short (a full disk) or edited by hand gave a JSONDecodeError traceback naming no file."""
+    from configs.aepo_tiny import get_config
+    from launch.resume_check import keep_fixed_settings
+
+    path = tmp_path / "config.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    message = rf"^error: --resume: the run's saved config {path} (cannot be read as JSON|holds a JSON list)"
+    with pytest.raises(SystemExit, match=message):
+        check_resume_config(str(tmp_path), SAVED, allow_changes=True)
+    with pytest.raises(SystemExit, match=message):
+        keep_fixed_settings(get_config(), str(tmp_path))

@@ -158,3 +158,23 @@ def test_one_process_needs_no_shared_workdir(tmp_path, monkeypatch):
     monkeypatch.setattr(multihost, "gather_objects", _unreached)
     run_setup.require_shared_workdir(str(tmp_path / "run"), 0, 1)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_workdir_that_is_a_file_is_one_line_before_anything_is_built(tmp_path, nothing_built, capsys):
+    """`os.makedirs` on it gave a FileExistsError traceback."""
+    (tmp_path / "run").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: --workdir .*/run exists and is not a folder"):
+        run_setup.run_training(get_config(), str(tmp_path / "run"), False, _unreached)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_path_error_while_the_run_is_built_is_one_line(tmp_path):
+    """A run's metrics.jsonl that is a folder (IsADirectoryError out of the trainer's logger) was a traceback."""
+    from launch.config_args import configuration_errors
+
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(SystemExit, match=r"^error: \[Errno 21\] Is a directory: .*metrics.jsonl"), \
+            configuration_errors():
+        open(tmp_path / "metrics.jsonl", "a").close()  # what MetricsLogger does
+    with pytest.raises(RuntimeError), configuration_errors():  # other errors are no configuration error
+        raise RuntimeError("while training")
