@@ -46,9 +46,9 @@ FIXED_AT_START: dict[str, str] = {"model.init_checkpoint_step": "model.init_chec
 
 
 def read_saved_config(path: str) -> dict[str, Any]:
-    """The config a run saved at `path` (its config.json); `error: ...` (SystemExit) naming the file when it
-    is no JSON object (cut short by a full disk, edited by hand, a folder): a resume checks its settings
-    against it, and a JSON traceback said neither which file nor what to do."""
+    """The JSON object a run saved at `path` (its config.json, sources.json); `error: ...` (SystemExit) naming
+    the file when it is no JSON object (cut short by a full disk, edited by hand, a folder): a resume checks
+    its settings against it, and a JSON traceback said neither which file nor what to do."""
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
@@ -58,8 +58,8 @@ def read_saved_config(path: str) -> dict[str, Any]:
         if isinstance(saved, dict):
             return saved
         problem = f"holds a JSON {type(saved).__name__}, not an object"
-    raise SystemExit(f"error: --resume: the run's saved config {path} {problem}. A resume checks its settings "
-                     "against it: put back a good copy (a config.before-resume-*.json beside it is the one an "
+    raise SystemExit(f"error: --resume: the run's saved {os.path.basename(path)} {path} {problem}. A resume checks "
+                     "against it: put back a good copy (a *.before-resume-*.json beside it is the one an "
                      "earlier resume replaced), or move it away and pass --allow_config_changes to continue "
                      "under the given settings unchecked")
 
@@ -160,6 +160,50 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
     if changes and keep_old:
         shutil.copy2(path, os.path.join(run_dir, f"config.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.json"))
     return [key for key, _, _ in changes]
+
+
+def write_run_sources(run_dir: str, cfg: Any) -> None:
+    """RUN_DIR/sources.json: the fingerprints of the files the run starts from (`aepo_jax.run_sources`)."""
+    from aepo_jax.run_sources import SOURCES_FILE, run_source_fingerprints
+    from aepo_jax.training.atomic_write import write_json_atomically
+
+    write_json_atomically(os.path.join(run_dir, SOURCES_FILE), run_source_fingerprints(cfg))
+
+
+def check_run_sources(run_dir: str, cfg: Any, allow_changes: bool, keep_old: bool = True) -> list[str]:
+    """Compare the files a resumed run reads its weights and data from with the fingerprints the run saved
+    when it started (RUN_DIR/sources.json; `aepo_jax.run_sources`): other contents stop the run (SystemExit
+    naming each source) unless `allow_changes`. Paths may differ; a source whose path is missing now is left
+    to whatever reads it. With `keep_old` (the first process) a run saved without the file gets one, and
+    accepted changes replace it, the old one kept as sources.before-resume-<time>.json. Returns one line per
+    difference."""
+    from aepo_jax.run_sources import (
+        SOURCES_FILE,
+        run_source_fingerprints,
+        run_source_paths,
+        source_differences,
+    )
+
+    path = os.path.join(run_dir, SOURCES_FILE)
+    if not os.path.exists(path):  # saved by code that kept no fingerprints: nothing to check against
+        if keep_old:
+            write_run_sources(run_dir, cfg)
+        return []
+    saved = read_saved_config(path)
+    missing = {key for key, source in run_source_paths(cfg).items() if not os.path.exists(source)}
+    differences = source_differences({key: value for key, value in saved.items() if key not in missing},
+                                     run_source_fingerprints(cfg))
+    if differences and not allow_changes:
+        lines = "\n".join(f"  {line}" for line in differences)
+        raise SystemExit(f"--resume: the files the run started from ({path}) are not the ones these settings "
+                         f"read:\n{lines}\nA resumed run reads the same weights and data (their paths may "
+                         "change): point these keys at the run's files, or pass --allow_config_changes to "
+                         "continue with these (the old fingerprints are kept beside them)")
+    if differences and keep_old:
+        print("--resume: other source files accepted: " + "; ".join(differences), flush=True)
+        shutil.copy2(path, os.path.join(run_dir, f"sources.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.json"))
+        write_run_sources(run_dir, cfg)
+    return differences
 
 
 def _why_refused(key: str, saved: Mapping[str, Any]) -> str:

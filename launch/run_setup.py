@@ -17,7 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 import ml_collections
 
 from launch.config_args import configuration_errors, quiet_library_logs
-from launch.resume_check import check_resume_config, keep_fixed_settings
+from launch.resume_check import (
+    check_resume_config,
+    check_run_sources,
+    keep_fixed_settings,
+    write_run_sources,
+)
 
 # Held (flock) by process 0 of the run that trains in a workdir, for the whole run.
 WORKDIR_LOCK = ".run.lock"
@@ -72,8 +77,9 @@ def workdir_lock(workdir: str) -> Iterator[None]:
 
 def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, process_index: int = 0,
                     allow_config_changes: bool = False) -> str:
-    """Create WORKDIR, print the config, write WORKDIR/config.json (a resumed run: check it against the
-    saved one first, `launch.resume_check`, and leave the writing to the run); returns its path.
+    """Create WORKDIR, print the config, write WORKDIR/config.json and sources.json (the fingerprints of the
+    files the run starts from, `aepo_jax.run_sources`); a resumed run checks both against the saved ones
+    instead (`launch.resume_check`) and leaves the config's writing to the run. Returns config.json's path.
 
     Without `resume`, a workdir that already holds checkpoints is an error, so
     a run never silently trains on top of (or next to) another one; with it, a workdir without one
@@ -108,6 +114,7 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
         changed = check_resume_config(workdir, resolved, allow_config_changes, keep_old=process_index == 0)
         if changed and process_index == 0:
             print(f"--resume: config changes accepted: {changed}", flush=True)
+        check_run_sources(workdir, cfg, allow_config_changes, keep_old=process_index == 0)
     if process_index == 0:
         os.makedirs(workdir, exist_ok=True)
         print("resolved config:\n" + str(cfg), flush=True)
@@ -117,6 +124,7 @@ def prepare_workdir(cfg: ml_collections.ConfigDict, workdir: str, resume: bool, 
                 print(f"a fresh start: the earlier attempt's records were moved to {moved}", flush=True)
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(resolved, f, indent=2, sort_keys=True)
+            write_run_sources(workdir, cfg)
     return path
 
 

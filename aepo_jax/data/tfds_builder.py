@@ -28,6 +28,7 @@ from aepo_jax.data.records import (
     is_empty,
     iter_rows,
 )
+from aepo_jax.file_digests import file_digest
 
 
 @dataclasses.dataclass(eq=False)
@@ -159,15 +160,6 @@ def load_prepared(dataset_path: str | Path, split: str = "train") -> list[Exampl
         )
     source = sources[split]
     return [decode_example(source[i]) for i in range(len(source))]
-
-
-def file_digest(path: str | Path, length: int = 12) -> str:
-    """The first `length` hex digits of the SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:length]
 
 
 def load_local_examples(

@@ -7,12 +7,13 @@ results back to documents.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import bm25s
 import numpy as np
+
+from aepo_jax.file_digests import file_digest
 
 
 def _repaired(text: str) -> str:
@@ -52,14 +53,6 @@ def load_corpus(path: str) -> list[dict[str, str]]:
     return documents
 
 
-def _file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def _tokenize(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
@@ -87,7 +80,7 @@ class Bm25Index:
         self.documents = load_corpus(corpus_path)
         self.by_id = {doc["id"]: doc for doc in self.documents}
         self.loaded_from_cache = False
-        index_dir = os.path.join(cache_dir, f"bm25-{_file_digest(corpus_path)}") if cache_dir else None
+        index_dir = os.path.join(cache_dir, f"bm25-{file_digest(corpus_path, length=16)}") if cache_dir else None
         if index_dir and os.path.exists(os.path.join(index_dir, "params.index.json")):
             self.retriever = bm25s.BM25.load(index_dir, show_progress=False)
             self.loaded_from_cache = True

@@ -31,7 +31,7 @@ def test_a_fresh_start_moves_the_dead_attempts_records_aside(tmp_path, capsys):
 
 def test_a_first_fresh_start_moves_nothing(tmp_path):
     prepare_workdir(get_config(), str(tmp_path), resume=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "sources.json"]
 
 
 def test_a_second_run_in_a_held_workdir_exits_naming_it(tmp_path):

@@ -145,7 +145,7 @@ def test_a_saved_config_that_is_no_json_object_is_one_line_naming_it(tmp_path, c
 
     path = tmp_path / "config.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    message = rf"^error: --resume: the run's saved config {path} (cannot be read as JSON|holds a JSON list)"
+    message = rf"^error: --resume: the run's saved config.json {path} (cannot be read as JSON|holds a JSON list)"
     with pytest.raises(SystemExit, match=message):
         check_resume_config(str(tmp_path), SAVED, allow_changes=True)
     with pytest.raises(SystemExit, match=message):
