@@ -92,6 +92,13 @@ def same_group_matrix(group_ids: jax.Array) -> jax.Array:
     return (group_ids[:, None] == group_ids[None, :]).astype(jnp.float32)
 
 
+def _group_sum(same: jax.Array, values: jax.Array) -> jax.Array:
+    """Per row, the sum of `values [B]` over the rows of its group. A select and a sum, not `same @ values`:
+    a non-finite value stays in its own group (0 * NaN is NaN in every other group's product), and the
+    sum is float32 whatever precision the backend gives matrix products (TF32 on GPUs, bf16 passes on TPU)."""
+    return jnp.sum(jnp.where(same > 0, values[None, :], jnp.zeros((), values.dtype)), axis=1)
+
+
 def group_mean_std(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-row group mean, unbiased group std (0 for a group of one) and group size. Each `[B]`."""
     rewards = _float(rewards)
@@ -101,8 +108,8 @@ def group_mean_std(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array,
     same = same_group_matrix(group_ids).astype(rewards.dtype)  # [B, B]
     size = jnp.sum(same, axis=1)  # [B]
     lo, hi = _group_range(rewards, rewards, same)
-    mean = jnp.where(lo == hi, lo, same @ rewards / size)  # all-equal group: exact mean, std 0
-    sq_dev = same * jnp.square(rewards[None, :] - mean[:, None])  # [B, B]
+    mean = jnp.where(lo == hi, lo, _group_sum(same, rewards) / size)  # all-equal group: exact mean, std 0
+    sq_dev = jnp.where(same > 0, jnp.square(rewards[None, :] - mean[:, None]), 0.0)  # [B, B]
     var = jnp.sum(sq_dev, axis=1) / jnp.maximum(size - 1.0, 1.0)
     return mean, jnp.sqrt(var), size
 
@@ -243,12 +250,12 @@ def entropy_aware_advantages(
         if group_ids is None:
             raise ValueError("entropy_adv_scope='group' needs group_ids")
         same = same_group_matrix(group_ids).astype(mask.dtype)  # [B, B]
-        count = same @ jnp.sum(mask, -1)  # [B], valid tokens in each row's group
+        count = _group_sum(same, jnp.sum(mask, -1))  # [B], valid tokens in each row's group
         lo, hi = _group_range(*_valid_range(entropy, mask), same)  # [B] each
-        mean = same @ jnp.sum(_masked(entropy, mask), -1) / jnp.maximum(count, 1.0)  # [B]
+        mean = _group_sum(same, jnp.sum(_masked(entropy, mask), -1)) / jnp.maximum(count, 1.0)  # [B]
         mean = jnp.where(lo == hi, lo, mean)  # all-equal group: exact mean, std exactly 0
         # rows of one group share one mean, so per-row squared deviations add up
-        sq_dev_sum = same @ jnp.sum(_masked(jnp.square(entropy - mean[:, None]), mask), -1)  # [B]
+        sq_dev_sum = _group_sum(same, jnp.sum(_masked(jnp.square(entropy - mean[:, None]), mask), -1))  # [B]
         std = jnp.sqrt(sq_dev_sum / jnp.maximum(count - 1.0, 1.0))
     std = jnp.where(std > 0, std, 1.0)
     if scope == "group":
@@ -273,8 +280,8 @@ def overlong_penalty(
     `0` if `L <= Lmax - Lc`; `((Lmax - Lc) - L) / Lc` inside the buffer (which
     reaches `-1` at `L = Lmax`); `-1` beyond `Lmax`; all times `penalty_factor`.
     """
-    if not 0 < buffer_len <= max_response_len:
-        raise ValueError(f"need 0 < buffer_len <= max_response_len, got {buffer_len}, "
+    if not 0 < buffer_len < max_response_len:  # Lc = Lmax would penalise every response by its length
+        raise ValueError(f"need 0 < buffer_len < max_response_len, got {buffer_len}, "
                          f"{max_response_len}")
     lengths = _float(response_lengths)
     expected = max_response_len - buffer_len

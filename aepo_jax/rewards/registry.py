@@ -9,6 +9,7 @@ caller's side, so threads overlap them).
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -122,7 +123,11 @@ def compute_reward(
     unknown = set(kw) - {key for fn in REWARDS.values() for key in _options_for(fn, kw)}
     if unknown:
         raise TypeError(f"options {sorted(unknown)} are taken by none of the rewards {sorted(REWARDS)}")
-    return float(reward(response_text, answers, **_options_for(reward, kw)))
+    value = float(reward(response_text, answers, **_options_for(reward, kw)))
+    if not math.isfinite(value):  # one NaN made every group's advantages NaN; accuracy too
+        raise ValueError(f"reward {name!r} returned {value} for the response {response_text[:200]!r}: a reward "
+                         "must be a finite number")
+    return value
 
 
 def _options_for(fn: RewardFn, kw: Mapping[str, object]) -> dict[str, object]:

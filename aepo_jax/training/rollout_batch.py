@@ -103,7 +103,10 @@ def rollout_sequences(
     for g, (group, group_rewards) in enumerate(zip(groups, rewards)):
         if len(group) != len(group_rewards):
             raise ValueError(f"group {g}: {len(group)} trajectories but {len(group_rewards)} rewards")
-        for traj, reward in zip(group, group_rewards):
+        for index, (traj, reward) in enumerate(zip(group, group_rewards)):
+            if not math.isfinite(float(reward)):
+                raise ValueError(f"group {g}, trajectory {index}: reward {reward} is not a finite number (its "
+                                 "group's advantages would be NaN, and with them the update)")
             sequences.append(trajectory_sequence(traj))
             group_ids.append(g)
             flat_rewards.append(float(reward))

@@ -286,3 +286,35 @@ def test_logged_reward_mean_ignores_padding_rows():
     group_ids = np.array([0, 0, 1, 1, 2, 3])
     _, metrics = objectives.compute_advantages(preset, rewards, group_ids, mask)
     assert float(metrics["reward_mean"]) == pytest.approx(-0.25)
+
+
+def test_a_non_finite_reward_stays_in_its_own_group():
+    """`same @ rewards` multiplied the NaN by 0 for every other group: one NaN reward (a judge reply that did
+    not parse) made the whole batch's advantages NaN."""
+    rewards, groups = np.array([1.0, 0.0, 0.5, np.nan, 0.2]), np.array([0, 0, 1, 1, 1])
+    for bad in (np.nan, np.inf):
+        rewards[3] = bad
+        adv = np.asarray(grpo_advantages(rewards, groups, np.ones((5, 2), np.float32)))
+        np.testing.assert_allclose(adv[:2], np.array([[0.5, 0.5], [-0.5, -0.5]]) / (math.sqrt(0.5) + 1e-6),
+                                   rtol=1e-6)
+        assert not np.isfinite(adv[2:]).all()
+
+
+def test_group_scope_entropy_statistics_count_only_valid_tokens():
+    """Every earlier group-scope case had an all-ones mask, so counting masked tokens passed too."""
+    adv = np.array([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [2.0, 2.0, 2.0]])
+    entropy = np.array([[0.0, 2.0, 7.0], [1.0, 1.0, 9.0], [5.0, 3.0, 4.0]])  # 7 and 9 are masked
+    mask = np.array([[1, 1, 0], [1, 1, 0], [1, 1, 1]], np.float32)
+    out, _ = entropy_aware_advantages(adv, entropy, mask, coef=0.2, scope="group", group_ids=np.array([4, 4, 9]))
+    valid = np.array([0.0, 2.0, 1.0, 1.0])  # group 4's valid H: mean 1, unbiased std sqrt(2/3)
+    z4 = (entropy[:2] - valid.mean()) / valid.std(ddof=1)
+    z9 = (entropy[2] - 4.0) / 1.0  # H = 5, 3, 4: mean 4, unbiased std 1
+    expected = np.vstack([adv[:2] * (1 + 0.2 * z4), adv[2:] * (1 + 0.2 * z9)]) * mask
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
+
+
+def test_an_overlong_buffer_as_long_as_the_response_is_refused():
+    """Lc = Lmax penalised every response in proportion to its length (docs/objectives.md); only the
+    dispatch refused it, not the function itself."""
+    with pytest.raises(ValueError, match="0 < buffer_len < max_response_len"):
+        overlong_penalty(np.array([1, 10, 20]), max_response_len=20, buffer_len=20)

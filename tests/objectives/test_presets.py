@@ -292,3 +292,24 @@ def test_compute_advantages_names_mismatched_shapes():
         compute_advantages(get_preset("grpo"), REWARDS, GROUPS, np.ones((3, 3)))
     with pytest.raises(ValueError, match=r"entropy must be \[B, T\] like mask \(4, 3\), got \(4, 2\)"):
         compute_advantages(get_preset("aepo"), REWARDS, GROUPS, MASK, entropy=np.ones((4, 2)))
+
+
+def test_reinforce_pp_preset_puts_its_kl_coefficient_into_the_token_rewards():
+    """Spec §3.2: "minus the per-token KL penalty if `kl_in_reward`", with the preset's coefficient 0.01. The
+    objective tests only checked that a missing KL is refused, so a dispatch passing 0 instead passed."""
+    preset = get_preset("reinforce_pp")
+    assert preset.kl_in_reward and preset.kl_coef == 0.01
+    mask = np.array([[1, 1, 0, 1, 0], [1, 1, 1, 0, 0]], np.float64)  # row 0 has a tool hole
+    kl = np.array([[0.5, 2.0, 9.0, 1.0, 9.0], [3.0, 0.2, 1.5, 9.0, 9.0]])  # 9: masked
+    rewards = np.array([1.0, -1.0])
+    adv, _ = compute_advantages(preset, rewards, np.array([0, 0]), mask, kl=kl)
+    returns = np.zeros_like(kl)  # float64 reference: return-to-go of -0.01 * KL, plus R at the last valid token
+    for row in range(2):
+        valid = np.flatnonzero(mask[row])
+        running = 0.0
+        for t in valid[::-1]:
+            running += -0.01 * kl[row, t] + (rewards[row] if t == valid[-1] else 0.0)
+            returns[row, t] = running
+    flat = returns[mask > 0]
+    expected = (returns - flat.mean()) / np.sqrt(flat.var(ddof=1) + 1e-8) * mask
+    np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-5, atol=1e-6)

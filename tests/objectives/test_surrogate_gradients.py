@@ -158,6 +158,25 @@ def test_gspo_token_gradient_is_sequence_ratio_through_own_logp():
                                    err_msg=f"gspo: region '{label}'")
 
 
+def test_gspo_sequence_ratio_averages_only_the_valid_tokens():
+    """Rows with padding (A > 0): row 0's ratio over its valid tokens is above 1 + eh (clipped: no gradient)
+    but inside the range when the mean runs over the whole width, padding counted as 0 or as what it holds;
+    row 1 is inside either way. The one earlier masked row was clipped either way, so a mean over the
+    padded width passed too."""
+    el, eh = 3e-4, 4e-4
+    old = np.array([[-1.0, -2.0, -1.5, -0.5, -3.0, -1.0], [-0.7, -1.2, -2.5, -1.0, -0.2, -4.0]])
+    logp = old + np.array([[6e-4, 4e-4, 5e-4, 5e-4, -5.0, -5.0], [1e-4, 0.0, 2e-4, 1e-4, -5.0, 3.0]])
+    mask = np.array([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]])
+    adv = np.full_like(old, 1.5)
+    s_valid = np.exp(np.sum((logp - old) * mask, axis=1) / mask.sum(axis=1))  # [1.0005, 1.0001]
+    assert s_valid[0] > 1 + eh and 1 - el < s_valid[1] < 1 + eh
+    for s_width in (np.exp(np.sum((logp - old) * mask, axis=1) / 6), np.exp(np.mean(logp - old, axis=1))):
+        assert s_width[0] < 1 + eh  # under either mean over the width, row 0 would not be clipped
+    grad = loss_grad("gspo", logp, old, adv, mask, clip_low=el, clip_high=eh, dual_clip_c=C, loss_agg="token_mean")
+    expected = -np.array([0.0, s_valid[1]])[:, None] * adv * mask / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-9)
+
+
 def test_gspo_value_is_clipped_sequence_ratio_surrogate():
     logp, logp_old, adv, _ = gspo_rows(seed=4)
     adv = np.repeat(adv[:, :1], adv.shape[1], axis=1)  # one advantage per sequence

@@ -218,3 +218,15 @@ def test_each_reward_takes_only_its_own_options_from_a_shared_set():
     ) == 1.0
     with pytest.raises(TypeError, match="poool"):
         compute_reward("exact_match", answer("x"), ["x"], poool=None)
+
+
+def test_a_reward_that_returns_no_finite_number_is_an_error_naming_it(monkeypatch):
+    """A NaN reward (a judge reply that did not parse, a custom reward dividing 0 by 0) went into the
+    advantages and the accuracy unnoticed."""
+    from aepo_jax.rewards import registry
+
+    monkeypatch.setitem(registry.REWARDS, "parsed", lambda text, answers: float(text))
+    assert compute_reward("parsed", "1.5", ["x"]) == 1.5
+    for text in ("nan", "inf", "-inf"):
+        with pytest.raises(ValueError, match=rf"reward 'parsed' returned {text} for the response '{text}'"):
+            compute_rewards("parsed", ["0.5", text], [["x"], ["x"]])

@@ -103,3 +103,11 @@ def test_soft_attribution_ignores_the_tree():
                                  shared_prefix_len=rows.shared_prefix_len)
     scale = 0.5 / (np.std([1.0, 0.0, 1.0, 0.0], ddof=1) + 1e-6)
     assert np.asarray(soft)[0, 3] == pytest.approx(scale, rel=1e-5)  # A's first token keeps A's own advantage
+
+
+def test_a_non_finite_reward_is_refused_naming_its_trajectory():
+    groups, rewards = hand_built_groups()
+    rewards = [list(group) for group in rewards]
+    rewards[0][2] = float("nan")
+    with pytest.raises(ValueError, match=r"group 0, trajectory 2: reward nan is not a finite number"):
+        rollout_sequences(groups, rewards, max_len=64, length_bucket=8)
