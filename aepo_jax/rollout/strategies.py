@@ -77,6 +77,8 @@ class RolloutConfig:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.beta < 0:  # spec 2.3: more uncertainty in the question means more global samples, never fewer
             raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.entropy_weight < 0:  # spec 2.2: rising entropy after a tool result makes a branch more likely
+            raise ValueError(f"entropy_weight must be >= 0, got {self.entropy_weight}")
         if self.penalty_slope < 0:
             raise ValueError(f"penalty_slope must be >= 0, got {self.penalty_slope}")
         if self.initial_rollouts is not None and self.initial_rollouts < 1:

@@ -18,7 +18,11 @@ from aepo_jax.agent.scripted import (
     tool_use_script,
 )
 from aepo_jax.agent.trajectory import Trajectory
-from aepo_jax.rollout.branching import branch_probability, consecutive_branch_penalty
+from aepo_jax.rollout.branching import (
+    branch_probability,
+    consecutive_branch_penalty,
+    decide_branch,
+)
 from aepo_jax.rollout.budget import global_sample_budget, premonitor_tool_entropy
 from aepo_jax.rollout.strategies import (
     EntropyBranchPolicy,
@@ -87,6 +91,7 @@ def test_global_budget_at_its_edges(k):
     ("beta", float("inf"), "beta must be a finite number"),  # inf * 0 was NaN and crashed mid-rollout
     ("beta", -0.5, "beta must be >= 0"),  # reversed the budget's direction silently
     ("entropy_weight", float("nan"), "entropy_weight must be a finite number"),
+    ("entropy_weight", -0.2, "entropy_weight must be >= 0"),  # reversed the branching direction silently
     ("branch_threshold", float("inf"), "branch_threshold must be a finite number"),
     ("penalty_slope", float("nan"), "penalty_slope must be a finite number"),
 ])
@@ -214,6 +219,20 @@ def test_penalty_formula_values():
         consecutive_branch_penalty(-1, 0.05)
 
 
+def test_a_probability_equal_to_the_threshold_branches():
+    """Spec 2.2: "branch iff P >= tau" (the boundary, not P > tau)."""
+    alpha = float(np.random.default_rng(3).uniform(0.0, 1.0))
+    p = branch_probability(alpha, 0.5, 0.2, 2, 0.05)
+    assert decide_branch(np.random.default_rng(3), 0.5, 0.2, p, 2, 0.05) == (True, p)
+    assert decide_branch(np.random.default_rng(3), 0.5, 0.2, np.nextafter(p, 2.0), 2, 0.05) == (False, p)
+
+
+def test_arpo_starts_half_the_budget_as_global_samples_by_default():
+    """Spec 2.2: "`initial_rollouts`, default `k/2`" (at least one); every config sets it explicitly."""
+    assert [RolloutConfig(strategy="arpo").initial_for(k) for k in (1, 2, 3, 8, 9, 16)] == [1, 1, 1, 4, 4, 8]
+    assert RolloutConfig(strategy="arpo", initial_rollouts=3).initial_for(8) == 3
+
+
 def rising_entropy_script(max_calls: int):
     """First segment entropy 0, every later segment 10: dH = +10 at every decision."""
 
@@ -270,6 +289,27 @@ def test_prompt_scope_counts_rounds_with_new_trajectories():
         assert d["consecutive"] == expected
         assert d["probability"] <= (1.0 + 2.0) * max(0.0, 1 - 0.3 * expected) + 1e-12
     assert max(d["consecutive"] for d in policy.log) >= 2
+
+
+def test_prompt_scope_counter_counts_a_top_up_round():
+    """Spec 2.3, prompt scope: "+1 after each round in which the prompt got any new trajectory, top-ups
+    included". One global at a time and tau = 100 (never a branch): the only new trajectories are top-ups,
+    and with decisions drawn before the call (the release variant) one follows a top-up round directly.
+    The earlier test's rounds all had branches, so a counter blind to top-ups passed it. (`before_call` runs
+    under the rounds schedule only; the continuous schedule's counter is checked equal to it elsewhere.)"""
+    def script(ids, rng):
+        body = "<search>s</search>" if ids.count(TOK.token_to_id("<result>")) < 2 else "<answer>\\boxed{1}</answer>"
+        tokens = TOK.encode("<think>x</think>" + body)
+        return ScriptedSegment(tokens, [1.0] * len(tokens), "stop")
+
+    policy = EntropyBranchPolicy(1, 0.2, 100.0, 2, 0.05, "prompt")
+    loop = make_loop(script, max_tool_calls=6, decision_entropy="before_call")
+    result = loop.run(prompts(1), 3, 1, rng=np.random.default_rng(0), key=jax.random.key(0), policy=policy)
+    top_up_rounds = {e.round for e in result.events if e.kind == "topup"}
+    assert top_up_rounds and not any(d["branched"] for d in policy.log)
+    for d in policy.log:
+        assert d["consecutive"] == (1 if d["round"] - 1 in top_up_rounds else 0), (d, top_up_rounds)
+    assert any(d["consecutive"] == 1 for d in policy.log)
 
 
 def long_rising_entropy_script(max_calls: int):
