@@ -246,7 +246,8 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
 
         if not os.path.isfile(cfg.data.path):
             raise FileNotFoundError(f"data.path={cfg.data.path!r}: no such file (a JSONL of questions)")
-        examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"))
+        examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"),
+                                       layout=cfg.data.get("layout", "auto"))
         corpus_path = cfg.data.get("corpus_path") or None
     elif cfg.data.name == "synthetic_facts":
         from aepo_jax.envs.synthetic_facts import build_env

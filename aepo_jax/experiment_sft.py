@@ -88,6 +88,11 @@ def _sft_text(row: dict, key: str, where: str) -> str:
     if not value.strip():
         # a blank response trains only on EOS; a blank question is a prompt with no task
         raise SFTDataError(f"{where}: {key!r} is blank")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer encodes it, and its error named no line
+        raise SFTDataError(f"{where}: {key!r} holds a lone surrogate code point (U+{ord(value[exc.start]):04X} at "
+                           f"character {exc.start + 1}), half of an escaped emoji pair; repair the row") from exc
     return value
 
 

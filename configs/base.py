@@ -91,6 +91,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_facts"
     c.data.path = ""  # local JSONL; "" = the embedded synthetic task
+    # data.path's row layout (aepo_jax.data.records.LAYOUTS): "auto" guesses each row's; a file of one
+    # dataset set to its own ("gsm8k", ...) refuses a row that does not fit it, naming its line.
+    c.data.layout = "auto"
     c.data.corpus_path = ""  # search corpus JSONL for data.path runs ("" = no search tool)
     # A running Search-R1-style retrieval server (POST /retrieve) to use instead of starting ours.
     c.data.search_url = ""

@@ -35,7 +35,9 @@ Example = dict[str, Any]
 LAYOUTS = ("auto", "arpo", "gsm8k", "math", "multihop")
 # 2: chat content parts joined (not their repr), the last `####` line of GSM8K, a null MATH `answer` absent.
 # 3: numeric gold answers as a response writes them (72.0 -> "72", not "72.0"); bools refused inside lists too.
-PARSER_VERSION = 3
+# 4: a chat prompt without a user message and text with a lone surrogate refused (another role's text was the
+#    question; tfds failed naming no line).
+PARSER_VERSION = 4
 # Joins the text parts of one chat message, as vLLM's OpenAI server flattens them for string-content templates.
 _TEXT_PART_SEPARATOR = "\n"
 
@@ -142,7 +144,10 @@ def _prompt_text(prompt: Any) -> str:
         and prompt
         and all(isinstance(m, Mapping) for m in prompt)
     ):
-        users = [m for m in prompt if m.get("role") == "user"] or prompt
+        users = [m for m in prompt if m.get("role") == "user"]
+        if not users:  # another role's text (a system prompt) was taken for the question
+            roles = [m.get("role") for m in prompt]
+            raise ValueError(f"the chat prompt has no user message (its roles: {roles})")
         return _message_text(users[-1].get("content"))
     raise TypeError(
         f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
@@ -269,6 +274,18 @@ def _multihop(row: Mapping[str, Any]) -> tuple[str, list[str]]:
 _PARSERS = {"arpo": _arpo, "gsm8k": _gsm8k, "math": _math, "multihop": _multihop}
 
 
+def _require_encodable(text: str, where: str) -> None:
+    """Refuse text that is not valid Unicode: a lone surrogate (`"\\ud800"`, half of an escaped emoji) that
+    JSON spells and `json.loads` returns, but no UTF-8 writer (tfds' prepared copy, a tokenizer) can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DatasetFormatError(
+            f"{where}: the text holds a lone surrogate code point (U+{ord(text[exc.start]):04X} at character "
+            f"{exc.start + 1} of {text[:60]!r}), half of an escaped emoji pair; repair the row"
+        ) from exc
+
+
 def example_from_row(
     row: Mapping[str, Any],
     *,
@@ -298,6 +315,8 @@ def example_from_row(
         ) from exc
     if not question.strip():
         raise DatasetFormatError(f"{where}: empty question")
+    for text in (question, *answers):
+        _require_encodable(text, where)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
     row_id = row.get("id", row.get("idx", extra.get("index")))
     return {

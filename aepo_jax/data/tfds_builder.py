@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from aepo_jax.data.records import (
     LAYOUTS,
     Example,
     decode_example,
+    detect_layout,
     example_from_row,
     is_empty,
     iter_rows,
@@ -105,7 +107,11 @@ class LocalQaDataset(tfds.core.GeneratorBasedBuilder):
     ) -> Iterator[tuple[str, Example]]:
         config = self.builder_config
         source = config.data_source or config.name
+        detected: dict[str, list[int]] = {}  # auto layout -> its row count and first line
         for line_no, row in iter_rows(path):
+            if config.layout == "auto":
+                seen = detected.setdefault(detect_layout(row), [0, line_no])
+                seen[0] += 1
             example = example_from_row(
                 row,
                 layout=config.layout,
@@ -114,6 +120,18 @@ class LocalQaDataset(tfds.core.GeneratorBasedBuilder):
                 fallback_id=f"{source}-{split}-{line_no}",
             )
             yield f"{line_no:09d}", example
+        if len(detected) > 1:
+            _warn_mixed_layouts(path, detected)
+
+
+def _warn_mixed_layouts(path: Path, detected: Mapping[str, list[int]]) -> None:
+    """Say that layout "auto" read one file's rows as several layouts: a file of one dataset has one, and a
+    GSM8K row that lost its `#### N` line reads as "arpo" with the whole solution as its gold answer."""
+    counts = ", ".join(f"{layout}: {count} rows (first at line {first})"
+                       for layout, (count, first) in sorted(detected.items(), key=lambda item: (-item[1][0], item[0])))
+    warnings.warn(f"{path}: layout 'auto' read its rows as several layouts ({counts}); if the file is one "
+                  "dataset, set its layout (data.layout) so that a row not fitting it is an error naming "
+                  "its line", stacklevel=2)
 
 
 def prepare_local_dataset(

@@ -79,8 +79,8 @@ def text_record_to_tokens(prompt_ids: Sequence[int], response: str, encode: Call
             ids = encode(piece)
         tokens += ids
         mask += [0 if is_result else 1] * len(ids)
-    if eos_id is not None:
-        tokens.append(int(eos_id))
+    if eos_id is not None and not (len(tokens) > len(prompt_ids) and tokens[-1] == int(eos_id)):
+        tokens.append(int(eos_id))  # (a response whose text ends in the EOS text has it already: not twice)
         mask.append(1)
     return {"tokens": tokens, "mask": np.asarray(mask, np.float32)}
 
@@ -98,7 +98,8 @@ def _result_content(block: str) -> str:
     """The tool output of a result block (`\\s*<result>...</result>`): its content less the one newline
     `format_tool_result` puts at each end, so a block already in RL's form keeps its exact text."""
     content = block[block.index(RESULT_OPEN) + len(RESULT_OPEN):-len(RESULT_CLOSE)]
-    return content.removeprefix("\n").removesuffix("\n")
+    content = content.removeprefix("\r\n") if content.startswith("\r\n") else content.removeprefix("\n")
+    return content.removesuffix("\r\n") if content.endswith("\r\n") else content.removesuffix("\n")
 
 
 def _require_no_result_tag(piece: str, where: str) -> None:

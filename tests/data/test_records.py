@@ -100,6 +100,11 @@ GOOD_ROW = {
         ({"question": "q", "answer": ["Paris", ""]}, "arpo", "blank"),
         ({"question": "q", "answer": "a", "aliases": [" "]}, "multihop", "blank"),
         ({"problem": "p", "solution": "\\boxed{ }"}, "math", "blank"),
+        # another role's text was taken for the question
+        ({"prompt": [{"role": "system", "content": "Be brief."}], "answer": "4"}, "arpo", "no user message"),
+        # tfds failed on it naming no file or line
+        ({"question": "bad \ud800 half", "answer": "4"}, "arpo", "lone surrogate code point \\(U\\+D800"),
+        ({"question": "q", "answer": ["4", "x\udfff"]}, "arpo", "lone surrogate code point \\(U\\+DFFF"),
     ],
 )
 def test_bad_row_names_the_line(tmp_path, row, layout, message):

@@ -133,3 +133,29 @@ def test_layout_data_source_and_parser_version_are_part_of_the_prepared_copy(tmp
     name = prepared_name(source, "g", layout="gsm8k", data_source="g")
     monkeypatch.setattr(records, "PARSER_VERSION", records.PARSER_VERSION + 1)
     assert prepared_name(source, "g", layout="gsm8k", data_source="g") != name
+
+
+def test_auto_layout_says_when_one_file_reads_as_several_and_a_set_layout_refuses_the_odd_row(tmp_path):
+    """A GSM8K row that lost its `#### N` line was read as an "arpo" row whose gold answer is the whole
+    solution (no response can match it), with no word; training could not ask for the strict layout."""
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "2+3?", "answer": "2+3=5\n#### 5"}) + "\n"
+                    + json.dumps({"question": "4+4?", "answer": "4+4=8\n8"}) + "\n")
+    with pytest.warns(UserWarning, match=r"gsm.jsonl: layout 'auto' read its rows as several layouts "
+                                         r"\(arpo: 1 rows \(first at line 2\), gsm8k: 1 rows"):
+        examples = load_local_examples(path, tmp_path / "tfds")
+    assert [e["answers"] for e in examples] == [["5"], ["4+4=8\n8"]]
+    with pytest.raises(DatasetFormatError, match=r"gsm.jsonl:2: row does not fit the 'gsm8k' layout"):
+        load_local_examples(path, tmp_path / "tfds", layout="gsm8k")
+
+
+def test_the_run_reads_data_path_in_the_configs_layout(tmp_path):
+    from aepo_jax.experiment import environment_from
+    from configs.aepo_tiny import get_config
+
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "4+4?", "answer": "4+4=8\n8"}) + "\n")
+    cfg = get_config()
+    cfg.data.path, cfg.data.layout = str(path), "gsm8k"
+    with pytest.raises(DatasetFormatError, match=r"gsm.jsonl:1: row does not fit the 'gsm8k' layout"):
+        environment_from(cfg, str(tmp_path / "run"))

@@ -68,9 +68,12 @@ def test_good_rows_become_token_records_with_result_blocks_masked(tmp_path):
      r":1: the tool call '<python>print\(6 \* 7\)</python>' is followed by '42\\n<answer>"),
     (json.dumps({"question": "q", "response": "I recall <result>Paris</result><answer>\\boxed{Paris}</answer>"}) + "\n",
      r":1: a <result> block does not directly follow a tool call .*after 'I recall' comes '<result>Paris</result>'"),
+    # the tokenizer's own error named no line
+    (GOOD + "\n" + '{"question": "q", "response": "half \\ud83d an emoji"}\n',
+     r":2: 'response' holds a lone surrogate code point \(U\+D83D at character 6\)"),
 ], ids=["no_response", "no_question", "chat_messages", "blank_response", "blank_question", "not_a_string",
         "bad_json", "not_utf8", "not_an_object", "empty_file", "mis_cased_result", "tool_text_without_result",
-        "tool_output_pasted_without_result", "result_without_call"])
+        "tool_output_pasted_without_result", "result_without_call", "lone_surrogate"])
 def test_bad_rows_are_refused_naming_path_and_line(tmp_path, content, message):
     with pytest.raises(ValueError, match=r"sft\.jsonl" + message):
         _read(tmp_path, content)

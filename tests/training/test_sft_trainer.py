@@ -228,3 +228,26 @@ def test_a_micro_batch_below_one_row_is_refused_naming_the_key(tmp_path, micro):
         SFTTrainer(cfg, str(tmp_path), batches=SequenceBatches(records, batch_size=2), graphdef=graphdef,
                    params=params)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_response_ending_in_the_eos_text_trains_eos_once():
+    """A Hugging Face tokenizer encodes the EOS text (`<|im_end|>`) as the EOS id; it was appended again."""
+    tok = ByteTokenizer()
+
+    def encode(text: str) -> list[int]:  # as a tokenizer that knows the EOS text "</s>"
+        return tok.encode(text.removesuffix("</s>")) + ([tok.eos_id] if text.endswith("</s>") else [])
+
+    plain = text_record_to_tokens([5], "<answer>\\boxed{1}</answer>", encode, eos_id=tok.eos_id)
+    ended = text_record_to_tokens([5], "<answer>\\boxed{1}</answer></s>", encode, eos_id=tok.eos_id)
+    assert ended["tokens"] == plain["tokens"] and ended["tokens"][-2:] != [tok.eos_id] * 2
+    np.testing.assert_array_equal(ended["mask"], plain["mask"])
+
+
+def test_crlf_around_a_result_block_gives_the_context_rl_appends():
+    tok = ByteTokenizer()
+    lf = text_record_to_tokens([5], "<search>a</search> <result>\nfound\n</result><answer>1</answer>", tok.encode,
+                               eos_id=tok.eos_id)
+    crlf = text_record_to_tokens([5], "<search>a</search> <result>\r\nfound\r\n</result><answer>1</answer>",
+                                 tok.encode, eos_id=tok.eos_id)
+    assert crlf["tokens"] == lf["tokens"]
+    np.testing.assert_array_equal(crlf["mask"], lf["mask"])
