@@ -12,9 +12,11 @@ class SamplingParams:
     Attributes:
       temperature: divides the logits before softmax; log-probs and entropies
         are reported at this temperature even when `greedy` is set.
-      top_k: keep the k most likely tokens; 0 disables.
+      top_k: keep the k most likely tokens; 0 disables. Tokens tied with the k-th
+        are kept too (`token_distribution.truncate_logits`).
       top_p: keep the smallest set of most likely tokens whose probability
-        reaches top_p (after top-k); 1.0 disables.
+        reaches top_p (after top-k); 1.0 disables. Tokens tied with the last one
+        kept are kept too.
       greedy: take the argmax instead of sampling.
     """
 
@@ -24,8 +26,8 @@ class SamplingParams:
     greedy: bool = False
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0.0:
-            raise ValueError(f"SamplingParams.temperature must be > 0, got {self.temperature}")
+        if not 0.0 < self.temperature < float("inf"):  # inf made every logit 0: uniform sampling, silently
+            raise ValueError(f"SamplingParams.temperature must be a finite number > 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k must be >= 0 (0 disables), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

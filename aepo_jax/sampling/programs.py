@@ -197,8 +197,9 @@ def decode_loop(
       progress: where the call stands (`start_progress` for its first window).
       max_steps: static window length W.
       num_top_logprobs: static k; when > 0 each token also gets the k largest
-        log-probs of the distribution it was drawn from, and their ids
-        (`top_logprobs`). 0 (default) adds nothing to the program.
+        full-vocabulary log-probs at the sampling temperature (before top-k / top-p
+        truncation, like `logp`), and their ids (`top_logprobs`). 0 (default) adds
+        nothing to the program.
       span: static number of leading cache slots attention reads; it must hold every
         row's cursor plus W, except for rows with no budget (they write nothing).
     """

@@ -457,6 +457,13 @@ class Sampler(ProgramRuns, RowOps):
 
     def _check_ids(self, ids: Sequence[int], what: str) -> None:
         vocab = self.config.vocab_size
-        bad = [int(t) for t in ids if not 0 <= int(t) < vocab]
+        values = np.asarray(ids)
+        if values.size and values.dtype.kind not in "iubf":
+            raise ValueError(f"{what}: token ids must be integers, got {values.dtype} ({values.ravel()[:5].tolist()})")
+        if values.dtype.kind == "f":  # written into int32 they were cut (3.7 -> 3), silently
+            fractional = values[values != np.trunc(values)]
+            if fractional.size:
+                raise ValueError(f"{what}: token ids {fractional[:5].tolist()} are not whole numbers")
+        bad = values[(values < 0) | (values >= vocab)].tolist()
         if bad:
             raise ValueError(f"{what}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")

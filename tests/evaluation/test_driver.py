@@ -173,7 +173,7 @@ def test_tree_strategy_reports_tree_statistics(setup):
 
 
 def test_bad_decoding_settings_fail_when_the_config_is_made():
-    with pytest.raises(ValueError, match="temperature must be > 0, got -1.0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0, got -1.0"):
         EvalConfig(temperature=-1.0)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 2.0"):
         EvalConfig(top_p=2.0)

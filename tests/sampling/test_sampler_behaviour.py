@@ -185,6 +185,11 @@ def test_bad_input_raises_clear_errors(greedy_sampler):
         sampler.prefill([[3], []])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         sampler.prefill([[3, 512]])
+    with pytest.raises(ValueError, match=r"token ids \[3.7, 4.2\] are not whole numbers"):  # were cut to 3, 4
+        sampler.prefill([[3.7, 4.2]])
+    for temperature in (float("inf"), 0.0, float("nan")):  # inf sampled uniformly, silently
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            SamplingParams(temperature=temperature)
     st = sampler.prefill([[3, 4]])
     with pytest.raises(ValueError, match="budgets"):
         sampler.generate(st, [1, 2])

@@ -56,7 +56,21 @@ def test_returned_logp_and_entropy_equal_full_forward_recomputation(greedy_sampl
         entropy = -(np.exp(log_probs) * log_probs).sum(-1)
         np.testing.assert_allclose(out.logp[row], picked, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(out.entropy[row], entropy, rtol=1e-4, atol=1e-5)
-        assert np.all(out.logp_truncated[row] >= out.logp[row] - 1e-6)  # renormalised over fewer tokens
+        # The distribution drawn from: the top-k / top-p set of the float64 reference, renormalised; every
+        # sampled token lies in it (earlier only `logp_truncated >= logp` was checked).
+        kept = np.ones_like(log_probs, bool)
+        order = np.argsort(-log_probs, axis=-1)
+        if params.top_k:
+            kept = np.zeros_like(kept)
+            np.put_along_axis(kept, order[:, :params.top_k], True, axis=-1)
+        if params.top_p < 1.0:
+            sorted_probs = np.take_along_axis(np.exp(log_probs), order, axis=-1)
+            inside = np.cumsum(sorted_probs, axis=-1) - sorted_probs < params.top_p  # mass before it < top_p
+            np.put_along_axis(kept, order, inside & np.take_along_axis(kept, order, axis=-1), axis=-1)
+        assert kept[np.arange(len(generated)), generated].all()
+        assert 1 < kept.sum(-1).min() and kept.sum(-1).max() < kept.shape[-1]  # truncation applies here
+        kept_mass = np.log(np.where(kept, np.exp(log_probs), 0.0).sum(-1))
+        np.testing.assert_allclose(out.logp_truncated[row], picked - kept_mass, rtol=1e-4, atol=1e-5)
 
 
 def test_append_then_decode_equals_prefill_of_concatenation(greedy_sampler, full_logits):
