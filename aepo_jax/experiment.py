@@ -486,7 +486,8 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
     from aepo_jax.evaluation.driver import evaluate
 
     e = cfg.eval
-    common = {"temperature": float(e.temperature), "seed": seed, "reward": cfg.reward.name,
+    common = {"temperature": float(e.temperature), "top_p": float(e.get("top_p", 1.0)), "seed": seed,
+              "reward": cfg.reward.name,
               "questions_per_batch": max(1, int(e.batch_questions))}
     parts = {"graphdef": graphdef, "params": params, "tokenizer": env.tokenizer, "tools": env.tools,
              "encode_prompt": env.encode_prompt, "judge": env.judge}

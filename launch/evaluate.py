@@ -206,7 +206,7 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr, flush=True)
 
     from aepo_jax.evaluation import correctness_reward, format_report_table
-    from aepo_jax.evaluation.driver import evaluate
+    from aepo_jax.evaluation.driver import check_examples, evaluate
     from aepo_jax.evaluation.restore import restore_policy_params
     from aepo_jax.experiment import (
         environment_from,
@@ -225,6 +225,13 @@ def main(argv: list[str]) -> int:
     except ValueError as err:  # e.g. a judge URL without a model, or its API key variable unset
         raise SystemExit(f"error: {err}") from err
     try:
+        try:  # the questions first: an empty or bad file is refused before the model is built
+            examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
+            if _MAX_QUESTIONS.value > 0:
+                examples = examples[:_MAX_QUESTIONS.value]
+            check_examples(examples)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"error: {err}") from err
         try:
             fit_model_to_tokenizer(cfg, env)  # a model.vocab_size that is not the tokenizer's is refused
             if baseline:
@@ -237,9 +244,6 @@ def main(argv: list[str]) -> int:
                 graphdef, params, step = restore_policy_params(location, cfg, model_config, mesh=mesh)
         except (FileNotFoundError, ValueError) as err:
             raise SystemExit(f"error: {err}") from err
-        examples = eval_examples(cfg, env, _SPLIT.value, _DATA_PATH.value, env_dir)
-        if _MAX_QUESTIONS.value > 0:
-            examples = examples[:_MAX_QUESTIONS.value]
         # The reward deciding correctness per data source (unknown sources warn: they get the default).
         correctness = {source: correctness_reward({"data_source": source}, _REWARD.value)
                        for source in sorted({ex["data_source"] for ex in examples})}
@@ -274,7 +278,8 @@ def main(argv: list[str]) -> int:
             "strategy": config.rollout.strategy, "split": None if _DATA_PATH.value else _SPLIT.value,
             "data_path": _DATA_PATH.value or None, "num_questions": len(examples), "reward": _REWARD.value,
             "correctness": correctness, "math_timeouts": result.math_timeouts, "mesh": dict(mesh.shape),
-            "processes": process_count, "config": json.loads(cfg.to_json_best_effort())}
+            "processes": process_count, "questions_per_batch": config.questions_per_batch,
+            "config": json.loads(cfg.to_json_best_effort())}
     _write_outputs(out, result, meta)
     print(f"wrote {out}/reports.json, reports.csv, samples.jsonl", flush=True)
     return 0

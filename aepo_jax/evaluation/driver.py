@@ -12,7 +12,11 @@ evaluation setting (temperature 0.6, top-p 0.95) or greedy with `n = 1`.
 Every trajectory is decoded to text and scored by `score_question` (the
 reward registry picks exact match, math equivalence, F1 or the judge by data
 source). Keys derive from `seed` and the batch index only (and, on several
-processes, the process index), so a run is reproducible.
+processes, the process index), so a run is reproducible with the same
+`questions_per_batch` and process count. Sampled results depend on both: the
+agent loop draws a batch's rows together, so another batching gives a question
+other (equally distributed) samples; greedy results do not change.
+`launch.evaluate` records both in eval_config.json.
 
 On a mesh (`placement`, built by `aepo_jax.experiment.rollout_placement_from`)
 the sampler samples where the training rollout does: on the mesh, or on

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -93,15 +94,24 @@ def test_cli_evaluates_a_trainer_checkpoint_and_writes_json_and_csv(trained_run,
     assert rows[0] == ["dataset", "questions", "n", "pass@1_pct", "pass@2_pct", "f1_pct", "tool_calls", "resp_len",
                        "correct_by"]
     assert rows[1][:3] == ["synthetic_facts", "2", "2"] and rows[1][-1] == "math_equiv"
+    # The CSV's numbers are the JSON's (percent), not only its labels.
+    csv_values = [float(v) for v in rows[1][3:8]]
+    json_values = [100 * report["pass_at_k"]["1"], 100 * report["pass_at_k"]["2"], 100 * report["mean_f1"],
+                   report["tool_calls_per_question"], report["mean_response_length"]]
+    np.testing.assert_allclose(csv_values, json_values, atol=0.051)  # the CSV rounds to one decimal
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and {s["question_id"] for s in samples} == {"heldout-0", "heldout-1"}
-    # pass@1 in the JSON is the mean of the per-sample correctness the samples file records.
+    # pass@1 in the JSON is the mean of the per-sample correctness the samples file records, pass@2 the share
+    # of questions with a correct sample (n = k = 2).
     assert report["pass_at_k"]["1"] == pytest.approx(np.mean([s["correct"] for s in samples]))
+    assert report["pass_at_k"]["2"] == pytest.approx(np.mean([
+        any(s["correct"] for s in samples if s["question_id"] == qid) for qid in ("heldout-0", "heldout-1")]))
     assert report["mean_response_length"] == pytest.approx(np.mean([s["response_length"] for s in samples]))
     meta = json.loads((out / "eval_config.json").read_text())
     assert meta["step"] == STEP and meta["n"] == 2 and meta["temperature"] == 0.6 and meta["top_p"] == 0.95
     assert meta["split"] == "heldout" and meta["data_path"] is None
     assert meta["correctness"] == {"synthetic_facts": "math_equiv"} and meta["math_timeouts"] == 0
+    assert meta["questions_per_batch"] == 2 and meta["processes"] == 1  # sampled results depend on both
     # The run's tokenizer was reused, not retrained.
     assert (out / "env" / "tokenizer.model").read_bytes() == (run_dir / "tokenizer.model").read_bytes()
 
@@ -147,6 +157,21 @@ def test_cli_refuses_bad_flag_values_before_starting_anything(tmp_path, args, me
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([], r"error: dataset file for split 'train' has no rows"),
+    ([{"id": "a", "question": "q1", "answer": "x"}, {"id": "a", "question": "q2", "answer": "y"}],
+     r"error: 1 question id\(s\) occur more than once, e.g. \['a'\]"),
+])
+def test_cli_refuses_an_empty_or_duplicated_data_file_in_one_line_before_the_model(tmp_path, rows, message):
+    """Both were tracebacks; duplicates only after the model was built and the tools started."""
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    proc = run_cli("--checkpoint", "none", "--data_path", str(data), "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(message, proc.stderr.strip().splitlines()[-1]), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o" / "reports.json").exists()
 
 
 def test_cli_refuses_a_missing_checkpoint_directory_before_starting_anything(tmp_path):
