@@ -204,7 +204,9 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-6  # paper: AdamW lr 1e-6, constant
     # Counted in optimiser updates (train.ppo_epochs x mini-batches per RL step, as the schedule's whole
-    # horizon is: total_steps x updates per step), not in RL steps.
+    # horizon is: total_steps x updates per step), not in RL steps. A step that keeps fewer groups (DAPO's
+    # dynamic sampling after its resample rounds) makes fewer updates, so a decaying schedule then ends
+    # above final_lr_fraction; "constant" (the paper's) does not depend on it.
     c.optim.warmup_steps = 0
     c.optim.schedule = "constant"
     c.optim.final_lr_fraction = 0.0

@@ -111,3 +111,40 @@ def test_dapo_dynamic_sampling_drops_equal_reward_groups_and_refills(tmp_path):
     trainer.close()
     assert (record["resample_rounds"], record["kept_groups"], record["dropped_groups"]) == (rounds, kept, dropped)
     assert record["trajectories"] == kept * config.rollout.k and np.isfinite(record["loss"])
+
+
+def test_scoring_and_reference_log_probs_are_at_the_sampling_temperature(tmp_path):
+    """Every other trainer test samples at T = 1, where a scoring pass or reference model that ignored the
+    temperature would agree with the sampler anyway (at T = 0.7 they differ by up to ~0.9 nats here)."""
+    from tests.training.sampling_fixture import make_sampling_rollout, sampling_trainer
+
+    config = _config(total_steps=1)
+    config.rollout.temperature = 0.7
+    config.objective.log_kl = True  # the reference model is scored too
+    graphdef, _ = tiny_model(seed=config.seed)
+    trainer = sampling_trainer(config, tmp_path, rollout_fn=make_sampling_rollout(graphdef, temperature=0.7))
+    (record,) = trainer.train()
+    trainer.close()
+    assert record["logp_old_abs_diff"] < 1e-4  # the training forward reproduces the sampler's log-probs at T
+    assert abs(record["kl_ref_rollout"]) < 1e-4  # the reference (same initial weights) scores at T as well
+
+
+def test_mini_batch_plan_uses_each_trajectory_once_per_epoch_in_whole_groups():
+    """The plan was only checked for its mini-batch count: 5 groups of 3, 2 prompts per mini-batch, 3 epochs."""
+    from types import SimpleNamespace
+
+    plan_of = RLTrainer._mini_batch_plan
+    host = SimpleNamespace(local_mini_prompts=2, config=SimpleNamespace(train=SimpleNamespace(ppo_epochs=3)))
+    group_ids = np.repeat(np.array([4, 0, 3, 1, 2]), 3)  # the rows of each group are together, ids in any order
+    plan = plan_of(host, 5, group_ids, np.random.default_rng(7))
+    assert len(plan) == 3
+    for epoch in plan:
+        assert [len(mini) for mini in epoch] == [6, 6, 3]
+        assert sorted(np.concatenate(epoch).tolist()) == list(range(15))  # every row once
+        for mini in epoch:  # whole groups only
+            groups = set(group_ids[mini].tolist())
+            assert sorted(mini.tolist()) == np.flatnonzero(np.isin(group_ids, list(groups))).tolist()
+    orders = [tuple(np.concatenate(epoch).tolist()) for epoch in plan]
+    assert len(set(orders)) > 1  # a fresh order per epoch
+    again = plan_of(host, 5, group_ids, np.random.default_rng(7))
+    assert all(np.array_equal(a, b) for x, y in zip(plan, again) for a, b in zip(x, y))  # from the seed alone

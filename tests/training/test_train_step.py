@@ -57,18 +57,33 @@ def _assert_updates_close(new_a, new_b, old, rtol=1e-4):
         np.testing.assert_allclose(da, db, rtol=rtol, atol=rtol * scale)
 
 
-@pytest.mark.parametrize("surrogate, loss_agg", [("aepo", "token_mean"), ("gspo", "seq_mean_token_mean")])
-def test_micro_batch_accumulation_equals_full_batch(setup, surrogate, loss_agg):
+@pytest.mark.parametrize("surrogate, loss_agg, padding_rows", [
+    ("aepo", "token_mean", 0), ("gspo", "seq_mean_token_mean", 0),
+    # Dr. GRPO's constant, and two rows with no policy token (a padding row, a row whose tokens are all
+    # context): a sequence count taking them in passed the two cases above.
+    ("aepo", "seq_mean_token_sum_norm", 2), ("aepo", "seq_mean_token_mean", 2),
+])
+def test_micro_batch_accumulation_equals_full_batch(setup, surrogate, loss_agg, padding_rows):
     graphdef, params, batch, _, _ = setup
-    full_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg))
+    if padding_rows:
+        batch = {key: value.copy() for key, value in batch.items()}
+        batch["mask"][-padding_rows:] = 0.0
+    loss_max_len = 12 if loss_agg == "seq_mean_token_sum_norm" else None
+    full_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg), loss_max_len=loss_max_len)
     full, full_m = _run(make_rl_train_step(graphdef, SGD, full_cfg), params, SGD, batch)
-    micro_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg), micro_batch_size=2)
+    micro_cfg = StepConfig(loss=loss_config(surrogate, loss_agg=loss_agg), micro_batch_size=2,
+                           loss_max_len=loss_max_len)
     micro, micro_m = _run(make_rl_train_step(graphdef, SGD, micro_cfg), params, SGD, batch)
     np.testing.assert_allclose(micro_m["loss"], full_m["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(micro_m["grad_norm"], full_m["grad_norm"], rtol=1e-5)
     np.testing.assert_allclose(micro_m["clip_frac_upper"], full_m["clip_frac_upper"], rtol=1e-5, atol=1e-7)
     _assert_updates_close(micro.params, full.params, params)
     assert full_m["grad_norm"] > 0
+    if padding_rows:  # rows without a policy token change nothing: the step on the batch without them
+        real = {key: value[:-padding_rows] for key, value in batch.items()}
+        alone, alone_m = _run(make_rl_train_step(graphdef, SGD, full_cfg), params, SGD, real)
+        np.testing.assert_allclose(full_m["loss"], alone_m["loss"], rtol=1e-5, atol=1e-7)
+        _assert_updates_close(full.params, alone.params, params)
 
 
 def test_step_loss_equals_policy_loss_of_an_independent_forward(setup):
