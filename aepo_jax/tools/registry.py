@@ -55,7 +55,7 @@ class ToolRegistry:
             return done[0]
         self.abandoned_calls += 1  # a thread cannot be killed: it finishes (or not) on its own, unread
         tag = getattr(call, "tag", "?")
-        return ToolResult(f"Tool <{tag}> timed out: no result within {self.deadline_s:g} s.", False,
+        return ToolResult(inert_tags(f"Tool <{tag}> timed out: no result within {self.deadline_s:g} s."), False,
                           self.deadline_s, "timeout")
 
     def _checked(self, call: ToolCall | None) -> ToolResult:
@@ -64,8 +64,8 @@ class ToolRegistry:
         result = self._dispatch(call)
         if not isinstance(result, ToolResult) or not isinstance(result.text, str):
             text = getattr(result, "text", result)
-            return ToolResult(f"Tool <{call.tag}> failed: it returned {type(result).__name__} with "
-                              f"{type(text).__name__} text, not a ToolResult with str text.", False,
+            return ToolResult(inert_tags(f"Tool <{call.tag}> failed: it returned {type(result).__name__} with "
+                                         f"{type(text).__name__} text, not a ToolResult with str text."), False,
                               time.monotonic() - start, "failed")
         return dataclasses.replace(result, text=inert_tags(encodable_text(result.text)))
 
