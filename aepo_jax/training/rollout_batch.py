@@ -13,6 +13,7 @@ turns a selection of them into a flat or tree-packed batch; `padded` gives the
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,9 +105,10 @@ def rollout_sequences(
         if len(group) != len(group_rewards):
             raise ValueError(f"group {g}: {len(group)} trajectories but {len(group_rewards)} rewards")
         for index, (traj, reward) in enumerate(zip(group, group_rewards)):
-            if not math.isfinite(float(reward)):
-                raise ValueError(f"group {g}, trajectory {index}: reward {reward} is not a finite number (its "
-                                 "group's advantages would be NaN, and with them the update)")
+            if not math.isfinite(float(reward)):  # the step goes on: its non-finite updates are skipped, counted
+                warnings.warn(f"group {g}, trajectory {index}: reward {reward} is not a finite number; its group's "
+                              "advantages are NaN, so this step's updates are skipped (skipped_updates)",
+                              stacklevel=2)
             sequences.append(trajectory_sequence(traj))
             group_ids.append(g)
             flat_rewards.append(float(reward))
