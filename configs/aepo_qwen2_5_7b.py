@@ -66,7 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.penalty_slope = 0.05  # paper: 0.05
     c.rollout.beta = 0.5  # paper: beta = 0.5
     c.rollout.k = 16  # paper: 16
-    c.rollout.initial_rollouts = 8  # paper: m = 8
+    c.rollout.initial_rollouts = 8  # paper: m = 8 (recomputed per prompt by dynamic_budget; release: fixed)
     c.rollout.max_prompt_len = 1536  # paper: 1536
     c.rollout.max_response_len = 4096  # paper: 4096
     c.rollout.temperature = 1.0
@@ -87,7 +87,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.total_steps = 156
     c.train.ppo_epochs = 1
     c.train.mini_batch_prompts = 16  # paper PPO mini-batch 16
-    c.train.micro_batch_size = 4
+    c.train.micro_batch_size = 4  # at least one row per data x fsdp device is taken (step_config_from)
     c.train.max_seq_len = 5632  # 1536 + 4096
 
     c.optim.lr = 1e-6

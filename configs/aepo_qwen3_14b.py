@@ -85,7 +85,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.total_steps = 80
     c.train.ppo_epochs = 1  # paper: one pass over each batch
     c.train.mini_batch_prompts = 8  # paper PPO mini-batch 8
-    c.train.micro_batch_size = 2  # rows per forward/backward (memory knob; at least one per data x fsdp device)
+    # Rows per forward/backward (a memory knob; exact accumulation): the step takes at least one row per
+    # data x fsdp device (training.build.step_config_from), so on the 32-chip mesh (fsdp 8) it runs 8.
+    c.train.micro_batch_size = 2
     c.train.max_seq_len = 8192  # 2000 prompt + 6192 response
 
     c.optim.lr = 1e-6  # paper

@@ -133,6 +133,8 @@ def get_base_config(algorithm: str = "aepo") -> ml_collections.ConfigDict:
     # Modules every python sandbox worker imports before it gets code (e.g. ("numpy", "sympy")): a call that
     # imports them then takes milliseconds instead of most of a second, for ~43 MiB more per idle worker.
     c.rollout.python_preload = ()
+    # Spec §4: 1000 characters per search hit (each passage); the same cap is the whole result of a python
+    # or browse call (their classes' own defaults are 2000 / 3000; the spec gives none for them).
     c.rollout.max_result_chars = 1000
     c.rollout.search_topk = 2  # passages per search call
     # <browse> reads a corpus document by id from the search server; True also fetches http(s) URLs (internet).
