@@ -276,7 +276,9 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
         pretrained = (graphdef, params)
     else:
         tokenizer = tokenizer_from(cfg, workdir, texts)
-    tools, closers = tools_from(cfg, corpus_path)
+    # A tool's text must not become one of the tokenizer's control ids (SmolLM2's `<filename>`, ...).
+    control_tokens = getattr(tokenizer, "text_control_tokens", None)
+    tools, closers = tools_from(cfg, corpus_path, control_tokens() if control_tokens else ())
     if judge is not None:
         closers.append(judge.close)
     if prompt.system_prompt == DEFAULT_SYSTEM_PROMPT:  # offer the tools this run has, and no other

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
@@ -59,14 +59,16 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
     return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
 
 
-def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple[Any, list[Callable[[], None]]]:
+def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None, inert_tokens: Sequence[str] = ()
+               ) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
     else none) with browse over the same server, and the python sandbox, with the config's timeout, result size and search top-k.
     `rollout.tool_latency_ms` > 0 makes the started search server and the sandbox answer no sooner
     than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
     `rollout.tool_concurrency` is how many calls the registry runs at once (and sizes the python pool,
     `python_pool_size`); `rollout.python_preload` (default none) names modules every python worker imports
-    before it gets code. Search and browse end by `rollout.tool_timeout_s`, retries included."""
+    before it gets code. Search and browse end by `rollout.tool_timeout_s`, retries included. `inert_tokens`:
+    the policy tokenizer's added-token strings, made inert in every result (`ToolRegistry`)."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         BrowseTool,
@@ -109,7 +111,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None) -> tuple
     # DETERMINISTIC_WALL_FACTOR x the timeout, which a deadline of timeout + grace cut short.
     longest_s = max(float(cfg.rollout.tool_timeout_s), float(limits.wall_seconds)) + latency_ms / 1000.0
     registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)),
-                            deadline_s=longest_s + DEADLINE_GRACE_S)
+                            deadline_s=longest_s + DEADLINE_GRACE_S, inert_tokens=inert_tokens)
     closers.append(registry.close)
     return registry, closers
 

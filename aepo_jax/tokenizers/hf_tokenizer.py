@@ -157,6 +157,12 @@ class HFTokenizer:
                 raise ValueError("text contains lone surrogate code points, which no tokenizer can encode") from None
             raise
 
+    def text_control_tokens(self) -> tuple[str, ...]:
+        """The strings `encode` turns into an added token's id wherever they stand in a text (control tokens
+        such as `<|im_end|>` and SmolLM2's `<filename>`, added ones such as Qwen's `<tool_response>`): what a
+        tool's result must not hold as such (`tools.base.inert_tags`)."""
+        return tuple(sorted({token.content for token in self.backend.get_added_tokens_decoder().values()}))
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens included as their strings."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)

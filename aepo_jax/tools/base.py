@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+from collections.abc import Sequence
 from typing import Protocol
 
 from aepo_jax.agent.tags import AGENT_SPECIAL_TOKENS
@@ -44,18 +46,29 @@ CONTROL_TOKEN_OPENING = "<|"
 _AGENT_TAG = re.compile("|".join(re.escape(tag) for tag in (*AGENT_SPECIAL_TOKENS, CONTROL_TOKEN_OPENING)))
 
 
-def inert_tags(text: str) -> str:
+@functools.lru_cache(maxsize=16)
+def _inert_pattern(tokens: tuple[str, ...]) -> re.Pattern:
+    """The agent tags, `<|` and those of `tokens` that open with `<`, longest first."""
+    extra = sorted({token for token in tokens if token.startswith("<") and len(token) > 1}, key=len, reverse=True)
+    if not extra:
+        return _AGENT_TAG
+    return re.compile("|".join([*(re.escape(token) for token in extra), _AGENT_TAG.pattern]))
+
+
+def inert_tags(text: str, tokens: Sequence[str] = ()) -> str:
     """`text` with every agent tag (`</result>`, `<answer>`, ...) written `&lt;/result>`, `&lt;answer>`,
-    and every control-token opening `<|` written `&lt;|`.
+    every control-token opening `<|` written `&lt;|`, and each of `tokens` that opens with `<` (the
+    tokenizer's own added tokens, `text_control_tokens`: SmolLM2's `<filename>`, Qwen's `<tool_response>`)
+    written `&lt;...` too.
 
     A tool's text sits inside the loop's `<result>` block: a `</result>` in a web page or in
     printed output would end the block early, and what followed would read as the model's
     own text: a correct trajectory fails the format check, and an `<answer>` the tool printed
     is graded as the model's answer. A Hugging Face tokenizer encodes a control token's string
     (`<|im_end|>`, `<|endoftext|>`) as its control id wherever it stands, which would put an
-    end of turn, or the pad id, in the middle of the context.
+    end of turn, or the pad id, in the middle of the context; so does any other added token's string.
     """
-    return _AGENT_TAG.sub(lambda match: "&lt;" + match.group(0)[1:], text)
+    return _inert_pattern(tuple(tokens)).sub(lambda match: "&lt;" + match.group(0)[1:], text)
 
 
 def truncate(text: str, max_chars: int) -> str:

@@ -23,10 +23,12 @@ class ToolRegistry:
       tools: tag -> tool.
       max_workers: threads for `run_many`: the most calls in flight at once. With slow tools
         this caps tool throughput (max_workers / latency calls per second) under every schedule.
+      inert_tokens: the policy tokenizer's added-token strings (`text_control_tokens`), made inert in
+        every result as the agent tags are (`inert_tags`): a tool's text must not become a control id.
     """
 
     def __init__(self, tools: Mapping[str, Tool], max_workers: int = DEFAULT_MAX_WORKERS,
-                 deadline_s: float | None = None):
+                 deadline_s: float | None = None, inert_tokens: Sequence[str] = ()):
         if int(max_workers) < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         if deadline_s is not None and not deadline_s > 0:
@@ -34,6 +36,7 @@ class ToolRegistry:
         self.tools = dict(tools)
         self.max_workers = max_workers
         self.deadline_s = deadline_s
+        self.inert_tokens = tuple(inert_tokens)
         self.abandoned_calls = 0  # calls past `deadline_s`, left running on their own thread
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
 
@@ -43,7 +46,7 @@ class ToolRegistry:
 
         The text is made safe here, for every tool at once: encodable (a lone surrogate, see
         `encodable_text`, would make the tokenizer raise when the loop appends it) and with its
-        agent tags inert (`inert_tags`).
+        agent tags and the tokenizer's added tokens inert (`inert_tags`).
         """
         if self.deadline_s is None:
             return self._checked(call)
@@ -55,8 +58,8 @@ class ToolRegistry:
             return done[0]
         self.abandoned_calls += 1  # a thread cannot be killed: it finishes (or not) on its own, unread
         tag = getattr(call, "tag", "?")
-        return ToolResult(inert_tags(f"Tool <{tag}> timed out: no result within {self.deadline_s:g} s."), False,
-                          self.deadline_s, "timeout")
+        text = f"Tool <{tag}> timed out: no result within {self.deadline_s:g} s."
+        return ToolResult(inert_tags(text, self.inert_tokens), False, self.deadline_s, "timeout")
 
     def _checked(self, call: ToolCall | None) -> ToolResult:
         """`_dispatch`'s result with safe text, or a failed result when the tool returned something else."""
@@ -65,9 +68,9 @@ class ToolRegistry:
         if not isinstance(result, ToolResult) or not isinstance(result.text, str):
             text = getattr(result, "text", result)
             return ToolResult(inert_tags(f"Tool <{call.tag}> failed: it returned {type(result).__name__} with "
-                                         f"{type(text).__name__} text, not a ToolResult with str text."), False,
+                                         f"{type(text).__name__} text, not a ToolResult with str text.", self.inert_tokens), False,
                               time.monotonic() - start, "failed")
-        return dataclasses.replace(result, text=inert_tags(encodable_text(result.text)))
+        return dataclasses.replace(result, text=inert_tags(encodable_text(result.text), self.inert_tokens))
 
     def _dispatch(self, call: ToolCall | None) -> ToolResult:
         """The tool's own result, or one saying why there is none."""

@@ -46,6 +46,7 @@ def _pipeline_checks(workdir: str) -> None:
         tag_ids = [tok.encode(tag) for tag in AGENT_SPECIAL_TOKENS]
         assert all(len(ids) == 1 and ids[0] >= 49152 for ids in tag_ids)
         assert tok.vocab_size == 49152 + len(AGENT_SPECIAL_TOKENS)
+        assert {"<filename>", "<file_sep>"} <= set(demo.tools.inert_tokens)  # the tools get the control tokens
         prompt = demo.encode_prompt({"question": demo.task.train[0].question})
         assert tok.decode(prompt).startswith("<|im_start|>system")
         _, params = demo.pretrained
