@@ -246,8 +246,7 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
 
         if not os.path.isfile(cfg.data.path):
             raise FileNotFoundError(f"data.path={cfg.data.path!r}: no such file (a JSONL of questions)")
-        examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"),
-                                       layout=cfg.data.get("layout", "auto"))
+        examples = load_local_examples(cfg.data.path, os.path.join(workdir, "tfds"), layout=cfg.data.get("layout", "auto"))
         corpus_path = cfg.data.get("corpus_path") or None
     elif cfg.data.name == "synthetic_facts":
         from aepo_jax.envs.synthetic_facts import build_env
@@ -276,9 +275,7 @@ def environment_from(cfg: ml_collections.ConfigDict, workdir: str) -> Environmen
         pretrained = (graphdef, params)
     else:
         tokenizer = tokenizer_from(cfg, workdir, texts)
-    # A tool's text must not become one of the tokenizer's control ids (SmolLM2's `<filename>`, ...).
-    control_tokens = getattr(tokenizer, "text_control_tokens", None)
-    tools, closers = tools_from(cfg, corpus_path, control_tokens() if control_tokens else ())
+    tools, closers = tools_from(cfg, corpus_path, tokenizer)
     if judge is not None:
         closers.append(judge.close)
     if prompt.system_prompt == DEFAULT_SYSTEM_PROMPT:  # offer the tools this run has, and no other
@@ -489,8 +486,7 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, env: Environment, graphdef: 
 
     e = cfg.eval
     common = {"temperature": float(e.temperature), "top_p": float(e.get("top_p", 1.0)), "seed": seed,
-              "reward": cfg.reward.name,
-              "questions_per_batch": max(1, int(e.batch_questions))}
+              "reward": cfg.reward.name, "questions_per_batch": max(1, int(e.batch_questions))}
     parts = {"graphdef": graphdef, "params": params, "tokenizer": env.tokenizer, "tools": env.tools,
              "encode_prompt": env.encode_prompt, "judge": env.judge}
     result = evaluate(list(examples), config=eval_config_from(cfg, n=int(e.samples), **common), progress=progress,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
@@ -59,7 +59,7 @@ def sandbox_limits(cfg: ml_collections.ConfigDict) -> Any:
     return SandboxLimits(wall_seconds=DETERMINISTIC_WALL_FACTOR * seconds, cpu_seconds=max(1, math.ceil(seconds)))
 
 
-def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None, inert_tokens: Sequence[str] = ()
+def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None, tokenizer: Any = None
                ) -> tuple[Any, list[Callable[[], None]]]:
     """(tool registry, closers): search (`data.search_url`, else a server started over `corpus_path`,
     else none) with browse over the same server, and the python sandbox, with the config's timeout, result size and search top-k.
@@ -67,8 +67,9 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None, inert_to
     than that (benchmarks of tool latency; an external `data.search_url` keeps its own).
     `rollout.tool_concurrency` is how many calls the registry runs at once (and sizes the python pool,
     `python_pool_size`); `rollout.python_preload` (default none) names modules every python worker imports
-    before it gets code. Search and browse end by `rollout.tool_timeout_s`, retries included. `inert_tokens`:
-    the policy tokenizer's added-token strings, made inert in every result (`ToolRegistry`)."""
+    before it gets code. Search and browse end by `rollout.tool_timeout_s`, retries included. `tokenizer`:
+    the policy's; its added-token strings (`text_control_tokens`, where it has them) are made inert in every
+    result (`ToolRegistry`), so a tool's text never becomes a control id (SmolLM2's `<filename>`, ...)."""
     from aepo_jax.servers.process import start_search_server
     from aepo_jax.tools import (
         BrowseTool,
@@ -111,7 +112,7 @@ def tools_from(cfg: ml_collections.ConfigDict, corpus_path: str | None, inert_to
     # DETERMINISTIC_WALL_FACTOR x the timeout, which a deadline of timeout + grace cut short.
     longest_s = max(float(cfg.rollout.tool_timeout_s), float(limits.wall_seconds)) + latency_ms / 1000.0
     registry = ToolRegistry(tools, max_workers=int(cfg.rollout.get("tool_concurrency", DEFAULT_MAX_WORKERS)),
-                            deadline_s=longest_s + DEADLINE_GRACE_S, inert_tokens=inert_tokens)
+                            deadline_s=longest_s + DEADLINE_GRACE_S, inert_tokens=inert_tokens(tokenizer))
     closers.append(registry.close)
     return registry, closers
 
@@ -140,3 +141,10 @@ def judge_from(cfg: ml_collections.ConfigDict) -> Any:
                          "should hold the judge's API key is not set")
     return LLMJudgeClient(url, model, api_key=api_key,
                           max_tokens=int(r.get("judge_max_tokens", DEFAULT_MAX_TOKENS)))
+
+
+def inert_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's added-token strings (`HFTokenizer.text_control_tokens`); none for one without them
+    (SentencePiece keeps typed special tokens as text)."""
+    control_tokens = getattr(tokenizer, "text_control_tokens", None)
+    return tuple(control_tokens()) if control_tokens is not None else ()
