@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -17,7 +18,6 @@ from aepo_jax.experiment import (
     parameter_count,
     save_run_files,
 )
-from aepo_jax.experiment_checks import require_mesh_fits_model
 
 
 class SFTDataError(ValueError):
@@ -118,11 +118,16 @@ def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: 
     from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
 
     records = sft_records_from(cfg, env) if records is None else records
+    batches = SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed))
+    if jax.process_count() > 1:  # each process made its own records (scripted ones ran the tools on its host)
+        from aepo_jax.parallel.agreement import require_agreement
+
+        require_agreement({"SFT records": batches.records_digest})
+    mesh = make_mesh_from(cfg)  # one mesh: the weights are read onto it and the trainer runs on it
     if graphdef is None:
-        require_mesh_fits_model(cfg, env, make_mesh_from(cfg))  # the trainer's mesh, before any weight is read
-        graphdef, params = model_from(cfg, env)
-    return SFTTrainer(cfg, workdir, batches=SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed)),
-                      graphdef=graphdef, params=params, pad_id=int(env.tokenizer.pad_id), process_index=process_index)
+        graphdef, params = model_from(cfg, env, mesh)  # refuses a mesh that cannot split the heads first
+    return SFTTrainer(cfg, workdir, batches=batches, graphdef=graphdef, params=params,
+                      pad_id=int(env.tokenizer.pad_id), process_index=process_index, mesh=mesh)
 
 
 def train_sft(cfg: ml_collections.ConfigDict, env: Environment, env_dir: str, run_dir: str, progress: bool = True,
@@ -137,7 +142,9 @@ def train_sft(cfg: ml_collections.ConfigDict, env: Environment, env_dir: str, ru
     t0 = time.perf_counter()
     records = sft_records_from(sft_cfg, env)
     log(f"  {len(records)} scripted trajectories executed with the real tools in {time.perf_counter() - t0:.1f}s")
-    graphdef, params = model_from(sft_cfg, env)
+    from aepo_jax.training.build import make_mesh_from
+
+    graphdef, params = model_from(sft_cfg, env, make_mesh_from(sft_cfg))  # on the trainer's mesh
     log(f"  model: {parameter_count(params):,} parameters, vocabulary {env.tokenizer.vocab_size}")
     save_run_files(sft_cfg, run_dir, env, env_dir)
     trainer = sft_trainer_from(sft_cfg, env, run_dir, graphdef, params, records=records)

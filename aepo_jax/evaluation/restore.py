@@ -79,7 +79,7 @@ def restore_policy_params(
 ) -> tuple[nnx.GraphDef, Any, int]:
     """(graphdef, float32 params, step) from the trainer checkpoint at `location`: only the parameters
     are read, each onto its shards of `mesh` (as the trainer places them), or whole onto `device`
-    (default: the first) without a mesh.
+    (default: this process's first) without a mesh.
 
     Raises:
       FileNotFoundError: no complete step in the directory.
@@ -89,7 +89,7 @@ def restore_policy_params(
     if mesh is not None:
         shardings = state_shardings(abstract_params, mesh)
     else:
-        single = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+        single = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])  # this process's own
         shardings = jax.tree.map(lambda _: single, abstract_params)
     checkpointer = Checkpointer(location.manager_dir, async_save=False)
     try:

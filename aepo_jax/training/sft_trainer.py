@@ -225,7 +225,8 @@ class SFTTrainer(CheckpointedTrainer):
     progress_name = "sft"
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, batches: SequenceBatches,
-                 graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0):
+                 graphdef: Any = None, params: Any = None, pad_id: int = 0, process_index: int = 0,
+                 mesh: jax.sharding.Mesh | None = None):
         from aepo_jax.training.build import preset_from
 
         require_micro_batch_size(config)
@@ -237,7 +238,7 @@ class SFTTrainer(CheckpointedTrainer):
                              f"train.max_seq_len={max_len} (longest {longest} tokens, record {too_long[0]} first); "
                              f"raise --config.train.max_seq_len or shorten the records")
         self.config, self.batches, self.pad_id = config, batches, pad_id
-        self.run: RunParts = build_run(config, graphdef, params)
+        self.run: RunParts = build_run(config, graphdef, params, mesh=mesh)  # default: the config's mesh
         self.state = self.run.state
         self.row_multiple = row_multiple(config.train.micro_batch_size, self.run.mesh)
         step_cfg = step_config_from(config, preset_from(config), self.run.mesh)

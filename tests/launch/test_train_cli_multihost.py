@@ -137,3 +137,24 @@ def test_one_process_failing_ends_every_process_at_once_with_its_reason(tmp_path
             and f"(process {healthy} stops too)" in errors[healthy]), errors[healthy][-3000:]
     assert "Check failure stack trace" not in errors[0] + errors[1]  # no process lost the service first
     assert time.monotonic() - start < 200  # not the 300 s shutdown barrier
+
+
+SFT_RUN = ["-m", "launch.sft", "--config", "configs/aepo_tiny.py", "--config.data.num_examples=16",
+           "--config.train.max_seq_len=1024", "--config.checkpoint.async_save=False",
+           '--config.mesh.shape={"data": -1, "fsdp": 2, "tensor": 2}', "--config.sft.num_sequences=8",
+           "--config.sft.batch_size=8", "--config.sft.steps=1", "--config.train.micro_batch_size=4",
+           "--config.log.progress_bar=false", "--config.log.tensorboard=false"]
+
+
+@pytest.mark.slow  # a one-process and a two-process SFT launch
+def test_two_process_sft_starts_from_an_init_checkpoint_on_every_host(tmp_path):
+    """`launch.sft` with `model.init_checkpoint` read the checkpoint onto `jax.devices()[0]` (no mesh),
+    which on the second host is another host's device: it failed there ("does not fit the model"). Now
+    the weights are read onto the trainer's mesh, and both hosts train from them."""
+    first = tmp_path / "first"
+    outputs(start_processes([*SFT_RUN, "--workdir", str(first)], 1, 4), TIMEOUT_S)
+    second = tmp_path / "second"
+    outputs(start_processes([*SFT_RUN, f"--config.model.init_checkpoint={first}", "--workdir", str(second)], 2, 4),
+            TIMEOUT_S)
+    assert [r["step"] for r in read_metrics(str(second / "metrics.jsonl"))] == [1]
+    assert os.listdir(second / "checkpoints") == ["1"]

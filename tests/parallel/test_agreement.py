@@ -34,3 +34,25 @@ def test_every_process_must_see_the_step_process_0_resumes_from():
     with pytest.raises(ValueError, match=r"process 0 resumes from step 3 of /ckpt, but processes \[1\] do not see "
                                          r"that step complete \(their newest: \{1: 2\}\)"):
         agree_on_latest_step([[1, 2, 3], [1, 2]], "/ckpt")
+
+
+def test_sft_records_made_differently_on_another_process_are_refused(monkeypatch):
+    """Each process makes its own SFT records (scripted ones run the real tools on its own host), and each
+    pads and places the global batch from its own: records that differ between hosts trained on rows the
+    hosts did not agree on. Here the second process's view of the records (gathered) is another record
+    list's digest."""
+    import jax
+
+    from aepo_jax.experiment_sft import sft_config_from, sft_trainer_from
+    from aepo_jax.parallel import multihost
+    from aepo_jax.training.sft_trainer import SequenceBatches
+    from configs.aepo_tiny import get_config
+
+    cfg = sft_config_from(get_config())
+    cfg.sft.batch_size = 2
+    mine = [{"tokens": [1, 2, 3], "mask": [0, 1, 1]}, {"tokens": [4, 5], "mask": [0, 1]}]
+    theirs = SequenceBatches([mine[0], {"tokens": [4, 6], "mask": [0, 1]}], int(cfg.sft.batch_size), int(cfg.seed))
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost, "gather_objects", lambda obj: [obj, {"SFT records": theirs.records_digest}])
+    with pytest.raises(ValueError, match="the processes of this run hold different SFT records"):
+        sft_trainer_from(cfg, None, "/nonexistent", records=mine)
