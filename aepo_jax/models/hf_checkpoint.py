@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -261,8 +262,14 @@ def model_from_hf_tensors(
     param_dtype = dtype if param_dtype is None else param_dtype
     run_time = {k: v for k, v in (("remat", remat), ("attention", attention)) if v is not None}
     config = config.replace(dtype=dtype, param_dtype=param_dtype, **run_time)
-    _check_tensors(config, tensors, source)
     model = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    if mesh is not None:
+        from aepo_jax.parallel.sharding import state_shardings
+
+        # A dimension the mesh cannot split (a 64-wide embed over fsdp=3) leaves its parameters replicated:
+        # warned here (UnsplitAxisWarning), before any tensor is read, not after the model has been placed.
+        state_shardings(nnx.state(model), mesh)
+    _check_tensors(config, tensors, source)
     for path, entries in _grouped_layout(config).items():
         param = _param_at(model, path)
         host = _host_value(param, entries, tensors, source)
@@ -277,11 +284,24 @@ def model_from_hf_tensors(
     return model
 
 
+def _whole_on_host(value: jax.Array) -> np.ndarray:
+    """`value` whole, as a host array: gathered from the other processes when they hold some of its shards
+    (a collective then: every process calls it, in the same order)."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(value))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 def hf_tensors_from_model(model: Decoder) -> dict[str, np.ndarray]:
-    """HF-named, HF-layout host copies of every weight (the inverse of `model_from_hf_tensors`)."""
+    """HF-named, HF-layout host copies of every weight (the inverse of `model_from_hf_tensors`).
+
+    A model sharded over several processes is gathered: every process must call this, and each gets the
+    whole model on its host."""
     tensors = {}
     for path, entries in _grouped_layout(model.config).items():
-        value = np.asarray(jax.device_get(_param_at(model, path)[...]))
+        value = _whole_on_host(_param_at(model, path)[...])
         for name, _, in_axes, layer in entries:
             tensors[name] = _to_hf(value if layer is None else value[layer], in_axes)
     return tensors
@@ -448,7 +468,8 @@ def load_hf_checkpoint(
 def save_hf_checkpoint(model: Decoder, path: str | Path, *, bos_id: int | None = None,
                        eos_ids: Sequence[int] = ()) -> None:
     """Writes `config.json`, `generation_config.json` and `model.safetensors` that
-    `transformers.AutoModelForCausalLM` loads.
+    `transformers.AutoModelForCausalLM` loads. A model sharded over several processes is gathered
+    (every process calls this) and written by the first process only.
 
     Args:
       bos_id / eos_ids: the tokenizer's BOS id and the ids that end a generation (`eos_ids` of the
@@ -461,8 +482,24 @@ def save_hf_checkpoint(model: Decoder, path: str | Path, *, bos_id: int | None =
     if bad:
         raise ValueError(f"special token ids {bad} are outside the model's {model.config.vocab_size} ids")
     special = {"bos_token_id": bos_id, "eos_token_id": (eos[0] if len(eos) == 1 else eos) or None}
+    tensors = hf_tensors_from_model(model)  # every process takes part when the model spans several
+    if jax.process_index() != 0:
+        return
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**config_to_hf(model.config), **special}, indent=2) + "\n")
-    (directory / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
-    save_file(hf_tensors_from_model(model), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    # Each file is written beside its name and renamed into place, config.json last: a save cut short
+    # leaves no half-written file, and without config.json the folder is not taken for a checkpoint.
+    _write_atomically(directory / "model.safetensors", lambda f: save_file(tensors, f, metadata={"format": "pt"}))
+    for name, content in (("generation_config.json", special), ("config.json", {**config_to_hf(model.config),
+                                                                               **special})):
+        _write_atomically(directory / name, lambda f, c=content: Path(f).write_text(json.dumps(c, indent=2) + "\n"))
+
+
+def _write_atomically(target: Path, write: Callable[[str], None]) -> None:
+    """`write(a temporary path)`, then the temporary renamed to `target` (the same folder, so one rename)."""
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        write(str(partial))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)

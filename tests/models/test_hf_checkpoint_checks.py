@@ -140,3 +140,92 @@ def test_host_memory_peaks_near_one_copy_of_the_largest_parameter(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 1.5 * largest, f"host peak {peak / largest:.2f}x the largest parameter"
+
+
+def test_a_mesh_that_cannot_split_the_weights_is_warned_before_any_tensor_is_read(tmp_path):
+    """fsdp=3 cannot split the 64-wide embedding: the loader placed every weight replicated and the
+    `UnsplitAxisWarning` came only later, from the trainer's state. It now comes before the first read."""
+    import jax
+
+    from aepo_jax.parallel import make_mesh
+    from aepo_jax.parallel.sharding import UnsplitAxisWarning
+
+    weights = _save_untied_llama(tmp_path)
+    tensors = load_file(weights)
+
+    class Unread(dict):  # the checkpoint's tensors; reading any of them stops the load
+        def __getitem__(self, name):
+            raise LookupError(f"read {name}")
+
+    from aepo_jax.models import model_from_hf_tensors
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+
+    config = checkpoint_config(tmp_path)
+    assert config.d_model % 3 != 0
+    mesh = make_mesh({"fsdp": 3}, devices=jax.devices()[:3])
+    with pytest.warns(UnsplitAxisWarning, match="fsdp"), pytest.raises(LookupError, match="read "):
+        model_from_hf_tensors(config, Unread(tensors), mesh=mesh)
+
+
+_SAVE_ON_TWO_PROCESSES = """
+import sys
+
+import jax
+import numpy as np
+from flax import nnx
+
+from aepo_jax.models import Decoder, ModelConfig, save_hf_checkpoint
+from aepo_jax.parallel import make_mesh
+from aepo_jax.parallel.distributed import maybe_initialize_distributed
+from aepo_jax.parallel.sharding import state_shardings
+
+maybe_initialize_distributed()
+config = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+mesh = make_mesh({"data": 1, "fsdp": 4, "tensor": 2})  # 8 devices, 4 on each process: fsdp spans both
+graphdef, state = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))  # on this process's first device
+sharded = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+                       state, state_shardings(state, mesh))
+model = nnx.merge(graphdef, sharded)
+try:  # no process holds the whole of a weight
+    np.asarray(model.layers.mlp.gate[...])
+    raise SystemExit("the gate weight is whole on one process: nothing to gather")
+except RuntimeError as err:
+    assert "non-addressable" in str(err)
+save_hf_checkpoint(model, sys.argv[1], bos_id=1, eos_ids=[2])
+print("SAVED", jax.process_index())
+"""
+
+
+def test_a_model_sharded_over_two_processes_is_saved_whole_by_the_first(tmp_path):
+    """`save_hf_checkpoint` read every weight with `jax.device_get`, which cannot fetch another process's
+    shards: on several hosts it failed. Now the weights are gathered and the first process writes them."""
+    from tests.training.local_cluster import outputs, start_processes
+
+    out = tmp_path / "hf"
+    texts = outputs(start_processes(["-c", _SAVE_ON_TWO_PROCESSES, str(out)], 2, 4), 300)
+    assert [t.split()[-2:] for t in texts] == [["SAVED", "0"], ["SAVED", "1"]]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    config = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+    expected = hf_tensors_from_model(Decoder(config, rngs=nnx.Rngs(0)))  # the same seeded model, one process
+    saved = load_file(out / "model.safetensors")
+    assert sorted(saved) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+
+
+def test_a_save_cut_short_leaves_no_file_that_looks_like_a_checkpoint(tmp_path, monkeypatch):
+    """config.json was written first and model.safetensors in place: a save that failed part way (disk
+    full, killed) left a config beside a half-written weights file. Now each file is renamed into place
+    when whole, config.json last."""
+    from aepo_jax.models import hf_checkpoint
+
+    def fails_half_way(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf_checkpoint, "save_file", fails_half_way)
+    config = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+    with pytest.raises(OSError, match="No space left"):
+        hf_checkpoint.save_hf_checkpoint(Decoder(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
+    assert list((tmp_path / "hf").iterdir()) == []
