@@ -344,6 +344,7 @@ class Checkpointer:
         """Only the `params` of the `TrainState` saved at `step`, shaped like `target` (checked against the
         saved shapes) and placed by `shardings`. The optimiser state is never read: evaluating a run needs
         neither its memory (twice the parameters' with Adam) nor the run's optimiser settings."""
+        self._require_committed(int(step))
         item = {"params": abstract_like(target, shardings)}
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item)
@@ -354,6 +355,17 @@ class Checkpointer:
                                       args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
                                                                   partial_restore=True))
         return restored["params"]
+
+    def _require_committed(self, step: int) -> None:
+        """A FileNotFoundError unless `step` is a complete save. Reading a step's item by its folder (as
+        `restore_params` does) bypasses the manager's check: a save cut short was read as good, its
+        missing chunks as fill values."""
+        complete, uncommitted = step_folders(self.directory)
+        if step in complete:
+            return
+        what = (f"was never completed (no {COMMIT_FILE_NAME}: a save cut short, or still being written)"
+                if step in uncommitted else "does not exist")
+        raise FileNotFoundError(f"checkpoint {self.directory}/{step} {what}; complete steps: {complete or 'none'}")
 
     def has_rollout_params(self, step: int) -> bool:
         """Whether `step` holds a `rollout_params` item (saved by a run that rolls out ahead)."""

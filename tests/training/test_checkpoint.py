@@ -378,3 +378,21 @@ def test_reading_only_the_params_of_a_damaged_step_names_it_too(tmp_path):
                                                          r"steps: \[1\]"):
             ckpt.restore_params(state["params"], step=2)
         np.testing.assert_array_equal(ckpt.restore_params(state["params"], step=1)["w"], state["params"]["w"])
+
+
+def test_reading_only_the_params_of_an_uncommitted_step_is_refused(tmp_path):
+    """`restore_params` opened the step's folder directly, past the manager's commit check: evaluating
+    `.../checkpoints/2` of a save cut short (no commit file) read its values as a finished step's."""
+    directory = str(tmp_path / "ckpt")
+    state = {"params": {"w": jnp.arange(16, dtype=jnp.float32).reshape(4, 4)}, "step": jnp.int32(0)}
+    with Checkpointer(directory, async_save=False) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, {**state, "step": jnp.int32(step)}, {"next_index": step})
+    os.remove(os.path.join(directory, "2", COMMIT_FILE_NAME))
+    with Checkpointer(directory) as ckpt:
+        with pytest.raises(FileNotFoundError, match=rf"checkpoint {directory}/2 was never completed .*complete "
+                                                    r"steps: \[1\]"):
+            ckpt.restore_params(state["params"], step=2)
+        with pytest.raises(FileNotFoundError, match=rf"checkpoint {directory}/7 does not exist"):
+            ckpt.restore_params(state["params"], step=7)
+        np.testing.assert_array_equal(ckpt.restore_params(state["params"], step=1)["w"], state["params"]["w"])
