@@ -42,13 +42,15 @@ def child_env(devices: int = 1, **overrides: str) -> dict[str, str]:
 CHILD_TEST_ENV = "AEPO_TEST_IN_CHILD"  # set to a test's node id in the process that runs it alone
 
 
-def ran_in_child_process(test_file: str, test_name: str, timeout_s: float = 900, retries_on_signal: int = 1) -> bool:
+def ran_in_child_process(test_file: str, test_name: str, timeout_s: float = 900, retries_on_signal: int = 1,
+                         xla_flags: str = "") -> bool:
     """Run one test alone in a fresh pytest process and assert it passed; True in the calling process (its
     test is done), False in that child (which runs the body). A child killed by a signal is run once more
     (`retries_on_signal`), with a warning: XLA:CPU segfaulted a suite worker twice inside this repository's
     `test_validation` evaluation (compile and executable serialisation), never reproduced alone; a fresh
     process keeps that test apart from what earlier tests left in the worker, and a crash in it from
-    taking the worker (and with it the run) down."""
+    taking the worker (and with it the run) down. `xla_flags` are added to the child's XLA_FLAGS (XLA reads
+    them once per process)."""
     import subprocess
     import sys
     import warnings
@@ -56,10 +58,12 @@ def ran_in_child_process(test_file: str, test_name: str, timeout_s: float = 900,
     node = f"{test_file}::{test_name}"
     if os.environ.get(CHILD_TEST_ENV) == node:
         return False
+    env = dict(os.environ, **{CHILD_TEST_ENV: node})
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     for attempt in range(1 + retries_on_signal):
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", node],
-                             check=False, env=dict(os.environ, **{CHILD_TEST_ENV: node}), capture_output=True,
-                             text=True, timeout=timeout_s)
+                             check=False, env=env, capture_output=True, text=True, timeout=timeout_s)
         if out.returncode >= 0 or attempt == retries_on_signal:
             break
         warnings.warn(f"{node} died of signal {-out.returncode} in its own process; running it again:\n"
