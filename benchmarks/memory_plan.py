@@ -1,17 +1,17 @@
 """Per-device memory of the real train step and scoring pass, compiled ahead of time for a TPU slice.
 
-For each paper config this builds the programs training runs (the flat RL
-train step of `make_rl_train_step`, the tree-packed one of
-`make_train_step_for_pack` with one packed row and two flat rows per device,
-and the scorer of `make_logprob_fn`, all
+For each paper config this builds the programs training runs (the tree-packed
+step and scorer of `make_train_step_for_pack` / `make_logprob_fn_for_pack`,
+which `train.pack="tree"` runs, at the largest mini-batch the trainer can hand
+them, `tree_batch_shape`; the flat step of `make_rl_train_step` and scorer of
+`make_logprob_fn`, `pack="flat"`, at a whole mini-batch; all
 from the config through `aepo_jax.training.build`) over abstract parameters
 (`nnx.eval_shape`) and `ShapeDtypeStruct` batches that carry the mesh
 shardings of the logical-axis rules, compiles them for a simulated TPU v5p
 topology (`jax.experimental.topologies`, needs the `libtpu` wheel; no TPU
 is touched) and prints what the TPU compiler plans per device:
 `compiled.memory_analysis()` argument, temporary and total bytes against the
-chip's HBM, and the compile seconds. One micro-batch = one row of
-`train.max_seq_len` tokens per data-parallel device. It also plans the rollout
+chip's HBM, and the compile seconds. It also plans the rollout
 sampler's programs at the config's rollout shape (`build_sampler_programs`; on
 weight replicas, as `parallel.host_rollout` runs them with several hosts or
 fsdp > 1, on one host's rollout mesh with that host's rows) and the
@@ -28,7 +28,6 @@ TPU plan (the smoke test uses it).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import math
@@ -50,10 +49,7 @@ SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode", "sampler_decode_rows", 
 # The program that copies the trainer's parameters to every host's rollout mesh (`parallel.host_rollout`);
 # planned only where the rollout samples on replicas.
 COPY_PROGRAM = "rollout_params_copy"
-PROGRAMS = ("train_step", "tree_train_step", "score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
-# Flat rows a tree micro-batch scores per packed row (`tree_train_step`): a cut part of a group holds a
-# row of distinct tokens, which can be two sequences (`training.packing.groups_that_fit`).
-TREE_FLAT_ROWS_PER_ROW = 2
+PROGRAMS = ("train_step", "tree_train_step", "score", "tree_score", *SAMPLER_PROGRAMS, COPY_PROGRAM)
 # (config, topology, programs) of `make memory-plan`: every program on 32 chips, and the samplers and the
 # copy on the 64-chip slice as well. On a slice of several hosts the samplers are planned per host (one
 # host's rollout mesh and share of the rows: docs/scaling.md, "Rollouts per host").
@@ -103,8 +99,42 @@ def abstract_batch(cfg: Any, rows: int, mesh: Any) -> dict[str, jax.ShapeDtypeSt
             for key, value in host.items()}
 
 
-def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[Any, tuple[Any, ...]]]:
-    """{"train_step": (jitted, abstract args), "score": ...} for `cfg` on `mesh`, from the real builders."""
+def tree_batch_shape(cfg: Any, mesh: Any, hosts: int) -> tuple[int, int, int]:
+    """`(M, R, B)` of the largest tree-packed mini-batch the trainer can build for `cfg` on `mesh`, `R`
+    and `B` summed over the `hosts` processes (the global array's rows).
+
+    Per process (`RLTrainer._batch` -> `pack_mini_batch`): its share of the mini-batch's prompts x `k`
+    sequences, micro-batches of at most `micro_batch_rows_cap` packed rows (enforced there), a micro-batch
+    per sequence at most (no sequence is cut) and every sequence in one micro-batch at most, each bucketed
+    (`buckets.bucket_size`); `agree_batch_shapes` then pads every process to the largest of each, so all
+    three maxima can meet in one step."""
+    from aepo_jax.parallel.multihost import local_share
+    from aepo_jax.training.build import (
+        data_parallel_size,
+        local_micro_batch_rows,
+        preset_from,
+        step_config_from,
+    )
+    from aepo_jax.training.packing.buckets import bucket_size
+    from aepo_jax.training.packing.trainer_batches import micro_batch_rows_cap
+
+    data_parallel = data_parallel_size(mesh)
+    local_dp = local_share(data_parallel, hosts, "the mesh's data x fsdp devices")
+    sequences = local_share(int(cfg.train.mini_batch_prompts), hosts, "train.mini_batch_prompts") * int(cfg.rollout.k)
+    micro = step_config_from(cfg, preset_from(cfg), mesh).micro_batch_size
+    rows_per_micro = max(local_micro_batch_rows(micro, local_dp, data_parallel), local_dp)
+    length = int(cfg.train.max_seq_len)
+    row_len = int(cfg.train.get("row_len") or length)
+    rows = bucket_size(micro_batch_rows_cap(rows_per_micro, length, row_len, local_dp), local_dp)
+    return bucket_size(sequences), rows * hosts, bucket_size(sequences, local_dp) * hosts
+
+
+def build_programs(cfg: Any, mesh: Any, layers: int | None, hosts: int = 1) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """{"train_step": (jitted, abstract args), ...} for `cfg` on `mesh`, from the real builders, at the
+    largest mini-batch a run hands them: "tree_train_step" and "tree_score" (the `train.pack="tree"`
+    step and scorer the paper configs run) at `tree_batch_shape`, "train_step" and "score" (the
+    `pack="flat"` ones) at a whole mini-batch of `mini_batch_prompts x k` rows in micro-batches of the
+    step's `micro_batch_size` (so both steps run their gradient-accumulation scan)."""
     from aepo_jax.training.build import (
         abstract_model,
         data_parallel_size,
@@ -112,13 +142,17 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
         step_config_from,
     )
     from aepo_jax.training.optimizer import optimizer_from_config
-    from aepo_jax.training.packing import make_train_step_for_pack
+    from aepo_jax.training.packing import (
+        make_logprob_fn_for_pack,
+        make_train_step_for_pack,
+    )
     from aepo_jax.training.train_state import TrainState, train_state_shardings
     from aepo_jax.training.train_step import make_logprob_fn, make_rl_train_step
 
     graphdef, params = abstract_model(model_config_of(cfg, layers))
-    rows = data_parallel_size(mesh)  # one sequence per data-parallel device: one micro-batch
-    step_config = dataclasses.replace(step_config_from(cfg, preset_from(cfg)), micro_batch_size=rows)
+    step_config = step_config_from(cfg, preset_from(cfg), mesh)  # as the trainer builds it
+    multiple = math.lcm(step_config.micro_batch_size, data_parallel_size(mesh))
+    rows = -(-int(cfg.train.mini_batch_prompts) * int(cfg.rollout.k) // multiple) * multiple
     tx, schedule = optimizer_from_config(cfg, int(cfg.train.total_steps))
     state = jax.eval_shape(lambda p: TrainState.create(p, tx, seed=0), params)
     state_sharding = train_state_shardings(state, tx, mesh)
@@ -128,17 +162,23 @@ def build_programs(cfg: Any, mesh: Any, layers: int | None) -> dict[str, tuple[A
     train = make_rl_train_step(graphdef, tx, step_config, schedule, state_sharding, batch_sharding)
     score_batch = {k: v for k, v in batch.items() if k in ("input_ids", "positions", "valid")}
     score = make_logprob_fn(graphdef, step_config, {k: batch_sharding[k] for k in score_batch})
-    meta = {"rows": rows, "seq_len": int(cfg.train.max_seq_len)}
+    flat_meta = {"rows": rows, "micro_batch_rows": step_config.micro_batch_size, "seq_len": int(cfg.train.max_seq_len)}
+    micro_batches, packed_rows, flat_rows = tree_batch_shape(cfg, mesh, hosts)
     tree_train = make_train_step_for_pack(graphdef, tx, step_config, "tree", schedule, state_sharding)
-    tree_batch = abstract_tree_batch(cfg, rows, TREE_FLAT_ROWS_PER_ROW * rows, mesh)
-    return {"train_step": (train, (state, batch), {}, meta),
-            "tree_train_step": (tree_train, (state, tree_batch), {}, meta),
-            "score": (score, (state.params, score_batch), {}, meta)}
+    tree_score = make_logprob_fn_for_pack(graphdef, step_config, "tree", mesh)
+    tree_batch = abstract_tree_batch(cfg, micro_batches, packed_rows, flat_rows, mesh)
+    tree_meta = {"rows": packed_rows, "micro_batches": micro_batches, "flat_rows": flat_rows,
+                 "seq_len": int(cfg.train.max_seq_len)}
+    return {"train_step": (train, (state, batch), {}, flat_meta),
+            "tree_train_step": (tree_train, (state, tree_batch), {}, tree_meta),
+            "score": (score, (state.params, score_batch), {}, flat_meta),
+            "tree_score": (tree_score, (state.params, tree_batch), {}, tree_meta)}
 
 
-def abstract_tree_batch(cfg: Any, packed_rows: int, flat_rows: int, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
-    """ShapeDtypeStructs of one tree-packed micro-batch (`[1, R, T]` packed rows of `train.max_seq_len`
-    slots, `[1, B, T]` flat rows), with the real batch builder's keys and the trainer's row sharding."""
+def abstract_tree_batch(cfg: Any, micro_batches: int, packed_rows: int, flat_rows: int,
+                        mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """ShapeDtypeStructs of a tree-packed mini-batch (`[M, R, T]` packed rows of `train.max_seq_len`
+    slots, `[M, B, T]` flat rows), with the real batch builder's keys and the trainer's row sharding."""
     from aepo_jax.training.packing import build_train_batch
     from aepo_jax.training.packing.trainer_batches import rows_sharding
 
@@ -150,8 +190,8 @@ def abstract_tree_batch(cfg: Any, packed_rows: int, flat_rows: int, mesh: Any) -
 
     def shape(key: str) -> tuple[int, ...]:
         if key == "sequence_index":
-            return (1, flat_rows)
-        return (1, packed_rows if key.startswith("packed_") else flat_rows, length)
+            return (micro_batches, flat_rows)
+        return (micro_batches, packed_rows if key.startswith("packed_") else flat_rows, length)
 
     return {key: jax.ShapeDtypeStruct(shape(key), value.dtype, sharding=sharding) for key, value in tiny.items()}
 
@@ -314,8 +354,8 @@ def plan_rows(cfg_name: str, topology: str, platform: str, layers: int | None, p
     rows = []
     # Built outside set_mesh: nnx.eval_shape would apply logical names to it.
     built = {}
-    if {"train_step", "tree_train_step", "score"} & set(programs):
-        built.update(build_programs(cfg, mesh, layers))
+    if {"train_step", "tree_train_step", "score", "tree_score"} & set(programs):
+        built.update(build_programs(cfg, mesh, layers, hosts))
     if set(SAMPLER_PROGRAMS) & set(programs):
         built.update(build_sampler_programs(cfg, placement.mesh, layers, hosts, replicas=placement.per_host))
     if COPY_PROGRAM in programs:

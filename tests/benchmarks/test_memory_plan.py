@@ -27,7 +27,8 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
     rows = memory_plan.main(["--platform", "cpu", "--config", "aepo_tiny", "--layers", "1", "--seq-len", "32",
                              "--json", str(out)])
     assert json.loads(out.read_text()) == rows
-    assert [row["program"] for row in rows] == ["train_step", "tree_train_step", "score", "sampler_prefill",
+    assert [row["program"] for row in rows] == ["train_step", "tree_train_step", "score", "tree_score",
+                                                "sampler_prefill",
                                                 "sampler_decode",
                                                 "sampler_decode_rows", "sampler_append_rows", "sampler_grow",
                                                 "sampler_shrink"]
@@ -35,9 +36,13 @@ def test_tiny_config_plan_writes_one_row_per_program(memory_plan, tmp_path):
         assert row["topology"] == "cpu:8" and row["mesh"] == "data8xfsdp1xtensor1" and row["n_layers"] == 1
         assert row["argument_bytes"] > 0
         assert row["per_device_bytes"] >= row["argument_bytes"] + row["temp_bytes"]
-    train, tree_train, score, prefill, decode, decode_rows, append, grow, shrink = rows
-    for row in (train, tree_train, score):
+    train, tree_train, score, tree_score, prefill, decode, decode_rows, append, grow, shrink = rows
+    for row in (train, tree_train, score, tree_score):
         assert row["seq_len"] == 32 and row["rows"] == 8 and row["temp_bytes"] > 0
+    # The largest tree mini-batch of one process: 2 prompts x k 4 = 8 sequences, a micro-batch each at most
+    # (M 8), all in one at most (B 8 flat rows), one packed row per device (8 devices) in each.
+    assert tree_train["micro_batches"] == tree_score["micro_batches"] == 8
+    assert tree_train["flat_rows"] == 8
     # The train step's arguments hold the optimiser state too: more than the scorer's parameters.
     assert train["argument_bytes"] > score["argument_bytes"]
     # The sampler rows: the config's whole rollout batch (4 prompts x k 4 = 16 rows) and the loop's largest
