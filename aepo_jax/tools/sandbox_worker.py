@@ -1,6 +1,6 @@
 """The sandbox worker process (started by `sandbox_process.spawn_worker`; never imported by the trainer).
 
-Run as `python -I sandbox_worker.py CONFIG_JSON`, normally as the init process
+Run as `python -s -P sandbox_worker.py CONFIG_JSON` (`sandbox_process.PYTHON_FLAGS`), normally as the init process
 of fresh net+pid(+mount) namespaces. With a `root` plan in the config it
 first adds its preload modules' locations to the plan
 (`sandbox_root.extend_plan`) and moves into its private root file system
@@ -120,7 +120,7 @@ def _user_traceback(error: BaseException) -> str:
 
 
 def _load_sibling(name: str) -> object:
-    """Module `name` from beside this file (`python -I` does not put this directory on sys.path)."""
+    """Module `name` from beside this file (`-P` does not put this directory on sys.path)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

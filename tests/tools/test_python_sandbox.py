@@ -286,3 +286,18 @@ def test_every_call_of_a_worker_starts_with_the_same_address_space(sandbox):
     code = "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmSize')))"
     sizes = [int(sandbox.run(code).stdout) for _ in range(3)]
     assert max(sizes) - min(sizes) < 4096, sizes  # kB
+
+
+def test_a_set_prints_in_the_same_order_in_every_fresh_worker():
+    """Workers ran `python -I`, which ignores PYTHONHASHSEED: str hashes were random per worker, so the same
+    program printed a set in a different order from one call to the next (rewards that compare output)."""
+    code = "print(list({'apple', 'banana', 'cherry', 'date', 'elder', 'fig'})); print(hash('abc'))"
+    with PythonSandbox(LIMITS, pool_size=1, calls_per_worker=1) as box:
+        outputs = {box.run(code).stdout for _ in range(4)}
+    assert len(outputs) == 1, outputs
+
+
+def test_the_worker_keeps_pythons_isolation_flags_but_a_fixed_hash_seed(sandbox):
+    result = sandbox.run("import sys\nprint(sys.flags.no_user_site, sys.flags.safe_path, "
+                         "sys.flags.ignore_environment, sys.flags.hash_randomization)")
+    assert result.stdout.split() == ["1", "True", "0", "0"], result.stdout
