@@ -255,10 +255,16 @@ class PythonSandbox:
         return spawn_worker(self._config, self.namespace_command, cgroups, self.calls_per_worker, memory)
 
     def _take(self) -> Worker:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return self._spawn()
+        """An idle worker that is still alive, else a new one: a worker that died while idle (killed, out of
+        memory) once took the next call down with it as `killed`."""
+        while True:
+            try:
+                worker = self._idle.get_nowait()
+            except queue.Empty:
+                return self._spawn()
+            if worker.process.poll() is None:
+                return worker
+            self._in_background(self._retire, worker)  # disposed of, and replaced if the pool has room
 
     def _release(self, worker: Worker, healthy: bool) -> None:
         """Return a worker to the pool, or retire it (in the background) and start a replacement."""
@@ -307,21 +313,29 @@ class PythonSandbox:
             raise RuntimeError("PythonSandbox is closed")
         # With a private root the worker mounts a fresh tmpfs for the call; otherwise the call gets a temp dir here.
         workdir = None if self.filesystem_isolated else tempfile.mkdtemp(prefix="aepo-sandbox-", dir=self.workdir_root)
-        try:
-            worker = self._take()
-        except OSError as error:
-            if workdir:
-                shutil.rmtree(workdir, ignore_errors=True)
-            return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None, start)
-        result, healthy = self._execute(worker, code, workdir, start)
+        for attempt in range(2):  # once more on a fresh worker if the first was gone before it read the call
+            try:
+                worker = self._take()
+            except OSError as error:
+                if workdir:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None,
+                                    start)
+            outcome = self._execute(worker, code, workdir, start, retry_if_gone=attempt == 0)
+            if outcome is not None:
+                break
+            self._release(worker, healthy=False)
+        result, healthy = outcome
         self._release(worker, healthy)
         if workdir:
             self._in_background(shutil.rmtree, workdir, True)
         time.sleep(max(0.0, start + self.latency_seconds - time.monotonic()))
         return result
 
-    def _execute(self, worker: Worker, code: str, workdir: str | None, start: float) -> tuple[SandboxResult, bool]:
-        """Send the call, collect output until the status line (or EOF, or the deadline)."""
+    def _execute(self, worker: Worker, code: str, workdir: str | None, start: float,
+                 retry_if_gone: bool = False) -> tuple[SandboxResult, bool] | None:
+        """Send the call, collect output until the status line (or EOF, or the deadline). None when the worker
+        was gone before it read the call (nothing of it ran) and `retry_if_gone`."""
         limits = self.limits
         stdout, stderr = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
         deadline = start + limits.wall_seconds
@@ -329,7 +343,9 @@ class PythonSandbox:
         try:
             send_call(worker, code, workdir)
         except OSError:
-            pass  # the worker is gone; EOF below says so
+            if retry_if_gone:
+                return None
+            # the worker is gone; EOF below says so
         status_line, missing = self._collect(worker, stdout, stderr, deadline)
         if missing == "timeout":
             kill_worker(worker, CALLER_GRACE_S)
