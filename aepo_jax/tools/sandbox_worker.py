@@ -275,16 +275,17 @@ def _kill_the_rest() -> None:
                 return
 
 
-def _end_call(child: int) -> int:
-    """Kill the call's process group and every process it left, reap them; the child's wait status.
+def _end_call(child: int) -> tuple[int, float]:
+    """Kill the call's process group and every process it left, reap them; the child's wait status and the
+    CPU seconds it used (its threads included).
 
     The group is killed before the child is reaped: while the child is a zombie its pid, and so the group's
     id, cannot be taken by another process."""
     _sigkill(child, group=True)
     _sigkill(child)  # should it have no group of its own yet
-    _, wait_status = os.waitpid(child, 0)
+    _, wait_status, usage = os.wait4(child, 0)
     _kill_the_rest()
-    return wait_status
+    return wait_status, usage.ru_utime + usage.ru_stime
 
 
 def _keep_tail(tail: bytearray, chunk: bytes, limit: int) -> None:
@@ -365,8 +366,12 @@ def _checked_status(status: object, config: dict) -> dict | None:
             "traceback": _bounded(trace if isinstance(trace, str) else repr(trace), config, _MARKER_ROOM)}
 
 
-def _status_of(raw: bytes | bytearray, wait_status: int, config: dict) -> dict:
-    """The child's status from its pipe (the last line), else from how it ended."""
+def _status_of(raw: bytes | bytearray, wait_status: int, config: dict, cpu_used: float = 0.0) -> dict:
+    """The child's status from its pipe (the last line), else from how it ended.
+
+    SIGXCPU's handler is Python code and cannot run inside a long C call (`sum(range(10**11))`) or while
+    other threads burn the CPU, so the hard limit's SIGKILL ends the call: with `cpu_used` at the limit that is
+    the CPU-time limit (a timeout), not a kill."""
     if raw.strip():
         try:
             status = _checked_status(json.loads(raw.rsplit(b"\n", 1)[-1]), config)
@@ -380,7 +385,7 @@ def _status_of(raw: bytes | bytearray, wait_status: int, config: dict) -> dict:
                              f"{bytes(raw[-200:])!r}"}
     if os.WIFSIGNALED(wait_status):
         signum = os.WTERMSIG(wait_status)
-        if signum == signal.SIGXCPU:
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu_used >= config["cpu_seconds"]):
             return {"status": "timeout", "exit_code": None,
                     "traceback": f"CPU-time limit of {config['cpu_seconds']} s exceeded"}
         return {"status": "killed", "exit_code": -signum,
@@ -406,10 +411,10 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
     os.close(status_write)
     limit = config["status_bytes"]
     tail = _wait_for_child(pid, status_read, limit)
-    wait_status = _end_call(pid)
+    wait_status, cpu_used = _end_call(pid)
     _read_available(status_read, tail, limit)  # the child's writes are all in the pipe once it has exited
     os.close(status_read)
-    return _status_of(tail, wait_status, config)
+    return _status_of(tail, wait_status, config, cpu_used)
 
 
 def main() -> None:

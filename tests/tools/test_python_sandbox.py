@@ -301,3 +301,15 @@ def test_the_worker_keeps_pythons_isolation_flags_but_a_fixed_hash_seed(sandbox)
     result = sandbox.run("import sys\nprint(sys.flags.no_user_site, sys.flags.safe_path, "
                          "sys.flags.ignore_environment, sys.flags.hash_randomization)")
     assert result.stdout.split() == ["1", "True", "0", "0"], result.stdout
+
+
+@pytest.mark.parametrize("code", [
+    "print(sum(range(10**11)))",  # one C call: SIGXCPU's Python handler never runs
+    ("import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(2):\n"
+     "    threading.Thread(target=spin, daemon=True).start()\nimport time\ntime.sleep(60)"),
+])
+def test_the_cpu_limit_reached_inside_a_c_call_or_by_threads_is_a_timeout(code):
+    """The hard limit's SIGKILL ended such calls and they came back `killed` by SIGKILL, not `timeout`."""
+    with PythonSandbox(SandboxLimits(wall_seconds=30, cpu_seconds=1), pool_size=1) as box:
+        result = box.run(code)
+    assert result.status == "timeout" and "CPU-time limit of 1 s" in result.traceback, result
