@@ -413,7 +413,10 @@ class PythonSandbox:
 
     def _result(self, status: str, stdout: _Capture, stderr: _Capture, trace: str, exit_code: int | None,
                 start: float) -> SandboxResult:
-        lines = trace.rstrip("\n").splitlines()[-self.limits.traceback_lines :]
+        lines = trace.rstrip("\n").splitlines()
+        count = self.limits.traceback_lines
+        if len(lines) > count:  # the first line stays: a traceback the worker cut starts with the exception's name
+            lines = [lines[0], *lines[len(lines) - count + 1:]] if count > 1 else lines[-count:] if count else []
         return SandboxResult(
             status=status, stdout=stdout.text(), stderr=stderr.text(), traceback="\n".join(lines),
             exit_code=exit_code, seconds=time.monotonic() - start, stdout_truncated=stdout.truncated,

@@ -97,26 +97,35 @@ def _finish(status_fd: int, status: dict) -> None:
     os._exit(0 if status["status"] == "ok" else 1)
 
 
-def _bounded(text: str, config: dict, room: int = 0) -> str:
+def _bounded(text: str, config: dict, room: int = 0, keep_line: int | None = None) -> str:
     """The last `traceback_lines` lines of `text`, each over `traceback_line_chars + room` characters cut to
-    `traceback_line_chars`.
+    `traceback_line_chars`; line `keep_line` (the exception's type and its message's first line) stays as
+    the first of them when it would be cut: a message of many lines once left no `ValueError` in sight.
 
     A line's beginning is kept (`ValueError: xxx...`: the exception's name), so a
     100 kB message stays readable and the status stays small. `room` lets a line the child already cut
     (its marker included) through unchanged when the worker bounds the status again.
     """
-    width = config["traceback_line_chars"]
-    lines = text.rstrip("\n").splitlines()[-config["traceback_lines"] :]
+    width, count = config["traceback_line_chars"], config["traceback_lines"]
+    lines = text.rstrip("\n").splitlines()
+    if keep_line is not None and count > 0 and keep_line < len(lines) - count:
+        lines = [lines[keep_line], *lines[len(lines) - count + 1:]]
+    else:
+        lines = lines[-count:] if count > 0 else []
     return "\n".join(line if len(line) <= width + room
                      else f"{line[:width]}... [{len(line) - width} more characters]" for line in lines)
 
 
-def _user_traceback(error: BaseException) -> str:
-    """Traceback without this worker's own frame."""
+def _user_traceback(error: BaseException) -> tuple[str, int]:
+    """Traceback without this worker's own frame, and the index of its line that names the exception (the
+    first of `format_exception_only` that is not a SyntaxError's indented source line)."""
     tb = error.__traceback__
     if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(error), error, tb))
+    text = "".join(traceback.format_exception(type(error), error, tb))
+    only = "".join(traceback.format_exception_only(type(error), error)).rstrip("\n").splitlines()
+    named = next((i for i, line in enumerate(only) if not line.startswith(" ")), 0)
+    return text, len(text.rstrip("\n").splitlines()) - len(only) + named
 
 
 def _load_sibling(name: str) -> object:
@@ -160,7 +169,8 @@ def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None
             status = {"status": "error", "exit_code": exit_code,
                       "traceback": _bounded(f"SystemExit: {error.code}", config)}
     except BaseException as error:  # noqa: BLE001 - any failure of the code is reported, not raised
-        status = {"status": "error", "exit_code": 1, "traceback": _bounded(_user_traceback(error), config)}
+        trace, named = _user_traceback(error)
+        status = {"status": "error", "exit_code": 1, "traceback": _bounded(trace, config, keep_line=named)}
     _finish(status_fd, status)
 
 

@@ -229,7 +229,9 @@ def test_a_status_over_the_pipe_buffer_even_when_cut_is_read_while_the_child_run
     cutting lines alone does not keep the status under the pipe's buffer; reading it as it comes does."""
     result = sandbox.run("raise ValueError('\\n'.join(['\\u00e9' * 4000] * 10))")
     assert result.status == "error", result
-    assert result.traceback.splitlines() == ["\u00e9" * 4000] * LIMITS.traceback_lines
+    # the exception's own line stays first (`test_a_message_of_many_lines_keeps_the_exceptions_name`)
+    assert result.traceback.splitlines() == ["ValueError: " + "\u00e9" * 4000] + ["\u00e9" * 4000] * (
+        LIMITS.traceback_lines - 1)
 
 
 @pytest.mark.parametrize("code, status", [
@@ -313,3 +315,14 @@ def test_the_cpu_limit_reached_inside_a_c_call_or_by_threads_is_a_timeout(code):
     with PythonSandbox(SandboxLimits(wall_seconds=30, cpu_seconds=1), pool_size=1) as box:
         result = box.run(code)
     assert result.status == "timeout" and "CPU-time limit of 1 s" in result.traceback, result
+
+
+def test_a_message_of_many_lines_keeps_the_exceptions_name(sandbox):
+    """Only the last traceback lines were kept: a message of 22 lines reached the model with no `ValueError`."""
+    code = "raise ValueError('first\\nsecond\\n' + 'more\\n' * 20)"
+    result = sandbox.run(code)
+    lines = result.traceback.splitlines()
+    assert result.status == "error" and len(lines) == LIMITS.traceback_lines, result.traceback
+    assert lines[0] == "ValueError: first" and lines[-1] == "more", result.traceback
+    text = PythonTool(sandbox, max_result_chars=300).run(code).text
+    assert "ValueError: first" in text and len(text) <= 300, text
