@@ -159,3 +159,12 @@ def test_a_broken_cache_is_a_miss_not_a_failed_search(server, tmp_path):
     shutil.rmtree(cache)  # the cache cannot be written at all: the search still answers
     gone = tool.run("treaty signed 1648")
     assert gone.ok and gone.text.startswith("Doc 1 (Title: Peace of Westphalia)")
+
+
+def test_a_query_or_document_id_the_server_refuses_as_too_large_is_a_bad_call(server):
+    """The real server answers 413 to a body over its 1 MiB and 414 to a request line over 64 KiB: the
+    model's own mistake, once labelled `unavailable` as if the server were down."""
+    search = SearchTool(server.url).run("capital " * 200_000)
+    assert search.status == "bad_call" and "too large" in search.text and "HTTP 413" in search.text, search
+    browse = BrowseTool(search_url=server.url).run("x" * 100_000)
+    assert browse.status == "bad_call" and "too long" in browse.text and "HTTP 414" in browse.text, browse
