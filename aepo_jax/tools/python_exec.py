@@ -158,6 +158,7 @@ def _drain(fd: int, capture: _Capture) -> bool:
 # How long a call's caller waits for a worker it ends to kill the call's processes and exit (`kill_worker`):
 # milliseconds for a worker that works; one the code stopped (possible without a pid namespace) costs no more.
 CALLER_GRACE_S = 0.5
+WORKER_START_S = 30.0  # the most a worker may take to start (namespaces, root, preload) before a call's clock
 
 
 class PythonSandbox:
@@ -338,7 +339,7 @@ class PythonSandbox:
         was gone before it read the call (nothing of it ran) and `retry_if_gone`."""
         limits = self.limits
         stdout, stderr = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
-        deadline = start + limits.wall_seconds
+        deadline = time.monotonic() + limits.wall_seconds
         kills_before = oom_kills(worker.memory_cgroup) if worker.memory_cgroup else 0
         try:
             send_call(worker, code, workdir)
@@ -381,6 +382,8 @@ class PythonSandbox:
         selector.register(worker.process.stdout, selectors.EVENT_READ, stdout)
         selector.register(worker.process.stderr, selectors.EVENT_READ, stderr)
         selector.register(worker.result_read, selectors.EVENT_READ, None)
+        if not worker.ready:  # start-up gets its own allowance, then the call its whole wall clock
+            deadline += WORKER_START_S
         try:
             while selector.get_map():
                 remaining = deadline - time.monotonic()
@@ -396,6 +399,11 @@ class PythonSandbox:
                         selector.unregister(key.fileobj)
                         continue
                     line = _take_line(worker.status_buffer, data)
+                    while line == b"ready" and not worker.ready:
+                        # The wall clock starts once the worker has started: a worker started for this call
+                        # (numpy and sympy preloaded, a loaded machine) once used up a short limit first.
+                        worker.ready, deadline = True, time.monotonic() + self.limits.wall_seconds
+                        line = _take_line(worker.status_buffer, b"")
                     if line is not None:
                         return line, ""
                     if len(worker.status_buffer) > cap:

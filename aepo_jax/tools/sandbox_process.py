@@ -237,6 +237,7 @@ class Worker:
     calls_left: int
     memory_cgroup: str = ""  # one of `cgroups`, where its out-of-memory kills are counted
     status_buffer: bytearray = dataclasses.field(default_factory=bytearray)  # the status line read so far
+    ready: bool = False  # its "ready" line (written once it has started and preloaded) has been read
 
 
 def make_cgroup(path: str, limits: dict[str, str]) -> str:

@@ -442,6 +442,7 @@ def main() -> None:
         _become_subreaper()
     for module in config.get("preload", []):
         importlib.import_module(module)
+    os.write(config["result_fd"], b"ready\n")  # the parent starts a call's wall clock from here
     while True:
         header = _read_exact(0, 4)
         if not header:  # at once, without the interpreter's shutdown: the parent may be waiting (`kill_worker`)

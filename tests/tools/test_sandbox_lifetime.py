@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -271,3 +272,13 @@ def test_a_worker_that_died_while_idle_does_not_take_the_next_call_with_it(reape
             os.waitid(os.P_PID, worker.process.pid, os.WEXITED | os.WNOWAIT)
         results = [box.run("print('hello')") for _ in range(3)]
     assert [(r.status, r.stdout) for r in results] == [("ok", "hello\n")] * 3, results
+
+
+def test_a_workers_start_up_does_not_count_against_the_calls_wall_clock():
+    """Calls that found no idle worker started one, and its start (here numpy and sympy imported, about a
+    second on a loaded machine) used up a 1 s wall limit before the code ran: `print(1)` timed out."""
+    limits = SandboxLimits(wall_seconds=1.0, cpu_seconds=1)
+    with (PythonSandbox(limits, pool_size=1, calls_per_worker=1, preload=("numpy", "sympy")) as box,
+          ThreadPoolExecutor(4) as pool):
+        results = list(pool.map(box.run, ["print(1)"] * 4))
+    assert [(r.status, r.stdout) for r in results] == [("ok", "1\n")] * 4, results
