@@ -51,6 +51,7 @@ from aepo_jax.tools.html_text import html_to_text
 from aepo_jax.tools.http_client import (
     BadServerAnswer,
     HttpError,
+    RefusedRequest,
     pooled_session,
     request_with_retries,
 )
@@ -298,6 +299,11 @@ class BrowseTool:
                                         backoff_seconds=self.backoff_seconds, total_seconds=self.deadline_seconds)
         if response.status_code == 404:
             raise DocumentNotFound(f"no document with id {target!r}")
+        if response.status_code == 414:
+            raise RefusedRequest(f"the document id is too long ({len(target)} characters, HTTP 414); "
+                                 "browse a document id from the search results")
+        if 400 <= response.status_code < 500:
+            raise RefusedRequest(f"the document server refused the id {target[:100]!r} (HTTP {response.status_code})")
         if response.status_code != 200:
             raise HttpError(f"document server answered HTTP {response.status_code}")
         try:
@@ -320,7 +326,7 @@ class BrowseTool:
                               "bad_call")
         try:
             page = self.fetch_page(target)
-        except DocumentNotFound as error:
+        except (DocumentNotFound, RefusedRequest) as error:  # the call's mistake: no such id, or a refused one
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "bad_call")
         except BadServerAnswer as error:
             return ToolResult(f"Browse failed: {error}", False, time.monotonic() - start, "failed")

@@ -35,6 +35,11 @@ class HttpError(RuntimeError):
     """A request that failed after all retries; the message says why."""
 
 
+class RefusedRequest(HttpError):
+    """The server refused the request itself (HTTP 4xx: too large, too long, malformed): the caller's mistake,
+    to be fixed in the call, not a server that is down."""
+
+
 class BadServerAnswer(HttpError):
     """The server answered, but not in the shape its protocol promises (a bug there, not a network failure)."""
 

@@ -158,6 +158,7 @@ def _drain(fd: int, capture: _Capture) -> bool:
 # How long a call's caller waits for a worker it ends to kill the call's processes and exit (`kill_worker`):
 # milliseconds for a worker that works; one the code stopped (possible without a pid namespace) costs no more.
 CALLER_GRACE_S = 0.5
+WORKER_START_S = 30.0  # the most a worker may take to start (namespaces, root, preload) before a call's clock
 
 
 class PythonSandbox:
@@ -255,10 +256,16 @@ class PythonSandbox:
         return spawn_worker(self._config, self.namespace_command, cgroups, self.calls_per_worker, memory)
 
     def _take(self) -> Worker:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return self._spawn()
+        """An idle worker that is still alive, else a new one: a worker that died while idle (killed, out of
+        memory) once took the next call down with it as `killed`."""
+        while True:
+            try:
+                worker = self._idle.get_nowait()
+            except queue.Empty:
+                return self._spawn()
+            if worker.process.poll() is None:
+                return worker
+            self._in_background(self._retire, worker)  # disposed of, and replaced if the pool has room
 
     def _release(self, worker: Worker, healthy: bool) -> None:
         """Return a worker to the pool, or retire it (in the background) and start a replacement."""
@@ -307,29 +314,39 @@ class PythonSandbox:
             raise RuntimeError("PythonSandbox is closed")
         # With a private root the worker mounts a fresh tmpfs for the call; otherwise the call gets a temp dir here.
         workdir = None if self.filesystem_isolated else tempfile.mkdtemp(prefix="aepo-sandbox-", dir=self.workdir_root)
-        try:
-            worker = self._take()
-        except OSError as error:
-            if workdir:
-                shutil.rmtree(workdir, ignore_errors=True)
-            return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None, start)
-        result, healthy = self._execute(worker, code, workdir, start)
+        for attempt in range(2):  # once more on a fresh worker if the first was gone before it read the call
+            try:
+                worker = self._take()
+            except OSError as error:
+                if workdir:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                return self._result("failed", _Capture(0), _Capture(0), f"could not start a worker: {error}", None,
+                                    start)
+            outcome = self._execute(worker, code, workdir, start, retry_if_gone=attempt == 0)
+            if outcome is not None:
+                break
+            self._release(worker, healthy=False)
+        result, healthy = outcome
         self._release(worker, healthy)
         if workdir:
             self._in_background(shutil.rmtree, workdir, True)
         time.sleep(max(0.0, start + self.latency_seconds - time.monotonic()))
         return result
 
-    def _execute(self, worker: Worker, code: str, workdir: str | None, start: float) -> tuple[SandboxResult, bool]:
-        """Send the call, collect output until the status line (or EOF, or the deadline)."""
+    def _execute(self, worker: Worker, code: str, workdir: str | None, start: float,
+                 retry_if_gone: bool = False) -> tuple[SandboxResult, bool] | None:
+        """Send the call, collect output until the status line (or EOF, or the deadline). None when the worker
+        was gone before it read the call (nothing of it ran) and `retry_if_gone`."""
         limits = self.limits
         stdout, stderr = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
-        deadline = start + limits.wall_seconds
+        deadline = time.monotonic() + limits.wall_seconds
         kills_before = oom_kills(worker.memory_cgroup) if worker.memory_cgroup else 0
         try:
             send_call(worker, code, workdir)
         except OSError:
-            pass  # the worker is gone; EOF below says so
+            if retry_if_gone:
+                return None
+            # the worker is gone; EOF below says so
         status_line, missing = self._collect(worker, stdout, stderr, deadline)
         if missing == "timeout":
             kill_worker(worker, CALLER_GRACE_S)
@@ -365,6 +382,8 @@ class PythonSandbox:
         selector.register(worker.process.stdout, selectors.EVENT_READ, stdout)
         selector.register(worker.process.stderr, selectors.EVENT_READ, stderr)
         selector.register(worker.result_read, selectors.EVENT_READ, None)
+        if not worker.ready:  # start-up gets its own allowance, then the call its whole wall clock
+            deadline += WORKER_START_S
         try:
             while selector.get_map():
                 remaining = deadline - time.monotonic()
@@ -380,6 +399,11 @@ class PythonSandbox:
                         selector.unregister(key.fileobj)
                         continue
                     line = _take_line(worker.status_buffer, data)
+                    while line == b"ready" and not worker.ready:
+                        # The wall clock starts once the worker has started: a worker started for this call
+                        # (numpy and sympy preloaded, a loaded machine) once used up a short limit first.
+                        worker.ready, deadline = True, time.monotonic() + self.limits.wall_seconds
+                        line = _take_line(worker.status_buffer, b"")
                     if line is not None:
                         return line, ""
                     if len(worker.status_buffer) > cap:
@@ -397,7 +421,10 @@ class PythonSandbox:
 
     def _result(self, status: str, stdout: _Capture, stderr: _Capture, trace: str, exit_code: int | None,
                 start: float) -> SandboxResult:
-        lines = trace.rstrip("\n").splitlines()[-self.limits.traceback_lines :]
+        lines = trace.rstrip("\n").splitlines()
+        count = self.limits.traceback_lines
+        if len(lines) > count:  # the first line stays: a traceback the worker cut starts with the exception's name
+            lines = [lines[0], *lines[len(lines) - count + 1:]] if count > 1 else lines[-count:] if count else []
         return SandboxResult(
             status=status, stdout=stdout.text(), stderr=stderr.text(), traceback="\n".join(lines),
             exit_code=exit_code, seconds=time.monotonic() - start, stdout_truncated=stdout.truncated,

@@ -12,20 +12,24 @@ _EARLIER_LINES_CUT = "[earlier lines cut]"
 
 def _last_lines(text: str, max_chars: int) -> str:
     """The last whole lines of `text` that fit, with a line saying earlier ones were cut, in `max_chars`
-    (the exception is on the last line); if even the last line does not fit, its beginning (the exception's
-    name). At most `max_chars` characters in all."""
+    (the exception is on the last line); the line naming the exception stays too when a message of many
+    lines follows it; if even the last line does not fit, its beginning (the exception's name). At most
+    `max_chars` characters in all."""
     if len(text) <= max_chars:
         return text
     lines = text.splitlines()
-    kept, size = [], len(_EARLIER_LINES_CUT)
-    for line in reversed(lines):
+    # The line naming the exception (the first after the last indented frame line) stays, cut to a third.
+    named = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=-1) + 1
+    head = [truncate_within(lines[named], max_chars // 3)] if named < len(lines) - 1 else []
+    kept, size = [], len(_EARLIER_LINES_CUT) + sum(len(line) + 1 for line in head)
+    for line in reversed(lines[named + 1:] if head else lines):
         if size + len(line) + 1 > max_chars:
             break
         kept.append(line)
         size += len(line) + 1
     if not kept:
         return truncate_within(lines[-1], max_chars) if lines else ""
-    return "\n".join([_EARLIER_LINES_CUT, *reversed(kept)])
+    return "\n".join([_EARLIER_LINES_CUT, *head, *reversed(kept)])
 
 
 def format_sandbox_result(result: SandboxResult, max_result_chars: int) -> str:

@@ -58,7 +58,7 @@ class ToolRegistry:
             return done[0]
         self.abandoned_calls += 1  # a thread cannot be killed: it finishes (or not) on its own, unread
         tag = getattr(call, "tag", "?")
-        text = f"Tool <{tag}> timed out: no result within {self.deadline_s:g} s."
+        text = f"Tool {tag!r} timed out: no result within {self.deadline_s:g} s."
         return ToolResult(inert_tags(text, self.inert_tokens), False, self.deadline_s, "timeout")
 
     def _checked(self, call: ToolCall | None) -> ToolResult:
@@ -67,7 +67,7 @@ class ToolRegistry:
         result = self._dispatch(call)
         if not isinstance(result, ToolResult) or not isinstance(result.text, str):
             text = getattr(result, "text", result)
-            return ToolResult(inert_tags(f"Tool <{call.tag}> failed: it returned {type(result).__name__} with "
+            return ToolResult(inert_tags(f"Tool {call.tag!r} failed: it returned {type(result).__name__} with "
                                          f"{type(text).__name__} text, not a ToolResult with str text.", self.inert_tokens), False,
                               time.monotonic() - start, "failed")
         return dataclasses.replace(result, text=inert_tags(encodable_text(result.text), self.inert_tokens))
@@ -80,12 +80,12 @@ class ToolRegistry:
         tool = self.tools.get(call.tag)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return ToolResult(f"Tool call failed: unknown tool <{call.tag}> (available: {known}).", False, 0.0,
+            return ToolResult(f"Tool call failed: unknown tool {call.tag!r} (available: {known}).", False, 0.0,
                               "bad_call")
         try:
             return tool.run(call.content)
         except Exception as error:  # noqa: BLE001 - a tool bug must not take the rollout down (spec §4)
-            return ToolResult(f"Tool <{call.tag}> failed: {error.__class__.__name__}: {error}", False,
+            return ToolResult(f"Tool {call.tag!r} failed: {error.__class__.__name__}: {error}", False,
                               time.monotonic() - start, "failed")
 
     def run_many(self, calls: Sequence[ToolCall | None]) -> list[ToolResult]:

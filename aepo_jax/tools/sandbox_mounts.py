@@ -1,6 +1,6 @@
 """Worker-side file-system isolation: build a private root, mount per-call working directories, drop privileges.
 
-Loaded by `sandbox_worker.py` by file path (the worker runs `python -I` and
+Loaded by `sandbox_worker.py` by file path (the worker runs `python -s -P` and
 does not import the package), so this module uses the standard library only.
 It runs inside a fresh mount namespace (`unshare --mount`, private
 propagation) as the namespace's root user, and turns a plan made by

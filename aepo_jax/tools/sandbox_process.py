@@ -38,13 +38,18 @@ NAMESPACE_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"),
 )
 
-# Nothing of the parent's environment is passed on: no inherited secrets.
+# Nothing of the parent's environment is passed on: no inherited secrets. PYTHONHASHSEED fixes str hashing,
+# so a set's order printed by the code is the same in every worker (and run).
 WORKER_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
 }
+# `python -I` less its `-E`: no user site directory (-s), no script directory on sys.path (-P). `-E` would
+# ignore PYTHONHASHSEED, and it guards nothing here: WORKER_ENV is the worker's whole environment.
+PYTHON_FLAGS = ("-s", "-P")
 
 
 def probe_isolation() -> tuple[str, ...]:
@@ -71,7 +76,7 @@ def probe_filesystem(command: tuple[str, ...], root_plan: dict, preload: list[st
     else (why not, [])."""
     config = json.dumps({"root": root_plan, "probe": True, "preload": preload})
     try:
-        done = subprocess.run([*command, sys.executable, "-I", _WORKER_SCRIPT, config], check=False,
+        done = subprocess.run([*command, sys.executable, *PYTHON_FLAGS, _WORKER_SCRIPT, config], check=False,
                               capture_output=True, timeout=30, cwd="/", env=dict(WORKER_ENV))
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"probe worker did not run: {error}", []
@@ -232,6 +237,7 @@ class Worker:
     calls_left: int
     memory_cgroup: str = ""  # one of `cgroups`, where its out-of-memory kills are counted
     status_buffer: bytearray = dataclasses.field(default_factory=bytearray)  # the status line read so far
+    ready: bool = False  # its "ready" line (written once it has started and preloaded) has been read
 
 
 def make_cgroup(path: str, limits: dict[str, str]) -> str:
@@ -255,7 +261,7 @@ def spawn_worker(config: dict, namespace_command: tuple[str, ...], cgroups: tupl
     """Start `sandbox_worker.py` in its own session (and namespaces, and the made `cgroups`, when given)."""
     result_read, result_write = os.pipe()
     config = {**config, "result_fd": result_write}
-    command = [*namespace_command, sys.executable, "-I", _WORKER_SCRIPT, json.dumps(config)]
+    command = [*namespace_command, sys.executable, *PYTHON_FLAGS, _WORKER_SCRIPT, json.dumps(config)]
     if cgroups:
         # The shell joins the cgroups, then execs, so every descendant is inside them.
         joins = " && ".join(f"echo $$ > {shlex.quote(os.path.join(path, 'cgroup.procs'))}" for path in cgroups)

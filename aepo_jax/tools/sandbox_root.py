@@ -6,7 +6,7 @@ interpreter (`sys.base_prefix`, `sys.base_exec_prefix`, the resolved
 `sys.executable`) and the preload modules' own directories when they lie
 outside those prefixes (an editable install: only the package directory,
 not the checkout around it), found again by each worker in its own
-`python -I` view (`extend_plan`). Add the system's `/usr`, `/bin`, `/sbin`,
+`python -s -P` view (`extend_plan`). Add the system's `/usr`, `/bin`, `/sbin`,
 `/lib*` (symlinks stay symlinks), the dynamic linker's `/etc` files, and
 `/dev/null|zero|random|urandom`. All are bound read-only at their own
 paths. `/etc/passwd`, `/etc/group` and `/etc/hosts` are small synthetic
@@ -105,7 +105,7 @@ class _Plan:
 def extend_plan(plan: dict, modules: list[str]) -> dict:
     """`plan` plus the modules' locations as this interpreter finds them.
 
-    A worker calls this before it builds its root: it runs `python -I`, so its
+    A worker calls this before it builds its root: it runs `python -s -P`, so its
     sys.path (e.g. an editable install's finder) can differ from the parent's.
     """
     extended = _Plan()

@@ -1,6 +1,6 @@
 """The sandbox worker process (started by `sandbox_process.spawn_worker`; never imported by the trainer).
 
-Run as `python -I sandbox_worker.py CONFIG_JSON`, normally as the init process
+Run as `python -s -P sandbox_worker.py CONFIG_JSON` (`sandbox_process.PYTHON_FLAGS`), normally as the init process
 of fresh net+pid(+mount) namespaces. With a `root` plan in the config it
 first adds its preload modules' locations to the plan
 (`sandbox_root.extend_plan`) and moves into its private root file system
@@ -97,30 +97,39 @@ def _finish(status_fd: int, status: dict) -> None:
     os._exit(0 if status["status"] == "ok" else 1)
 
 
-def _bounded(text: str, config: dict, room: int = 0) -> str:
+def _bounded(text: str, config: dict, room: int = 0, keep_line: int | None = None) -> str:
     """The last `traceback_lines` lines of `text`, each over `traceback_line_chars + room` characters cut to
-    `traceback_line_chars`.
+    `traceback_line_chars`; line `keep_line` (the exception's type and its message's first line) stays as
+    the first of them when it would be cut: a message of many lines once left no `ValueError` in sight.
 
     A line's beginning is kept (`ValueError: xxx...`: the exception's name), so a
     100 kB message stays readable and the status stays small. `room` lets a line the child already cut
     (its marker included) through unchanged when the worker bounds the status again.
     """
-    width = config["traceback_line_chars"]
-    lines = text.rstrip("\n").splitlines()[-config["traceback_lines"] :]
+    width, count = config["traceback_line_chars"], config["traceback_lines"]
+    lines = text.rstrip("\n").splitlines()
+    if keep_line is not None and count > 0 and keep_line < len(lines) - count:
+        lines = [lines[keep_line], *lines[len(lines) - count + 1:]]
+    else:
+        lines = lines[-count:] if count > 0 else []
     return "\n".join(line if len(line) <= width + room
                      else f"{line[:width]}... [{len(line) - width} more characters]" for line in lines)
 
 
-def _user_traceback(error: BaseException) -> str:
-    """Traceback without this worker's own frame."""
+def _user_traceback(error: BaseException) -> tuple[str, int]:
+    """Traceback without this worker's own frame, and the index of its line that names the exception (the
+    first of `format_exception_only` that is not a SyntaxError's indented source line)."""
     tb = error.__traceback__
     if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(error), error, tb))
+    text = "".join(traceback.format_exception(type(error), error, tb))
+    only = "".join(traceback.format_exception_only(type(error), error)).rstrip("\n").splitlines()
+    named = next((i for i, line in enumerate(only) if not line.startswith(" ")), 0)
+    return text, len(text.rstrip("\n").splitlines()) - len(only) + named
 
 
 def _load_sibling(name: str) -> object:
-    """Module `name` from beside this file (`python -I` does not put this directory on sys.path)."""
+    """Module `name` from beside this file (`-P` does not put this directory on sys.path)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -160,7 +169,8 @@ def _run_child(call: dict, config: dict, status_fd: int, mounts: object) -> None
             status = {"status": "error", "exit_code": exit_code,
                       "traceback": _bounded(f"SystemExit: {error.code}", config)}
     except BaseException as error:  # noqa: BLE001 - any failure of the code is reported, not raised
-        status = {"status": "error", "exit_code": 1, "traceback": _bounded(_user_traceback(error), config)}
+        trace, named = _user_traceback(error)
+        status = {"status": "error", "exit_code": 1, "traceback": _bounded(trace, config, keep_line=named)}
     _finish(status_fd, status)
 
 
@@ -275,16 +285,17 @@ def _kill_the_rest() -> None:
                 return
 
 
-def _end_call(child: int) -> int:
-    """Kill the call's process group and every process it left, reap them; the child's wait status.
+def _end_call(child: int) -> tuple[int, float]:
+    """Kill the call's process group and every process it left, reap them; the child's wait status and the
+    CPU seconds it used (its threads included).
 
     The group is killed before the child is reaped: while the child is a zombie its pid, and so the group's
     id, cannot be taken by another process."""
     _sigkill(child, group=True)
     _sigkill(child)  # should it have no group of its own yet
-    _, wait_status = os.waitpid(child, 0)
+    _, wait_status, usage = os.wait4(child, 0)
     _kill_the_rest()
-    return wait_status
+    return wait_status, usage.ru_utime + usage.ru_stime
 
 
 def _keep_tail(tail: bytearray, chunk: bytes, limit: int) -> None:
@@ -365,8 +376,12 @@ def _checked_status(status: object, config: dict) -> dict | None:
             "traceback": _bounded(trace if isinstance(trace, str) else repr(trace), config, _MARKER_ROOM)}
 
 
-def _status_of(raw: bytes | bytearray, wait_status: int, config: dict) -> dict:
-    """The child's status from its pipe (the last line), else from how it ended."""
+def _status_of(raw: bytes | bytearray, wait_status: int, config: dict, cpu_used: float = 0.0) -> dict:
+    """The child's status from its pipe (the last line), else from how it ended.
+
+    SIGXCPU's handler is Python code and cannot run inside a long C call (`sum(range(10**11))`) or while
+    other threads burn the CPU, so the hard limit's SIGKILL ends the call: with `cpu_used` at the limit that is
+    the CPU-time limit (a timeout), not a kill."""
     if raw.strip():
         try:
             status = _checked_status(json.loads(raw.rsplit(b"\n", 1)[-1]), config)
@@ -380,7 +395,7 @@ def _status_of(raw: bytes | bytearray, wait_status: int, config: dict) -> dict:
                              f"{bytes(raw[-200:])!r}"}
     if os.WIFSIGNALED(wait_status):
         signum = os.WTERMSIG(wait_status)
-        if signum == signal.SIGXCPU:
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu_used >= config["cpu_seconds"]):
             return {"status": "timeout", "exit_code": None,
                     "traceback": f"CPU-time limit of {config['cpu_seconds']} s exceeded"}
         return {"status": "killed", "exit_code": -signum,
@@ -406,10 +421,10 @@ def _serve_one(call: dict, config: dict, mounts: object) -> dict:
     os.close(status_write)
     limit = config["status_bytes"]
     tail = _wait_for_child(pid, status_read, limit)
-    wait_status = _end_call(pid)
+    wait_status, cpu_used = _end_call(pid)
     _read_available(status_read, tail, limit)  # the child's writes are all in the pipe once it has exited
     os.close(status_read)
-    return _status_of(tail, wait_status, config)
+    return _status_of(tail, wait_status, config, cpu_used)
 
 
 def main() -> None:
@@ -427,6 +442,7 @@ def main() -> None:
         _become_subreaper()
     for module in config.get("preload", []):
         importlib.import_module(module)
+    os.write(config["result_fd"], b"ready\n")  # the parent starts a call's wall clock from here
     while True:
         header = _read_exact(0, 4)
         if not header:  # at once, without the interpreter's shutdown: the parent may be waiting (`kill_worker`)

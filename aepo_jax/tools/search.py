@@ -22,6 +22,7 @@ from aepo_jax.tools.base import ToolResult, truncate
 from aepo_jax.tools.http_client import (
     BadServerAnswer,
     HttpError,
+    RefusedRequest,
     pooled_session,
     request_with_retries,
 )
@@ -120,6 +121,12 @@ class SearchTool:
             timeout=self.timeout, retries=self.retries, backoff_seconds=self.backoff_seconds,
             total_seconds=self.total_seconds,
         )
+        if response.status_code == 413:
+            raise RefusedRequest(f"the query is too large for the search server ({len(query)} characters, HTTP 413); "
+                                 "use a shorter query")
+        if 400 <= response.status_code < 500:
+            raise RefusedRequest(f"the search server refused the query (HTTP {response.status_code}): "
+                                 f"{response.text[:200]}")
         if response.status_code != 200:
             raise HttpError(f"search server answered HTTP {response.status_code}: {response.text[:200]}")
         try:
@@ -141,6 +148,8 @@ class SearchTool:
             documents = self.retrieve(query)
         except BadServerAnswer as error:
             return ToolResult(f"Search failed: {error}", False, time.monotonic() - start, "failed")
+        except RefusedRequest as error:  # the call's mistake (HTTP 4xx), not a server that is down
+            return ToolResult(f"Search failed: {error}", False, time.monotonic() - start, "bad_call")
         except (HttpError, OSError, ValueError) as error:
             return ToolResult(f"Search failed: {error}", False, time.monotonic() - start, "unavailable")
         return ToolResult(format_passages(documents, self.max_result_chars), True, time.monotonic() - start, "ok")

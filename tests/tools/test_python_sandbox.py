@@ -229,7 +229,9 @@ def test_a_status_over_the_pipe_buffer_even_when_cut_is_read_while_the_child_run
     cutting lines alone does not keep the status under the pipe's buffer; reading it as it comes does."""
     result = sandbox.run("raise ValueError('\\n'.join(['\\u00e9' * 4000] * 10))")
     assert result.status == "error", result
-    assert result.traceback.splitlines() == ["\u00e9" * 4000] * LIMITS.traceback_lines
+    # the exception's own line stays first (`test_a_message_of_many_lines_keeps_the_exceptions_name`)
+    assert result.traceback.splitlines() == ["ValueError: " + "\u00e9" * 4000] + ["\u00e9" * 4000] * (
+        LIMITS.traceback_lines - 1)
 
 
 @pytest.mark.parametrize("code, status", [
@@ -286,3 +288,41 @@ def test_every_call_of_a_worker_starts_with_the_same_address_space(sandbox):
     code = "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmSize')))"
     sizes = [int(sandbox.run(code).stdout) for _ in range(3)]
     assert max(sizes) - min(sizes) < 4096, sizes  # kB
+
+
+def test_a_set_prints_in_the_same_order_in_every_fresh_worker():
+    """Workers ran `python -I`, which ignores PYTHONHASHSEED: str hashes were random per worker, so the same
+    program printed a set in a different order from one call to the next (rewards that compare output)."""
+    code = "print(list({'apple', 'banana', 'cherry', 'date', 'elder', 'fig'})); print(hash('abc'))"
+    with PythonSandbox(LIMITS, pool_size=1, calls_per_worker=1) as box:
+        outputs = {box.run(code).stdout for _ in range(4)}
+    assert len(outputs) == 1, outputs
+
+
+def test_the_worker_keeps_pythons_isolation_flags_but_a_fixed_hash_seed(sandbox):
+    result = sandbox.run("import sys\nprint(sys.flags.no_user_site, sys.flags.safe_path, "
+                         "sys.flags.ignore_environment, sys.flags.hash_randomization)")
+    assert result.stdout.split() == ["1", "True", "0", "0"], result.stdout
+
+
+@pytest.mark.parametrize("code", [
+    "print(sum(range(10**11)))",  # one C call: SIGXCPU's Python handler never runs
+    ("import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(2):\n"
+     "    threading.Thread(target=spin, daemon=True).start()\nimport time\ntime.sleep(60)"),
+])
+def test_the_cpu_limit_reached_inside_a_c_call_or_by_threads_is_a_timeout(code):
+    """The hard limit's SIGKILL ended such calls and they came back `killed` by SIGKILL, not `timeout`."""
+    with PythonSandbox(SandboxLimits(wall_seconds=30, cpu_seconds=1), pool_size=1) as box:
+        result = box.run(code)
+    assert result.status == "timeout" and "CPU-time limit of 1 s" in result.traceback, result
+
+
+def test_a_message_of_many_lines_keeps_the_exceptions_name(sandbox):
+    """Only the last traceback lines were kept: a message of 22 lines reached the model with no `ValueError`."""
+    code = "raise ValueError('first\\nsecond\\n' + 'more\\n' * 20)"
+    result = sandbox.run(code)
+    lines = result.traceback.splitlines()
+    assert result.status == "error" and len(lines) == LIMITS.traceback_lines, result.traceback
+    assert lines[0] == "ValueError: first" and lines[-1] == "more", result.traceback
+    text = PythonTool(sandbox, max_result_chars=300).run(code).text
+    assert "ValueError: first" in text and len(text) <= 300, text

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from aepo_jax.tools import PythonSandbox, SandboxLimits, python_exec
+from aepo_jax.tools.sandbox_process import PYTHON_FLAGS
 
 LIMITS = SandboxLimits(wall_seconds=4.0, cpu_seconds=2, memory_bytes=256 << 20, max_output_bytes=4096)
 # The documented traceback bound: `traceback_lines` lines of `max_output_bytes` characters, each with its marker.
@@ -96,14 +97,15 @@ def _killed_at_exit(pids: list[int]):
 
 
 def _find_worker(root: int) -> int | None:
-    """`root` or its first descendant running `python -I sandbox_worker.py CONFIG` (told by its third argument:
-    the `unshare` and `sh` before it name the script too)."""
+    """`root` or its first descendant running `python -s -P sandbox_worker.py CONFIG` (told by the argument after
+    the interpreter's flags: the `unshare` and `sh` before it name the script too)."""
     frontier = [root]
     while frontier:
         pid = frontier.pop(0)
         with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read().split(b"\0")
-            if len(args) > 2 and args[2].endswith(b"/sandbox_worker.py"):
+            script = 1 + len(PYTHON_FLAGS)
+            if len(args) > script and args[script].endswith(b"/sandbox_worker.py"):
                 return pid
         frontier += [int(name) for name in os.listdir("/proc") if name.isdigit() and _stat(int(name))[1:2] == [str(pid)]]
     return None

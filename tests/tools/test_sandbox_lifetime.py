@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -254,3 +255,30 @@ def test_the_at_fork_hook_leaves_a_reused_fd_number_alone(tmp_path):
     os.close(write_end)
     assert os.read(read_end, 100) == b"still a pipe"
     os.close(read_end)
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "dead-not-yet-reaped"])
+def test_a_worker_that_died_while_idle_does_not_take_the_next_call_with_it(reaped):
+    """A killed idle worker stayed in the pool and the next call came back `killed`, "the sandbox worker died".
+    Now a dead idle worker is replaced, and a call whose worker was gone before it read the call runs again
+    on a fresh one (once)."""
+    with PythonSandbox(SandboxLimits(wall_seconds=5, cpu_seconds=5), pool_size=1) as box:
+        assert box.run("print('warm')").stdout == "warm\n"
+        worker = box._idle.queue[0]  # white-box: the idle worker, killed for real
+        os.killpg(worker.process.pid, signal.SIGKILL)
+        if reaped:
+            worker.process.wait(timeout=10)
+        else:  # wait for its death, leaving it for the sandbox to find
+            os.waitid(os.P_PID, worker.process.pid, os.WEXITED | os.WNOWAIT)
+        results = [box.run("print('hello')") for _ in range(3)]
+    assert [(r.status, r.stdout) for r in results] == [("ok", "hello\n")] * 3, results
+
+
+def test_a_workers_start_up_does_not_count_against_the_calls_wall_clock():
+    """Calls that found no idle worker started one, and its start (here numpy and sympy imported, about a
+    second on a loaded machine) used up a 1 s wall limit before the code ran: `print(1)` timed out."""
+    limits = SandboxLimits(wall_seconds=1.0, cpu_seconds=1)
+    with (PythonSandbox(limits, pool_size=1, calls_per_worker=1, preload=("numpy", "sympy")) as box,
+          ThreadPoolExecutor(4) as pool):
+        results = list(pool.map(box.run, ["print(1)"] * 4))
+    assert [(r.status, r.stdout) for r in results] == [("ok", "1\n")] * 4, results

@@ -97,6 +97,16 @@ def test_browse_a_url_turns_html_into_text():
     assert result.ok and result.text == "Report\nThe answer is 17."
 
 
+def test_browse_a_page_of_stray_angle_brackets_keeps_them_as_text():
+    """`x <y ` * 20k (100 KiB): the standard library's parser rescanned to the page's end from each `<`, about
+    100 CPU-s on a thread the registry had given up on; milliseconds now. No timing here: the suite's timeout
+    catches a hang, `tests/tools/test_html_text.py` checks the parser is fed no unfinished markup."""
+    page = ("<html><body><p>" + "x <y " * 20_000).encode()
+    with StubServer(lambda *a: (200, "text/html; charset=utf-8", page)) as stub:
+        result = BrowseTool(allow_loopback=True, window_chars=20).run(f"{stub.url}/page.html")
+    assert result.ok and result.text == "x <y x <y x <y x <y "
+
+
 def test_browse_failures_become_text(server):
     missing = BrowseTool(search_url=server.url).run("no-such-doc")
     assert not missing.ok and "no document with id 'no-such-doc'" in missing.text
@@ -149,3 +159,12 @@ def test_a_broken_cache_is_a_miss_not_a_failed_search(server, tmp_path):
     shutil.rmtree(cache)  # the cache cannot be written at all: the search still answers
     gone = tool.run("treaty signed 1648")
     assert gone.ok and gone.text.startswith("Doc 1 (Title: Peace of Westphalia)")
+
+
+def test_a_query_or_document_id_the_server_refuses_as_too_large_is_a_bad_call(server):
+    """The real server answers 413 to a body over its 1 MiB and 414 to a request line over 64 KiB: the
+    model's own mistake, once labelled `unavailable` as if the server were down."""
+    search = SearchTool(server.url).run("capital " * 200_000)
+    assert search.status == "bad_call" and "too large" in search.text and "HTTP 413" in search.text, search
+    browse = BrowseTool(search_url=server.url).run("x" * 100_000)
+    assert browse.status == "bad_call" and "too long" in browse.text and "HTTP 414" in browse.text, browse
