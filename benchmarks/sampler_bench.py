@@ -16,12 +16,17 @@ Floors of one decode step, both measured in this run:
     physical floor.
   * `physical_floor`: max(bytes a step must read / measured copy bandwidth,
     step FLOPs / measured matmul peak). The bytes are the parameters plus the
-    live KV slots (prompt + tokens so far, averaged over the decode); the copy
-    bandwidth is measured on a buffer of that size (so it is the cache level the
-    working set lives in), the matmul peak on square matmuls in the model's
-    dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size),
-    read before and after the timed runs: the floor uses the higher reading
-    (both are printed).
+    live KV slots (a step attends the prompt, the tokens before it and its own,
+    `mean_attended_slots`, averaged over the decode); the copy bandwidth is
+    measured on a buffer of that size (so it is the cache level the working set
+    lives in), the matmul peak on square matmuls on random data (512^3 on a CPU,
+    8192^3 on an accelerator; --peak-size) in the model's dtype, and on a CPU
+    also in float32 (`matmul_peak_dtypes`: XLA:CPU runs bf16 matmuls several
+    times slower than f32, and a bf16 peak would loosen the compute floor),
+    read before and after the timed runs: the floor uses the highest reading
+    (all are printed, with the dtype that gave it). The headline ratio is the
+    median step over the physical floor (`step_over_physical_floor_median`);
+    the best step's ratio is kept as `step_over_physical_floor_best`.
   * `step_products_*` (CPU only): what the step's weight products cost at their own
     shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
     part of the step no sampler on this backend can remove, and how far it is
@@ -37,9 +42,8 @@ length), so tunix pads nothing and its cache is prompt + 1 + new tokens
 
 The table and the JSON's top level cover all rounds: the first call is round
 1's (the compile), means are over every round's timed calls, bests the best
-call of any round (and the best step is the one against the floors); `rounds`
-keeps each round's own figures. ours / peer is the mean over rounds of our
-per-round tokens/s over the same for the peer.
+call of any round; `rounds` keeps each round's own figures. ours / peer is
+the mean over rounds of our per-round tokens/s over the same for the peer.
 """
 
 from __future__ import annotations
@@ -98,8 +102,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layerwise", choices=sorted(LAYERWISE_DECODE), default="auto",
                         help="the Sampler's layerwise_decode (auto: its default for the backend)")
     parser.add_argument("--peak-size", type=int, default=0,
-                        help="side of the square matmul that measures the peak, in --dtype; "
-                             "0 means 512 on a CPU and 8192 on an accelerator")
+                        help="side of the square matmul that measures the peak, in --dtype (and float32 on a "
+                             "CPU); 0 means 512 on a CPU and 8192 on an accelerator")
     add_json_flag(parser)
     return parser.parse_args()
 
@@ -196,6 +200,7 @@ def summarise_calls(first_call: float, prefill_s: list[float], decode_s: list[fl
         "tokens_per_s_mean": tokens / statistics.mean(total),
         "tokens_per_s_best": tokens / min(total),
         "step_ms_mean": 1e3 * statistics.mean(step_s),
+        "step_ms_median": 1e3 * statistics.median(step_s),
         "step_ms_best": 1e3 * min(step_s),
         "floor_ms_mean": 1e3 * statistics.mean(floor_s),
         "floor_ms_best": 1e3 * min(floor_s),
@@ -243,6 +248,22 @@ def matmul_gflops(dtype: str = "float32", size: int = 512) -> float:
     return 2 * size**3 / seconds / 1e9
 
 
+def matmul_peak_dtypes(dtype: str, on_cpu: bool) -> tuple[str, ...]:
+    """The dtypes the matmul peak is measured in: the model's, and on a CPU float32 as well.
+
+    XLA:CPU runs bf16 matmuls at a fraction of its f32 rate (8-18 against about
+    110 GFLOP/s on the 2-core machine), so a bf16 peak would make the compute
+    floor of a bf16 run several times looser than the machine allows.
+    """
+    return (dtype,) if not on_cpu or dtype == "float32" else (dtype, "float32")
+
+
+def matmul_peak(readings: list[dict[str, float]]) -> tuple[float, str]:
+    """The highest GFLOP/s of `readings` (each {dtype: GFLOP/s}, e.g. before and after the timed runs)
+    and the dtype that gave it: the best the machine did, since a lower peak would raise the floor."""
+    return max((gflops, dtype) for reading in readings for dtype, gflops in reading.items())
+
+
 def copy_bandwidth(n_bytes: int, repeats: int = 64) -> float:
     """Bytes/s of a jitted in-loop copy (x -> x * c, read + write) of a float32 buffer of `n_bytes`.
 
@@ -280,7 +301,7 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
     params = parameter_axes(model)
     param_bytes = sum(math.prod(shape) * itemsize for _, shape, itemsize in params)
     matrix_entries = sum(math.prod(shape) for axes, shape, _ in params if _is_matrix(axes))
-    live = prompt_len + (new_tokens - 1) / 2  # mean slots attended over the decode
+    live = mean_attended_slots(prompt_len, new_tokens)
     itemsize = jnp.dtype(c.dtype).itemsize
     kv_bytes = 2 * c.n_layers * batch * live * c.n_kv_heads * c.head_dim * itemsize
     flops = 2 * batch * matrix_entries + 4 * batch * c.n_layers * c.n_heads * c.head_dim * live
@@ -289,6 +310,23 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
     return {"physical_floor_ms": 1e3 * max(memory_s, compute_s), "floor_memory_ms": 1e3 * memory_s,
             "floor_compute_ms": 1e3 * compute_s, "bytes_per_step": int(param_bytes + kv_bytes),
             "flops_per_step": int(flops), "copy_gb_per_s": bandwidth / 1e9}
+
+
+def mean_attended_slots(prompt_len: int, new_tokens: int) -> float:
+    """Cache slots one decode step attends, averaged over the `new_tokens` steps after a `prompt_len` prefill.
+
+    Each step samples from the last logits, then feeds its token through the
+    model, written at its own slot (`programs.decode_loop`): step s (from 0)
+    attends the prompt, the s tokens before it and its own, P + s + 1 slots;
+    the mean over s = 0 .. N-1 is P + (N + 1) / 2.
+    """
+    return prompt_len + (new_tokens + 1) / 2
+
+
+def physical_floor_ratios(result: dict) -> dict:
+    """The decode step over the physical floor: the median step's (headline) and the best step's."""
+    return {"step_over_physical_floor_median": result["step_ms_median"] / result["physical_floor_ms"],
+            "step_over_physical_floor_best": result["step_ms_best"] / result["physical_floor_ms"]}
 
 
 def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
@@ -387,18 +425,19 @@ def main() -> None:
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     on_cpu = jax.default_backend() == "cpu"
     peak_size = args.peak_size or (512 if on_cpu else 8192)
+    peak_dtypes = matmul_peak_dtypes(args.dtype, on_cpu)
     load_before = os.getloadavg()[0]
-    gflops_before = matmul_gflops(args.dtype, peak_size)
+    gflops_readings = [{dtype: matmul_gflops(dtype, peak_size) for dtype in peak_dtypes}]
     ours, peers = [], []
     for _ in range(args.rounds if args.peer != "none" else 1):  # alternate, so drifting load hits both sides
         ours.append(time_sampler(sampler, model, prompts, args))
         if args.peer != "none":
             peers.append(run_peer(args))
-    gflops_readings = [gflops_before, matmul_gflops(args.dtype, peak_size)]
-    gflops = max(gflops_readings)  # the best the machine did: a lower peak would raise the compute floor
+    gflops_readings.append({dtype: matmul_gflops(dtype, peak_size) for dtype in peak_dtypes})
+    gflops, gflops_dtype = matmul_peak(gflops_readings)
     result = combine_rounds(ours, args.batch, args.new_tokens)
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
-    result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
+    result.update(physical_floor_ratios(result))
     if on_cpu:
         xla_timer = functools.partial(xla_product_seconds, dtype=args.dtype)
         result.update(step_products_time(weight_products(model, args.batch), xla=xla_timer))
@@ -410,8 +449,9 @@ def main() -> None:
         result["peer"] = peer_comparison(args.peer, ours, peers, args.prompt_len, args.new_tokens)
     result.update(
         matmul_gflops=gflops,
-        matmul_gflops_readings=gflops_readings,
-        matmul_peak_shape=f"{peak_size}^3 {args.dtype}",
+        matmul_gflops_dtype=gflops_dtype,  # the dtype of the reading the floor uses
+        matmul_gflops_readings=gflops_readings,  # [before, after], each {dtype: GFLOP/s}
+        matmul_peak_shape=f"{peak_size}^3 {'/'.join(peak_dtypes)}",
         device_kind=jax.devices()[0].device_kind,
         load_average_1min=max(load_before, os.getloadavg()[0]),
         cpu_count=os.cpu_count(),
@@ -430,15 +470,18 @@ def main() -> None:
          f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
         ("first call of round 1 (compile) s", f"{r['first_call_s']:.2f}"),
         ("prefill ms mean / best", f"{r['prefill_ms_mean']:.2f} / {r['prefill_ms_best']:.2f}"),
-        ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
+        ("decode step ms mean / median / best",
+         f"{r['step_ms_mean']:.3f} / {r['step_ms_median']:.3f} / {r['step_ms_best']:.3f}"),
         ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
         ("step / one-token floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
         ("physical floor ms (memory / compute)",
          f"{r['physical_floor_ms']:.4f} ({r['floor_memory_ms']:.4f} / {r['floor_compute_ms']:.4f})"),
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
-        ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
-        (f"matmul GFLOP/s, {r['matmul_peak_shape']}, before / after (median each; the floor uses the max)",
-         " / ".join(f"{x:.0f}" for x in r["matmul_gflops_readings"])),
+        ("median step / physical floor (best step's)",
+         f"{r['step_over_physical_floor_median']:.1f} ({r['step_over_physical_floor_best']:.1f})"),
+        (f"matmul GFLOP/s, {r['matmul_peak_shape']}, before / after (median each; the floor uses the max, "
+         + f"{r['matmul_gflops_dtype']})",
+         " / ".join(", ".join(f"{d} {x:.0f}" for d, x in reading.items()) for reading in r["matmul_gflops_readings"])),
     ]
     if on_cpu:
         rows += [

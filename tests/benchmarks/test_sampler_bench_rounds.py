@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
-from benchmarks.sampler_bench import combine_rounds, summarise_calls
+from benchmarks.sampler_bench import (
+    combine_rounds,
+    physical_floor_ratios,
+    summarise_calls,
+)
 from benchmarks.sampler_peer import (
     peer_command,
     peer_comparison,
@@ -41,6 +45,18 @@ def test_combine_rounds_takes_the_compile_from_round_one_and_means_and_bests_ove
     assert combined["floor_ms_best"] == pytest.approx(10.0)
     assert combined["prefill_ms_mean"] == pytest.approx(1e3 * statistics.mean([0.01, 0.02, 0.03, 0.03]))
     assert combined["rounds"] == [one, two]  # each round's own figures are kept
+
+
+def test_physical_floor_headline_is_the_median_step_and_the_best_step_is_secondary():
+    # Five calls over two rounds; one lucky fast call must not set the headline.
+    one = _round(13.0, [0.01, 0.01, 0.01], [0.02, 0.08, 0.09], [0.02] * 3)
+    two = _round(0.1, [0.01, 0.01], [0.10, 0.12], [0.02] * 2)
+    combined = combine_rounds([one, two], BATCH, NEW)
+    median_step_ms = 1e3 * statistics.median([0.02, 0.08, 0.09, 0.10, 0.12]) / NEW
+    assert combined["step_ms_median"] == pytest.approx(median_step_ms)
+    ratios = physical_floor_ratios(combined | {"physical_floor_ms": 2.0})
+    assert ratios["step_over_physical_floor_median"] == pytest.approx(median_step_ms / 2.0)
+    assert ratios["step_over_physical_floor_best"] == pytest.approx(1e3 * 0.02 / NEW / 2.0)
 
 
 def test_combine_rounds_refuses_rounds_of_different_shapes():
