@@ -35,7 +35,13 @@ Floors of one decode step, both measured in this run:
 `--peer tunix` runs `../shared/bench/tunix_sampler_bench.py` (tunix's vanilla
 sampler on a random Qwen3 of the same shapes) in `--peer-python`'s venv,
 interleaved with this sampler's runs (`--rounds`) in the same process tree and
-minute; google-tunix is never a project dependency. The driver gets
+minute, in the same environment (XLA_FLAGS included, recorded as `xla_flags`);
+google-tunix is never a project dependency. With `--peer-decode on` (default)
+the peer's decode loop is also timed alone, in extra calls after its timed ones
+(`benchmarks/tunix_decode_timing.py`), and the decode-only ratio (our generate
+against tunix's decode program, each after its prefill) is reported beside the
+end-to-end one, which also charges tunix's per-call host work
+(`init_sample_state`, tokenising, device to host). The driver gets
 `--max-prompt-length` = prompt + 1 (tunix prepends BOS and left-pads to that
 length), so tunix pads nothing and its cache is prompt + 1 + new tokens
 (`benchmarks/sampler_peer.py`, `peer_max_prompt_length`).
@@ -97,6 +103,9 @@ def parse_args() -> argparse.Namespace:
                         help="also time a peer sampler on the same shapes in this run")
     parser.add_argument("--peer-python", default=None, help="python of a scratch venv with google-tunix")
     parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
+    parser.add_argument("--peer-decode", choices=["on", "off"], default="on",
+                        help="also time the peer's decode loop alone, in extra calls after its timed ones "
+                             "(benchmarks/tunix_decode_timing.py), for a decode-only ratio")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --peer: alternate ours and the peer's timed runs this many times")
     parser.add_argument("--layerwise", choices=sorted(LAYERWISE_DECODE), default="auto",
@@ -424,6 +433,9 @@ def main() -> None:
                       layerwise_decode=LAYERWISE_DECODE[args.layerwise])
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     on_cpu = jax.default_backend() == "cpu"
+    xla_flags = os.environ.get("XLA_FLAGS")
+    if xla_flags and args.peer != "none":
+        print(f"note: XLA_FLAGS={xla_flags!r} applies to both samplers (the peer runs in this environment)")
     peak_size = args.peak_size or (512 if on_cpu else 8192)
     peak_dtypes = matmul_peak_dtypes(args.dtype, on_cpu)
     load_before = os.getloadavg()[0]
@@ -454,6 +466,7 @@ def main() -> None:
         matmul_peak_shape=f"{peak_size}^3 {'/'.join(peak_dtypes)}",
         device_kind=jax.devices()[0].device_kind,
         load_average_1min=max(load_before, os.getloadavg()[0]),
+        xla_flags=xla_flags,
         cpu_count=os.cpu_count(),
         config={k: v for k, v in vars(args).items() if k != "json"},
         backend=jax.default_backend(),
@@ -504,6 +517,12 @@ def main() -> None:
             (f"ours / {args.peer} (ratio of the per-round means' means; per round)",
              f"{peer['speedup_of_means']:.2f}x; " + " ".join(f"{x:.2f}" for x in peer["speedup_per_round"])),
         ]
+        if "decode_speedup_of_means" in peer:
+            rows += [
+                (f"decode only: ours / {args.peer} tokens/s (means' ratio; per round)",
+                 f"{peer['decode_speedup_of_means']:.2f}x; "
+                 + " ".join(f"{x:.2f}" for x in peer["decode_speedup_per_round"])),
+            ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
           f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, layerwise {r['layerwise_decode']}, "
