@@ -14,7 +14,7 @@ of each call (`init_sample_state`, tokenising, padding, device to host, detokeni
 `host_s`. tunix's prefill samples the first token, so its decode loop runs new_tokens - 1 model
 steps where ours runs new_tokens (ours feeds its last token too).
 
-Prints the driver's JSON line with `decode` added: {"decode_s", "prefill_s", "host_s",
+Prints the driver's JSON line (and with `--json OUT` writes it to OUT) with `decode` added: {"decode_s", "prefill_s", "host_s",
 "decode_tokens_per_s"} (tokens = batch x new tokens, over the mean decode seconds).
 """
 
@@ -40,6 +40,7 @@ def load_driver(path: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--driver", required=True, help="the peer's driver script (its main(argv) runs as is)")
+    parser.add_argument("--json", default=None, metavar="OUT", help="also write the JSON line's object to OUT")
     ours, driver_argv = parser.parse_known_args(argv)
     driver = load_driver(ours.driver)
     driver_args = argparse.Namespace(iters=5, batch=8, new_tokens=64)
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     result["decode"] = {"decode_s": decode_s, "prefill_s": prefill_s, "host_s": host_s,
                         "decode_tokens_per_s": driver_args.batch * driver_args.new_tokens / statistics.mean(decode_s)}
     print(json.dumps(result))
+    if ours.json:  # this runs in the peer's venv: no benchmarks.bench_json there
+        with open(ours.json, "w") as out:
+            json.dump(result, out, indent=1)
     return 0
 
 
