@@ -5,11 +5,19 @@ Tiny model (random weights, so tool calls are forced through `ToolForcingGenerat
 real tools (search server on loopback, python sandbox), k=8, 16 prompts.
 `--tool-latency-ms N` makes the search server and the sandbox answer no sooner than N ms
 after a call (their own latency options, not a mock). Device-busy fraction: wall seconds
-inside the sampler's jitted programs (each call timed until its results are ready,
-`Sampler.device_seconds`) less the compiles made inside those calls, over the rollout's wall
-time less the same compiles (forced tokens are scored inside the sampler's appends,
-`Sampler.score_append`); `device_busy_fraction_with_compiles` keeps them in. Prints a table;
-`--json OUT` writes `{"schedules": {"rounds": {...}, "continuous": {...}}, "rows": [...]}`.
+inside the sampler's jitted programs of every kind (prefill, append, reshape = grow / fork /
+concat / the layer split, and decode; each call timed until its results are ready,
+`Sampler.device_seconds`, kept per kind in each row's `device_seconds`) less the compiles made
+inside those calls, over the rollout's wall time less the same compiles (forced tokens are
+scored inside the sampler's appends, `Sampler.score_append`, so they count as append time);
+`device_busy_fraction_with_compiles` keeps the compiles in. Prints a table; `--json OUT` writes
+`{"schedules": {"rounds": {...}, "continuous": {...}}, "order_per_repeat": [...], "rows": [...]}`.
+
+Order. Within a repeat every schedule runs once; the order rotates from one repeat to the next
+(with rounds and continuous: repeat 1 rounds first, repeat 2 continuous first, ...), so the
+programs the first run of a repeat compiles on the spot are not always free for the same
+schedule. Each row records its `position_in_repeat`, and `order_per_repeat` the orders; an odd
+number of repeats leaves one schedule first once more than the other.
 
 Compiles, and which ratio is the headline. A run compiles the shapes the warm-ups did not meet.
 Rounds compiles them on the spot, inside its time; a continuous run (`--background-compile auto`,
@@ -18,15 +26,21 @@ the default) runs a larger compiled variant instead and compiles the new shape a
 slowed by compiles another queued). Raw trajectories/s therefore charge rounds for its compiles and
 continuous for none of its own. The headline ratio is the compile-free one, where neither side pays:
 each run's seconds less its on-the-spot compiles (`compile_seconds`: tracing, lowering and XLA's
-compile on the thread that runs the rollout, from jax's monitoring events; background compile
-threads are `background_compile_seconds` and are not subtracted). Also printed: the raw ratio, and
-the ratio with every compile charged to the run that caused it (continuous: its seconds plus its
-drain). `new_compiled_programs` counts XLA compiles (backend compile events) on every thread.
+compile on the thread that runs the rollout, from jax's monitoring events). Compiles on the
+sampler's background thread are `background_compile_seconds`, not subtracted: a loop run holds
+them until it ends, so with `--premonitor-overlap on` (one loop run per rollout) they run in the
+drain after the timed run, not during it; with it off, the pre-monitoring run's held compiles
+start when that run ends and run beside the main run, inside the timed time. Also printed: the
+raw ratio, and the ratio with every compile charged to the run that caused it (continuous: its
+seconds plus its drain). `new_compiled_programs` counts XLA compiles (backend compile events) on
+every thread.
 
 Tool bound (`aepo_jax/rollout/critical_path.py`): each run's trees make `tool_calls` calls, of which
 `serial_tool_calls` must follow one another, so with L seconds per call and N in flight no schedule
 finishes that rollout sooner than max(serial * L, calls * L / N) (`tool_bound_seconds`). Rounds'
-seconds over the largest bound of its runs is what hiding tool latency could gain at most.
+mean compile-free seconds (`seconds_without_compiles`) over the largest bound of any run (every
+schedule's and branch mode's, so the ceiling is the lowest the runs allow; the JSON names that run
+in `rounds.tool_bound_run`) is what hiding tool latency could gain at most (`speedup_ceiling`).
 
     python -m benchmarks.rollout_bench --tool-latency-ms 200 [--json OUT.json]
 """
@@ -59,7 +73,7 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   BACKEND_COMPILE_EVENT)
 
-SUMMARY_KEYS = ("seconds", "trajectories_per_s", "trajectories_per_s_without_compiles",
+SUMMARY_KEYS = ("seconds", "seconds_without_compiles", "trajectories_per_s", "trajectories_per_s_without_compiles",
                 "trajectories_per_s_all_compiles_charged", "device_busy_fraction",
                 "device_busy_fraction_with_compiles", "forward_tokens_per_trajectory_token", "trajectory_tokens_per_s",
                 "ticks", "branches", "compile_seconds", "background_compile_seconds", "compile_drain_seconds",
@@ -111,7 +125,6 @@ def main() -> None:
                 for key, config in loop_configs.items()}
     prompts = render_prompts(tok, world.questions, PromptConfig(system_prompt=SYSTEM))
     rollout_config = RolloutConfig(strategy="aepo", premonitor_overlap=args.premonitor_overlap == "on")
-    rows = []
     latency = args.tool_latency_ms
     with live_tools(world.corpus, latency, args.tool_concurrency) as registry:
         loops = {key: AgentLoop(ToolForcingGenerator(samplers[key], plan, free_tokens=args.free_tokens), tok, registry,
@@ -124,17 +137,17 @@ def main() -> None:
                 _timed_rollout(loop, samplers[key], rollout_config, prompts, args.k, 1000 + warmup, census=False)
         for sampler in samplers.values():  # the warm-ups' queued compiles finish here, not inside a timed run
             sampler.wait_for_compiles()
-        for repeat in range(1, args.repeats + 1):
-            for (branch_by, schedule), loop in loops.items():
-                rows.append(_timed_rollout(loop, samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
-                                           latency / 1000.0, args.tool_concurrency, census=args.cache_census)
-                            | {"schedule": schedule, "branch_by": branch_by})
+        rows = run_repeats(args.repeats, branch_modes, schedules, lambda branch_by, schedule, repeat: _timed_rollout(
+            loops[branch_by, schedule], samplers[branch_by, schedule], rollout_config, prompts, args.k, repeat,
+            latency / 1000.0, args.tool_concurrency, census=args.cache_census))
     summary = _summaries(rows, schedules, branch_modes[0])
+    order_per_repeat = [schedule_order(schedules, i) for i in range(args.repeats)]
     low, high = args.free_tokens
     print(f"AEPO rollout, preset={args.preset}, k={args.k}, prompts={args.prompts}, "
           f"tool latency {latency:g} ms, tool concurrency {args.tool_concurrency}, "
           f"free tokens per segment {low if low == high else f'{low}-{high}'}, "
           f"pre-monitoring overlap {args.premonitor_overlap}, device={jax.devices()[0].platform}")
+    print("order per repeat:", "; ".join(" then ".join(order) for order in order_per_repeat))
     print(f"{'schedule':>10} {'branch_by':>9} {'rep':>3} {'sec':>7} {'traj/s':>7} {'busy':>5} "
           f"{'fwd/traj':>8} {'traj tok/s':>10} {'ticks':>5} {'branches':>8} {'calls':>5} {'serial':>6} "
           f"{'bound s':>7}")
@@ -165,14 +178,53 @@ def main() -> None:
         print(f"  raw (rounds pays its compiles inside its time, continuous's held compiles run after its time): "
               f"{ratios['trajectories_per_s']:.2f}x; every compile charged to the run that caused it (continuous: "
               f"plus its drain): {ratios['trajectories_per_s_all_compiles_charged']:.2f}x")
-        rounds_rows = [r for r in rows if r["schedule"] == "rounds" and r["branch_by"] == branch_modes[0]]
-        bound = max(r["tool_bound_seconds"] for r in rows)
-        if bound > 0:  # no tool latency: no tool bound
-            ceiling = summary["rounds"]["seconds"] / bound
-            summary["rounds"]["speedup_ceiling"] = ceiling
-            print(f"at most {ceiling:.2f}x for any schedule: rounds' mean seconds over the largest tool bound of "
-                  f"all runs ({len(rounds_rows)} rounds runs)")
-    write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary, "rows": rows})
+        ceiling = speedup_ceiling(rows, branch_modes[0])
+        if ceiling:  # no tool latency: no tool bound
+            summary["rounds"] |= ceiling
+            run = ceiling["tool_bound_run"]
+            print(f"at most {ceiling['speedup_ceiling']:.2f}x for any schedule: rounds' mean compile-free seconds "
+                  f"({ceiling['seconds_without_compiles']:.2f} s over {ceiling['rounds_runs']} runs) over the largest "
+                  f"tool bound of any run ({ceiling['tool_bound_seconds']:.2f} s: {run['schedule']}, "
+                  f"branch_by={run['branch_by']}, repeat {run['repeat']}, {run['tool_calls']} calls, "
+                  f"{run['serial_tool_calls']} serial)")
+    write_json(args.json, {"args": vars(args), "device": str(jax.devices()[0]), "schedules": summary,
+                           "order_per_repeat": order_per_repeat, "rows": rows})
+
+
+def schedule_order(schedules: list[str], repeat_index: int) -> list[str]:
+    """The schedules' order in repeat `repeat_index` (from 0): rotated by one each repeat, so each goes first
+    in turn (two schedules alternate) and the programs the first run compiles on the spot favour none."""
+    shift = repeat_index % len(schedules)
+    return schedules[shift:] + schedules[:shift]
+
+
+def run_repeats(repeats: int, branch_modes: list[str], schedules: list[str], run) -> list[dict]:
+    """`run(branch_by, schedule, repeat)` for every repeat (from 1), branch mode and schedule, schedules in
+    `schedule_order`; each row gains its schedule, branch_by and position_in_repeat."""
+    rows = []
+    for repeat in range(1, repeats + 1):
+        for branch_by in branch_modes:
+            for position, schedule in enumerate(schedule_order(schedules, repeat - 1)):
+                rows.append(run(branch_by, schedule, repeat)
+                            | {"schedule": schedule, "branch_by": branch_by, "position_in_repeat": position})
+    return rows
+
+
+def speedup_ceiling(rows: list[dict], branch_by: str) -> dict:
+    """The most any schedule could gain over rounds by hiding tool latency: rounds' mean compile-free seconds
+    (rows with `branch_by`) over the largest tool bound of any row (so the lowest ceiling the runs allow).
+    Empty when there are no rounds rows or no tool bound (no tool latency)."""
+    rounds = [r for r in rows if r["schedule"] == "rounds" and r["branch_by"] == branch_by]
+    if not rounds:
+        return {}
+    largest = max(rows, key=lambda r: r["tool_bound_seconds"])
+    if largest["tool_bound_seconds"] <= 0:
+        return {}
+    seconds = float(np.mean([r["seconds_without_compiles"] for r in rounds]))
+    return {"speedup_ceiling": seconds / largest["tool_bound_seconds"], "seconds_without_compiles": seconds,
+            "rounds_runs": len(rounds), "tool_bound_seconds": largest["tool_bound_seconds"],
+            "tool_bound_run": {key: largest[key] for key in ("schedule", "branch_by", "repeat", "tool_calls",
+                                                              "serial_tool_calls")}}
 
 
 def _free_tokens(text: str) -> tuple[int, int]:
@@ -246,7 +298,8 @@ def _timed_rollout(loop, sampler, config: RolloutConfig, prompts, k: int, repeat
         print(f"warning: {compile_seconds:.2f} s of on-the-spot compiles but only {device_total:.2f} s inside sampler "
               "calls: a program compiled outside the sampler, so the compile-free busy fraction reads low")
     trajectories = sum(len(g) for g in groups)
-    return {"repeat": repeat, "seconds": seconds, "trajectories": trajectories,
+    return {"repeat": repeat, "seconds": seconds, "seconds_without_compiles": max(seconds - compile_seconds, 1e-9),
+            "trajectories": trajectories,
             "trajectories_per_s": trajectories / seconds,
             # As if the programs compiled on the spot inside the run had been compiled before it (a long
             # training run meets each shape once; an eight-warm-up benchmark still meets a few).

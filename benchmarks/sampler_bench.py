@@ -16,12 +16,17 @@ Floors of one decode step, both measured in this run:
     physical floor.
   * `physical_floor`: max(bytes a step must read / measured copy bandwidth,
     step FLOPs / measured matmul peak). The bytes are the parameters plus the
-    live KV slots (prompt + tokens so far, averaged over the decode); the copy
-    bandwidth is measured on a buffer of that size (so it is the cache level the
-    working set lives in), the matmul peak on square matmuls in the model's
-    dtype on random data (512^3 on a CPU, 8192^3 on an accelerator; --peak-size),
-    read before and after the timed runs: the floor uses the higher reading
-    (both are printed).
+    live KV slots (a step attends the prompt, the tokens before it and its own,
+    `mean_attended_slots`, averaged over the decode); the copy bandwidth is
+    measured on a buffer of that size (so it is the cache level the working set
+    lives in), the matmul peak on square matmuls on random data (512^3 on a CPU,
+    8192^3 on an accelerator; --peak-size) in the model's dtype, and on a CPU
+    also in float32 (`matmul_peak_dtypes`: XLA:CPU runs bf16 matmuls several
+    times slower than f32, and a bf16 peak would loosen the compute floor),
+    read before and after the timed runs: the floor uses the highest reading
+    (all are printed, with the dtype that gave it). The headline ratio is the
+    median step over the physical floor (`step_over_physical_floor_median`);
+    the best step's ratio is kept as `step_over_physical_floor_best`.
   * `step_products_*` (CPU only): what the step's weight products cost at their own
     shapes ([batch, K] x [K, N]), with XLA's dot and with numpy's BLAS: the
     part of the step no sampler on this backend can remove, and how far it is
@@ -30,16 +35,21 @@ Floors of one decode step, both measured in this run:
 `--peer tunix` runs `../shared/bench/tunix_sampler_bench.py` (tunix's vanilla
 sampler on a random Qwen3 of the same shapes) in `--peer-python`'s venv,
 interleaved with this sampler's runs (`--rounds`) in the same process tree and
-minute; google-tunix is never a project dependency. The driver gets
+minute, in the same environment (XLA_FLAGS included, recorded as `xla_flags`);
+google-tunix is never a project dependency. With `--peer-decode on` (default)
+the peer's decode loop is also timed alone, in extra calls after its timed ones
+(`benchmarks/tunix_decode_timing.py`), and the decode-only ratio (our generate
+against tunix's decode program, each after its prefill) is reported beside the
+end-to-end one, which also charges tunix's per-call host work
+(`init_sample_state`, tokenising, device to host). The driver gets
 `--max-prompt-length` = prompt + 1 (tunix prepends BOS and left-pads to that
 length), so tunix pads nothing and its cache is prompt + 1 + new tokens
 (`benchmarks/sampler_peer.py`, `peer_max_prompt_length`).
 
 The table and the JSON's top level cover all rounds: the first call is round
 1's (the compile), means are over every round's timed calls, bests the best
-call of any round (and the best step is the one against the floors); `rounds`
-keeps each round's own figures. ours / peer is the mean over rounds of our
-per-round tokens/s over the same for the peer.
+call of any round; `rounds` keeps each round's own figures. ours / peer is
+the mean over rounds of our per-round tokens/s over the same for the peer.
 """
 
 from __future__ import annotations
@@ -93,13 +103,16 @@ def parse_args() -> argparse.Namespace:
                         help="also time a peer sampler on the same shapes in this run")
     parser.add_argument("--peer-python", default=None, help="python of a scratch venv with google-tunix")
     parser.add_argument("--peer-script", default=str(PEER_SCRIPT), help="the peer's driver script")
+    parser.add_argument("--peer-decode", choices=["on", "off"], default="on",
+                        help="also time the peer's decode loop alone, in extra calls after its timed ones "
+                             "(benchmarks/tunix_decode_timing.py), for a decode-only ratio")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --peer: alternate ours and the peer's timed runs this many times")
     parser.add_argument("--layerwise", choices=sorted(LAYERWISE_DECODE), default="auto",
                         help="the Sampler's layerwise_decode (auto: its default for the backend)")
     parser.add_argument("--peak-size", type=int, default=0,
-                        help="side of the square matmul that measures the peak, in --dtype; "
-                             "0 means 512 on a CPU and 8192 on an accelerator")
+                        help="side of the square matmul that measures the peak, in --dtype (and float32 on a "
+                             "CPU); 0 means 512 on a CPU and 8192 on an accelerator")
     add_json_flag(parser)
     return parser.parse_args()
 
@@ -196,6 +209,7 @@ def summarise_calls(first_call: float, prefill_s: list[float], decode_s: list[fl
         "tokens_per_s_mean": tokens / statistics.mean(total),
         "tokens_per_s_best": tokens / min(total),
         "step_ms_mean": 1e3 * statistics.mean(step_s),
+        "step_ms_median": 1e3 * statistics.median(step_s),
         "step_ms_best": 1e3 * min(step_s),
         "floor_ms_mean": 1e3 * statistics.mean(floor_s),
         "floor_ms_best": 1e3 * min(floor_s),
@@ -243,6 +257,22 @@ def matmul_gflops(dtype: str = "float32", size: int = 512) -> float:
     return 2 * size**3 / seconds / 1e9
 
 
+def matmul_peak_dtypes(dtype: str, on_cpu: bool) -> tuple[str, ...]:
+    """The dtypes the matmul peak is measured in: the model's, and on a CPU float32 as well.
+
+    XLA:CPU runs bf16 matmuls at a fraction of its f32 rate (8-18 against about
+    110 GFLOP/s on the 2-core machine), so a bf16 peak would make the compute
+    floor of a bf16 run several times looser than the machine allows.
+    """
+    return (dtype,) if not on_cpu or dtype == "float32" else (dtype, "float32")
+
+
+def matmul_peak(readings: list[dict[str, float]]) -> tuple[float, str]:
+    """The highest GFLOP/s of `readings` (each {dtype: GFLOP/s}, e.g. before and after the timed runs)
+    and the dtype that gave it: the best the machine did, since a lower peak would raise the floor."""
+    return max((gflops, dtype) for reading in readings for dtype, gflops in reading.items())
+
+
 def copy_bandwidth(n_bytes: int, repeats: int = 64) -> float:
     """Bytes/s of a jitted in-loop copy (x -> x * c, read + write) of a float32 buffer of `n_bytes`.
 
@@ -280,7 +310,7 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
     params = parameter_axes(model)
     param_bytes = sum(math.prod(shape) * itemsize for _, shape, itemsize in params)
     matrix_entries = sum(math.prod(shape) for axes, shape, _ in params if _is_matrix(axes))
-    live = prompt_len + (new_tokens - 1) / 2  # mean slots attended over the decode
+    live = mean_attended_slots(prompt_len, new_tokens)
     itemsize = jnp.dtype(c.dtype).itemsize
     kv_bytes = 2 * c.n_layers * batch * live * c.n_kv_heads * c.head_dim * itemsize
     flops = 2 * batch * matrix_entries + 4 * batch * c.n_layers * c.n_heads * c.head_dim * live
@@ -289,6 +319,23 @@ def physical_floor(model: Decoder, batch: int, prompt_len: int, new_tokens: int,
     return {"physical_floor_ms": 1e3 * max(memory_s, compute_s), "floor_memory_ms": 1e3 * memory_s,
             "floor_compute_ms": 1e3 * compute_s, "bytes_per_step": int(param_bytes + kv_bytes),
             "flops_per_step": int(flops), "copy_gb_per_s": bandwidth / 1e9}
+
+
+def mean_attended_slots(prompt_len: int, new_tokens: int) -> float:
+    """Cache slots one decode step attends, averaged over the `new_tokens` steps after a `prompt_len` prefill.
+
+    Each step samples from the last logits, then feeds its token through the
+    model, written at its own slot (`programs.decode_loop`): step s (from 0)
+    attends the prompt, the s tokens before it and its own, P + s + 1 slots;
+    the mean over s = 0 .. N-1 is P + (N + 1) / 2.
+    """
+    return prompt_len + (new_tokens + 1) / 2
+
+
+def physical_floor_ratios(result: dict) -> dict:
+    """The decode step over the physical floor: the median step's (headline) and the best step's."""
+    return {"step_over_physical_floor_median": result["step_ms_median"] / result["physical_floor_ms"],
+            "step_over_physical_floor_best": result["step_ms_best"] / result["physical_floor_ms"]}
 
 
 def weight_products(model: Decoder, batch: int) -> list[tuple[int, int, int]]:
@@ -386,19 +433,23 @@ def main() -> None:
                       layerwise_decode=LAYERWISE_DECODE[args.layerwise])
     prompts = np.random.default_rng(0).integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     on_cpu = jax.default_backend() == "cpu"
+    xla_flags = os.environ.get("XLA_FLAGS")
+    if xla_flags and args.peer != "none":
+        print(f"note: XLA_FLAGS={xla_flags!r} applies to both samplers (the peer runs in this environment)")
     peak_size = args.peak_size or (512 if on_cpu else 8192)
+    peak_dtypes = matmul_peak_dtypes(args.dtype, on_cpu)
     load_before = os.getloadavg()[0]
-    gflops_before = matmul_gflops(args.dtype, peak_size)
+    gflops_readings = [{dtype: matmul_gflops(dtype, peak_size) for dtype in peak_dtypes}]
     ours, peers = [], []
     for _ in range(args.rounds if args.peer != "none" else 1):  # alternate, so drifting load hits both sides
         ours.append(time_sampler(sampler, model, prompts, args))
         if args.peer != "none":
             peers.append(run_peer(args))
-    gflops_readings = [gflops_before, matmul_gflops(args.dtype, peak_size)]
-    gflops = max(gflops_readings)  # the best the machine did: a lower peak would raise the compute floor
+    gflops_readings.append({dtype: matmul_gflops(dtype, peak_size) for dtype in peak_dtypes})
+    gflops, gflops_dtype = matmul_peak(gflops_readings)
     result = combine_rounds(ours, args.batch, args.new_tokens)
     result.update(physical_floor(model, args.batch, args.prompt_len, args.new_tokens, gflops * 1e9))
-    result["step_over_physical_floor"] = result["step_ms_best"] / result["physical_floor_ms"]
+    result.update(physical_floor_ratios(result))
     if on_cpu:
         xla_timer = functools.partial(xla_product_seconds, dtype=args.dtype)
         result.update(step_products_time(weight_products(model, args.batch), xla=xla_timer))
@@ -410,10 +461,12 @@ def main() -> None:
         result["peer"] = peer_comparison(args.peer, ours, peers, args.prompt_len, args.new_tokens)
     result.update(
         matmul_gflops=gflops,
-        matmul_gflops_readings=gflops_readings,
-        matmul_peak_shape=f"{peak_size}^3 {args.dtype}",
+        matmul_gflops_dtype=gflops_dtype,  # the dtype of the reading the floor uses
+        matmul_gflops_readings=gflops_readings,  # [before, after], each {dtype: GFLOP/s}
+        matmul_peak_shape=f"{peak_size}^3 {'/'.join(peak_dtypes)}",
         device_kind=jax.devices()[0].device_kind,
         load_average_1min=max(load_before, os.getloadavg()[0]),
+        xla_flags=xla_flags,
         cpu_count=os.cpu_count(),
         config={k: v for k, v in vars(args).items() if k != "json"},
         backend=jax.default_backend(),
@@ -430,15 +483,18 @@ def main() -> None:
          f"{r['decode_tokens_per_s_mean']:.0f} / {r['decode_tokens_per_s_best']:.0f}"),
         ("first call of round 1 (compile) s", f"{r['first_call_s']:.2f}"),
         ("prefill ms mean / best", f"{r['prefill_ms_mean']:.2f} / {r['prefill_ms_best']:.2f}"),
-        ("decode step ms mean / best", f"{r['step_ms_mean']:.3f} / {r['step_ms_best']:.3f}"),
+        ("decode step ms mean / median / best",
+         f"{r['step_ms_mean']:.3f} / {r['step_ms_median']:.3f} / {r['step_ms_best']:.3f}"),
         ("one-token forward floor ms mean / best", f"{r['floor_ms_mean']:.3f} / {r['floor_ms_best']:.3f}"),
         ("step / one-token floor median / best-vs-best", f"{r['step_over_floor_median']:.2f} / {r['step_over_floor_best']:.2f}"),
         ("physical floor ms (memory / compute)",
          f"{r['physical_floor_ms']:.4f} ({r['floor_memory_ms']:.4f} / {r['floor_compute_ms']:.4f})"),
         ("  bytes per step, copy GB/s at that size", f"{r['bytes_per_step'] / 1e6:.2f} MB, {r['copy_gb_per_s']:.1f}"),
-        ("best step / physical floor", f"{r['step_over_physical_floor']:.1f}"),
-        (f"matmul GFLOP/s, {r['matmul_peak_shape']}, before / after (median each; the floor uses the max)",
-         " / ".join(f"{x:.0f}" for x in r["matmul_gflops_readings"])),
+        ("median step / physical floor (best step's)",
+         f"{r['step_over_physical_floor_median']:.1f} ({r['step_over_physical_floor_best']:.1f})"),
+        (f"matmul GFLOP/s, {r['matmul_peak_shape']}, before / after (median each; the floor uses the max, "
+         + f"{r['matmul_gflops_dtype']})",
+         " / ".join(", ".join(f"{d} {x:.0f}" for d, x in reading.items()) for reading in r["matmul_gflops_readings"])),
     ]
     if on_cpu:
         rows += [
@@ -461,6 +517,12 @@ def main() -> None:
             (f"ours / {args.peer} (ratio of the per-round means' means; per round)",
              f"{peer['speedup_of_means']:.2f}x; " + " ".join(f"{x:.2f}" for x in peer["speedup_per_round"])),
         ]
+        if "decode_speedup_of_means" in peer:
+            rows += [
+                (f"decode only: ours / {args.peer} tokens/s (means' ratio; per round)",
+                 f"{peer['decode_speedup_of_means']:.2f}x; "
+                 + " ".join(f"{x:.2f}" for x in peer["decode_speedup_per_round"])),
+            ]
     print(f"sampler: L{args.layers} d{args.d_model} H{args.heads}/{args.kv_heads} V{args.vocab} B{args.batch} "
           f"P{args.prompt_len} N{args.new_tokens} {args.dtype} {args.mode} "
           f"(batch bucket {r['batch_bucket']}, cache {r['cache_length']}, layerwise {r['layerwise_decode']}, "
