@@ -18,6 +18,7 @@ from aepo_jax.experiment import (
     parameter_count,
     save_run_files,
 )
+from aepo_jax.experiment_checks import require_mesh_fits_model
 
 
 class SFTDataError(ValueError):
@@ -117,15 +118,17 @@ def sft_trainer_from(cfg: ml_collections.ConfigDict, env: Environment, workdir: 
     from aepo_jax.training.build import make_mesh_from
     from aepo_jax.training.sft_trainer import SequenceBatches, SFTTrainer
 
+    mesh = make_mesh_from(cfg)  # one mesh: the weights are read onto it and the trainer runs on it
+    if graphdef is None:
+        require_mesh_fits_model(cfg, env, mesh)  # before any record is made or weight is read
     records = sft_records_from(cfg, env) if records is None else records
     batches = SequenceBatches(records, int(cfg.sft.batch_size), int(cfg.seed))
     if jax.process_count() > 1:  # each process made its own records (scripted ones ran the tools on its host)
         from aepo_jax.parallel.agreement import require_agreement
 
         require_agreement({"SFT records": batches.records_digest})
-    mesh = make_mesh_from(cfg)  # one mesh: the weights are read onto it and the trainer runs on it
     if graphdef is None:
-        graphdef, params = model_from(cfg, env, mesh)  # refuses a mesh that cannot split the heads first
+        graphdef, params = model_from(cfg, env, mesh)
     return SFTTrainer(cfg, workdir, batches=batches, graphdef=graphdef, params=params,
                       pad_id=int(env.tokenizer.pad_id), process_index=process_index, mesh=mesh)
 

@@ -149,7 +149,7 @@ def pack_mini_batch(
         batch, stats = build_packed_batch(sequences, row_len, groups, micro_batches=min(needed, len(set(groups))),
                                           **kwargs)
     if np.shape(batch["packed_ids"])[1] > cap:
-        batch, stats = _within_row_cap(sequences, row_len, groups, cap, np.shape(batch["packed_ids"])[0], kwargs)
+        batch, stats = _within_row_cap(sequences, row_len, groups, cap, batch, stats, kwargs)
     if bucket:
         batch, stats = pad_to_buckets(batch, stats, row_multiple=data_parallel, pad_id=pad_id)
     return batch, stats
@@ -159,35 +159,37 @@ def micro_batch_rows_cap(rows_per_micro: int, length: int, row_len: int, data_pa
     """The most packed rows a micro-batch of `pack_mini_batch` holds (before bucketing): the rows of
     `rows_per_micro x length` slots at `row_len` slots a row, rounded up to a multiple of `data_parallel`.
     The step's memory follows the rows per device (each a full forward and backward), so this is the shape
-    a memory plan compiles (benchmarks/memory_plan.py)."""
+    a memory plan compiles (benchmarks/memory_plan.py). It always holds at one row per device (every cut
+    part then fits a row); with more, a tree split over rows can need more (`_within_row_cap`)."""
     rows = max(1, -(-int(rows_per_micro) * int(length) // int(row_len)))
     return -(-rows // int(data_parallel)) * int(data_parallel)
 
 
 def _within_row_cap(sequences: Sequence[Mapping[str, Sequence]], row_len: int, groups: list[int], cap: int,
-                    parts: int, kwargs: dict) -> tuple[dict[str, np.ndarray], PackingStats]:
-    """The tree batch in more micro-batches, so that none needs more than `cap` packed rows.
+                    batch: dict[str, np.ndarray], stats: PackingStats,
+                    kwargs: dict) -> tuple[dict[str, np.ndarray], PackingStats]:
+    """The tree batch in more micro-batches, so that none needs more than `cap` packed rows where that
+    can be had.
 
-    Bin packing whole groups into the micro-batches can put more than a micro-batch's slots into one of
-    them (four groups of 5 slots in three micro-batches of 8), and a group's tree laid out in rows can take
-    more rows than its distinct tokens fill (prefixes repeated where it is split). Micro-batches are added
-    until the rows fit; if one group per micro-batch still does not, the groups are cut into parts of one
-    row each (`groups_that_fit` at `row_len`), which always fit.
+    Bin packing whole groups (or cut parts of one) into the micro-batches can put more than a
+    micro-batch's slots into one of them (two parts of one row each in a micro-batch of one row per
+    device): micro-batches are added until the rows fit. Where even one group per micro-batch needs more
+    rows than its distinct tokens fill (a tree laid out in several rows repeats the prefixes where it is
+    split), the batch with the fewest rows is kept. With one row per micro-batch per device (the paper
+    configs) every part fits one row, so the cap always holds.
     """
-    tokens = [s["tokens"] for s in sequences]
-    for attempt in range(2):
-        count = len(set(groups))
-        parts = min(count, parts + 1)
-        while True:
-            batch, stats = build_packed_batch(sequences, row_len, groups, micro_batches=parts, **kwargs)
-            rows = np.shape(batch["packed_ids"])[1]
-            if rows <= cap or parts == count:
-                break
-            parts = min(count, max(parts + 1, -(-parts * rows // cap)))
-        if rows <= cap or attempt:
-            return batch, stats
-        groups = groups_that_fit(tokens, groups, row_len)
-    return batch, stats
+    count = len(set(groups))
+    parts = np.shape(batch["packed_ids"])[0]
+    best = (np.shape(batch["packed_ids"])[1], batch, stats)
+    while parts < count:
+        parts = min(count, max(parts + 1, -(-parts * best[0] // cap)))
+        candidate, candidate_stats = build_packed_batch(sequences, row_len, groups, micro_batches=parts, **kwargs)
+        rows = np.shape(candidate["packed_ids"])[1]
+        if rows < best[0]:
+            best = (rows, candidate, candidate_stats)
+        if rows <= cap:
+            break
+    return best[1], best[2]
 
 
 def groups_that_fit(tokens: Sequence[Sequence[int]], group_ids: Sequence[int], budget: int) -> list[int]:
