@@ -55,4 +55,4 @@ def test_sft_records_made_differently_on_another_process_are_refused(monkeypatch
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost, "gather_objects", lambda obj: [obj, {"SFT records": theirs.records_digest}])
     with pytest.raises(ValueError, match="the processes of this run hold different SFT records"):
-        sft_trainer_from(cfg, None, "/nonexistent", records=mine)
+        sft_trainer_from(cfg, None, "/nonexistent", graphdef="built", params={}, records=mine)  # no model read
