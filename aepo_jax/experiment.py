@@ -41,6 +41,7 @@ from aepo_jax.agent.prompts import (
     response_text,
     system_prompt_for_tools,
 )
+from aepo_jax.atomic_write import write_json_atomically
 from aepo_jax.experiment_checks import (
     PromptTooLong,
     require_judge,
@@ -67,7 +68,6 @@ from aepo_jax.rollout.agent_sampler import agent_sampler
 from aepo_jax.rollout.strategies import RolloutConfig, require_counter_schedule, rollout
 from aepo_jax.sampling import Sampler, SamplingParams
 from aepo_jax.tools.timing import TimedTools
-from aepo_jax.training.atomic_write import write_json_atomically
 
 
 # -- rollout pieces ------------------------------------------------------------

@@ -164,8 +164,8 @@ def check_resume_config(run_dir: str, current: Mapping[str, Any], allow_changes:
 
 def write_run_sources(run_dir: str, cfg: Any) -> None:
     """RUN_DIR/sources.json: the fingerprints of the files the run starts from (`aepo_jax.run_sources`)."""
+    from aepo_jax.atomic_write import write_json_atomically
     from aepo_jax.run_sources import SOURCES_FILE, run_source_fingerprints
-    from aepo_jax.training.atomic_write import write_json_atomically
 
     write_json_atomically(os.path.join(run_dir, SOURCES_FILE), run_source_fingerprints(cfg))
 

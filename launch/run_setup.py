@@ -249,9 +249,9 @@ def require_shared_workdir(workdir: str, process_index: int, process_count: int)
     cache (gcsfuse's) cannot answer with an earlier start's; process 0 removes it once all have read."""
     if process_count == 1:
         return
+    from aepo_jax.atomic_write import write_json_atomically
     from aepo_jax.parallel.multihost import gather_objects
     from aepo_jax.run_paths import require_local_path
-    from aepo_jax.training.atomic_write import write_json_atomically
 
     require_local_path(workdir, "--workdir")
     token = None

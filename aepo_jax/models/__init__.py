@@ -9,12 +9,11 @@ from aepo_jax.models.config import (
 )
 from aepo_jax.models.decoder import Decoder, DecoderBlock
 from aepo_jax.models.hf_checkpoint import (
-    hf_tensors_from_model,
     load_hf_checkpoint,
     model_from_hf_tensors,
     read_safetensors,
-    save_hf_checkpoint,
 )
+from aepo_jax.models.hf_export import hf_tensors_from_model, save_hf_checkpoint
 from aepo_jax.models.kv_cache import KVCache
 
 __all__ = [

@@ -138,7 +138,7 @@ def test_a_checkpoint_without_rows_for_the_agent_tags_is_refused_before_its_weig
 
     from aepo_jax.experiment import model_from
     from aepo_jax.models import Decoder, get_preset
-    from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
+    from aepo_jax.models.hf_export import save_hf_checkpoint
 
     tokenizer_json, rows_path, corpus = local_files
     cfg = aepo_qwen3_14b.get_config()
@@ -197,7 +197,7 @@ def test_a_checkpoint_of_another_model_than_the_configured_one_is_refused_by_fie
     from flax import nnx
 
     from aepo_jax.models import Decoder, get_preset
-    from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
+    from aepo_jax.models.hf_export import save_hf_checkpoint
     from aepo_jax.training.build import model_config_from
 
     save_hf_checkpoint(Decoder(get_preset("tiny", n_layers=3, mlp_dim=96), rngs=nnx.Rngs(0)), tmp_path / "hf")
@@ -216,7 +216,8 @@ def test_preset_checkpoint_takes_an_architecture_no_preset_has_from_config_json(
     from flax import nnx
 
     from aepo_jax.models import Decoder, get_preset
-    from aepo_jax.models.hf_checkpoint import checkpoint_config, save_hf_checkpoint
+    from aepo_jax.models.hf_checkpoint import checkpoint_config
+    from aepo_jax.models.hf_export import save_hf_checkpoint
     from aepo_jax.training.build import model_config_from
 
     scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

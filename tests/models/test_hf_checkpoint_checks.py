@@ -217,15 +217,15 @@ def test_a_save_cut_short_leaves_no_file_that_looks_like_a_checkpoint(tmp_path, 
     """config.json was written first and model.safetensors in place: a save that failed part way (disk
     full, killed) left a config beside a half-written weights file. Now each file is renamed into place
     when whole, config.json last."""
-    from aepo_jax.models import hf_checkpoint
+    from aepo_jax.models import hf_export
 
     def fails_half_way(tensors, filename, metadata=None):
         with open(filename, "wb") as f:
             f.write(b"\0" * 1000)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(hf_checkpoint, "save_file", fails_half_way)
+    monkeypatch.setattr(hf_export, "save_file", fails_half_way)
     config = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
     with pytest.raises(OSError, match="No space left"):
-        hf_checkpoint.save_hf_checkpoint(Decoder(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
+        hf_export.save_hf_checkpoint(Decoder(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
     assert list((tmp_path / "hf").iterdir()) == []

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import ml_collections
 import pytest
 
+from aepo_jax.atomic_write import write_json_atomically
 from aepo_jax.experiment import config_from_run, save_run_files
-from aepo_jax.training.atomic_write import write_json_atomically
 
 
 def _run_config(lr: float) -> ml_collections.ConfigDict:

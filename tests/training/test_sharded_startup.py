@@ -8,7 +8,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from aepo_jax.models import Decoder
-from aepo_jax.models.hf_checkpoint import save_hf_checkpoint
+from aepo_jax.models.hf_export import save_hf_checkpoint
 from aepo_jax.training.build import build_run, init_model, model_config_from
 from aepo_jax.training.rl_trainer import RLTrainer
 from configs.aepo_tiny import get_config as aepo_config
